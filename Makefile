@@ -1,0 +1,41 @@
+# `make test` and `make demo` set up what they need: a venv with the project and its dev tools,
+# and redis-server (from apt) for the Redis index tests.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps test unit e2e lint demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP) system-deps
+
+system-deps:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server (apt)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+
+lint: setup
+	$(PY) -m ruff check epp plugins tests e2e
+	$(PY) -m ruff format --check epp plugins tests e2e
+	$(PY) -m mypy
+
+test: lint
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+e2e: setup
+	$(PY) -m pytest -q e2e $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) -m e2e.demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from epp.cli import main
+
+raise SystemExit(main())

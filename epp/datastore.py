@@ -1,0 +1,85 @@
+"""The pool's endpoints: written by discovery, read by the scheduler, watched by scrapers and the KV pool."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from epp.framework.context import EndpointListener
+from epp.framework.types import Endpoint
+
+log = logging.getLogger(__name__)
+
+
+class Datastore:
+    """Endpoints by name. Reads return an immutable snapshot, so the hot path never copies or locks."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Endpoint] = {}
+        self._by_hostport: dict[str, Endpoint] = {}
+        self._snapshot: tuple[Endpoint, ...] = ()
+        self._listeners: list[EndpointListener] = []
+        self.synced = False
+
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        return self._snapshot
+
+    def get(self, name: str) -> Endpoint | None:
+        return self._by_name.get(name)
+
+    def get_by_hostport(self, hostport: str) -> Endpoint | None:
+        return self._by_hostport.get(hostport)
+
+    def subscribe(self, listener: EndpointListener) -> None:
+        self._listeners.append(listener)
+        for ep in self._snapshot:
+            listener.endpoint_added(ep)
+
+    def upsert(self, endpoint: Endpoint) -> bool:
+        """Add or update; returns True if the set of endpoints changed. An address change is remove + add."""
+        old = self._by_name.get(endpoint.name)
+        if old is not None:
+            if old.hostport == endpoint.hostport and old.metrics_port == endpoint.metrics_port:
+                old.labels = endpoint.labels
+                old.attributes.update(endpoint.attributes)
+                return False
+            self.remove(endpoint.name)
+        self._by_name[endpoint.name] = endpoint
+        self._by_hostport[endpoint.hostport] = endpoint
+        self._rebuild()
+        for listener in self._listeners:
+            self._notify(listener.endpoint_added, endpoint)
+        return True
+
+    def remove(self, name: str) -> Endpoint | None:
+        ep = self._by_name.pop(name, None)
+        if ep is None:
+            return None
+        if self._by_hostport.get(ep.hostport) is ep:
+            del self._by_hostport[ep.hostport]
+        self._rebuild()
+        for listener in self._listeners:
+            self._notify(listener.endpoint_removed, ep)
+        return ep
+
+    def replace_all(self, endpoints: Iterable[Endpoint]) -> None:
+        """Make the datastore hold exactly `endpoints` (used after a full re-list)."""
+        wanted = {ep.name: ep for ep in endpoints}
+        for name in list(self._by_name):
+            if name not in wanted:
+                self.remove(name)
+        for ep in wanted.values():
+            self.upsert(ep)
+
+    def clear(self) -> None:
+        self.replace_all(())
+
+    def _rebuild(self) -> None:
+        self._snapshot = tuple(self._by_name.values())
+
+    @staticmethod
+    def _notify(fn: object, endpoint: Endpoint) -> None:
+        try:
+            fn(endpoint)  # type: ignore[operator]
+        except Exception:
+            log.exception("endpoint listener failed for %s", endpoint.name)

@@ -1,0 +1,121 @@
+"""Data types shared by the scheduler, the data layer and every plugin."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def join_host_port(host: str, port: int) -> str:
+    """`ip:port`, with brackets for IPv6 (Go's net.JoinHostPort)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(slots=True)
+class Metrics:
+    """A model server's scraped state (vLLM names in comments). `update_time` is time.monotonic()."""
+
+    waiting_queue_size: int = 0  # vllm:num_requests_waiting
+    running_requests_size: int = 0  # vllm:num_requests_running
+    kv_cache_usage_percent: float = 0.0  # vllm:kv_cache_usage_perc, 0..1
+    active_models: frozenset[str] = frozenset()  # vllm:lora_requests_info running_lora_adapters
+    waiting_models: frozenset[str] = frozenset()  # ... waiting_lora_adapters
+    max_active_models: int = 0  # ... max_lora
+    cache_block_size: int = 0  # vllm:cache_config_info{block_size}
+    cache_num_blocks: int = 0  # vllm:cache_config_info{num_gpu_blocks}
+    update_time: float = 0.0
+
+    def age(self, now: float | None = None) -> float:
+        """Seconds since the last successful scrape (infinite if never scraped)."""
+        if self.update_time == 0.0:
+            return float("inf")
+        return (time.monotonic() if now is None else now) - self.update_time
+
+
+@dataclass(slots=True, eq=False)
+class Endpoint:
+    """One schedulable target: a (pod, port) pair. `name` is `<pod>-rank-<i>` for Kubernetes pods."""
+
+    name: str
+    address: str
+    port: int
+    namespace: str = "default"
+    labels: dict[str, str] = field(default_factory=dict)
+    metrics: Metrics = field(default_factory=Metrics)
+    metrics_port: int | None = None
+    pod_name: str = ""
+    # Per-endpoint data owned by plugins and data sources (e.g. KV-event endpoint); keyed by plugin.
+    attributes: dict[str, Any] = field(default_factory=dict)
+    hostport: str = ""
+
+    def __post_init__(self) -> None:
+        self.hostport = join_host_port(self.address, self.port)
+        if not self.pod_name:
+            self.pod_name = self.name
+
+    @property
+    def metrics_hostport(self) -> str:
+        return join_host_port(self.address, self.metrics_port or self.port)
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    """One parsed LLM request, as the scheduler and plugins see it."""
+
+    request_id: str
+    path: str
+    api: str  # "completions" | "chat" | "responses" | "embeddings" | "conversations" | "other"
+    model: str  # as sent by the client
+    target_model: str  # after rewrites; what the model server receives
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)  # lower-cased names
+    prompt: str | list[Any] | None = None
+    messages: list[dict[str, Any]] | None = None
+    stream: bool = False
+    max_tokens: int | None = None
+    body_size: int = 0
+    objective: str | None = None
+    priority: int = 0
+    fairness_id: str = "default-flow"
+    subset: list[str] | None = None  # envoy.lb.subset_hint, when present
+    arrival: float = field(default_factory=time.monotonic)
+    # Data produced for this request by DataProducer plugins (e.g. token ids, prefix match info).
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sheddable(self) -> bool:
+        return self.priority < 0
+
+
+class CycleState(dict[str, Any]):
+    """Per-scheduling-cycle scratch space that plugins use to pass data to each other."""
+
+
+@dataclass(slots=True)
+class ProfileResult:
+    """The endpoints a profile's picker chose, best first (the rest are fallbacks)."""
+
+    targets: list[Endpoint]
+    scores: dict[str, float] = field(default_factory=dict)  # endpoint name -> weighted score
+
+
+@dataclass(slots=True)
+class SchedulingResult:
+    profile_results: dict[str, ProfileResult]
+    primary_profile: str
+
+    @property
+    def targets(self) -> list[Endpoint]:
+        primary = self.profile_results.get(self.primary_profile)
+        return primary.targets if primary else []
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token usage read from a model server's response."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int = 0

@@ -1,0 +1,1 @@
+"""Request control: everything between a parsed request and a routing decision."""
