@@ -14,6 +14,8 @@ def test_qwen25_ids_match_reference() -> None:
 def test_chat_template_chatml() -> None:
     tok = load_qwen25_tokenizer()
     ids = tok.apply_chat_template(
-        [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}],
+        add_generation_prompt=True,
+        tokenize=False,
     )
     assert ids == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

@@ -7,6 +7,7 @@ offline afterwards. The simulator and the EPP load the same directory, so their 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -46,10 +47,8 @@ def qwen25_tokenizer_dir() -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".qwen2.5-", dir=target.parent))
     try:
         _build(tmp)
-        try:
+        with contextlib.suppress(OSError):  # another process won the race
             tmp.rename(target)
-        except OSError:  # another process won the race
-            pass
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
