@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# vLLM's own KV-event structs and publisher are used for interop tests; installed without its deps (no torch).
+VLLM_VERSION ?= 0.34.0
 
 .PHONY: setup system-deps test unit e2e lint demo bench clean
 
@@ -11,6 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps 'vllm==$(VLLM_VERSION)'
 	touch $(STAMP)
 
 setup: $(STAMP) system-deps
