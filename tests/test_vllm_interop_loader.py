@@ -12,6 +12,7 @@ def test_vllm_structs_load_without_torch() -> None:
         block_size=16,
         lora_id=None,
         medium="GPU",
+        lora_name=None,
     )
     batch = kv.KVEventBatch(ts=1.0, events=[ev, kv.AllBlocksCleared()], data_parallel_rank=0)
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(batch))
