@@ -33,6 +33,7 @@ from epp.kvcache.sequencing import SequenceTracker, Verdict
 log = logging.getLogger(__name__)
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+PROACTIVE = -1  # queue item seq: replay everything the publisher still buffers
 EVENTS_ENDPOINT_ATTR = "kv-events-endpoint"  # Endpoint.attributes: full ZMQ address of the PUB socket
 REPLAY_ENDPOINT_ATTR = "kv-events-replay-endpoint"  # ... of the ROUTER replay socket
 EVENTS_PORT_LABEL = "kv-events.pyepp.io/port"
@@ -246,10 +247,15 @@ class EventPool:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 100_000)
             sock.setsockopt_string(zmq.SUBSCRIBE, self.cfg.topic_filter)
-            monitor = asyncio.create_task(self._monitor(sock))
+            connected = asyncio.Event()
+            mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED)  # before connect, or the event is missed
+            monitor = asyncio.create_task(self._monitor(sock, mon, connected))
             self.metrics.active.inc()
+            proactive: asyncio.Task[None] | None = None
             try:
                 sock.connect(endpoint)
+                if replay:
+                    proactive = asyncio.create_task(self._proactive_replay(pod, replay, connected))
                 if not first:
                     self.metrics.reconnections.inc()
                 first = False
@@ -263,19 +269,33 @@ class EventPool:
             finally:
                 self.metrics.active.dec()
                 monitor.cancel()
+                if proactive is not None:
+                    proactive.cancel()
                 sock.close(linger=0)
             await asyncio.sleep(self.cfg.retry_interval)
 
-    async def _monitor(self, sock: zmq.asyncio.Socket) -> None:
+    async def _proactive_replay(self, pod: str, replay: str, connected: asyncio.Event) -> None:
+        """On every (re)connect, fetch what the publisher sent while we were not subscribed (llm-d replays on
+        connect); after a reconnect this also detects a restarted publisher (see `_replay`)."""
+        while True:
+            await connected.wait()
+            connected.clear()
+            await asyncio.sleep(0.05)  # let the subscription reach the publisher first
+            try:
+                self._shard(pod).put_nowait((pod, self.cfg.default_model, PROACTIVE, b"", replay))
+            except asyncio.QueueFull:
+                self.metrics.dropped.labels("queue_full").inc()
+
+    async def _monitor(self, sock: zmq.asyncio.Socket, mon: zmq.asyncio.Socket, connected: asyncio.Event) -> None:
         """Count libzmq's own reconnects (the TCP link dropping and coming back)."""
         from zmq.utils.monitor import parse_monitor_message
 
-        mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED)
         connects = 0
         try:
             while True:
                 msg = parse_monitor_message(await mon.recv_multipart())
                 if msg["event"] == zmq.EVENT_CONNECTED:
+                    connected.set()
                     connects += 1
                     if connects > 1:
                         self.metrics.reconnections.inc()
@@ -343,6 +363,12 @@ class EventPool:
             self.on_applied(pod, st)
 
     async def _process(self, pod: str, model: str, seq: int, payload: bytes, replay: str | None) -> None:
+        if seq == PROACTIVE:
+            if replay:
+                last = self.seq.last(pod, 0)
+                await self._replay(pod, model, 0, replay, 0 if last is None else last + 1)
+                await self.index.flush()
+            return
         batch = self._decode(pod, payload)
         rank = (batch.dp_rank or 0) if batch is not None else 0
         v = self.seq.check(pod, rank, seq)
@@ -367,18 +393,40 @@ class EventPool:
                 return
         if batch is not None:
             self._apply(pod, model, batch)
-        self.seq.applied(pod, rank, seq)
+        self.seq.applied(pod, rank, seq, zlib.crc32(payload))
         await self.index.flush()
 
     async def _replay(self, pod: str, model: str, rank: int, endpoint: str, start: int) -> None:
-        """Ask the publisher's ROUTER for batches from `start`; apply those we have not applied, in order."""
+        """Ask the publisher's ROUTER for batches from `start`; apply those we have not applied, in order.
+
+        When we already applied batches of this rank, the request starts one batch early so the publisher's
+        copy of our last batch can be compared with what we applied: a different payload, or nothing at all
+        at or after that seq, means the publisher restarted (its numbering began again) — the pod is then
+        cleared and replayed from 0.
+        """
+        last = self.seq.last(pod, rank)
+        verify = last is not None and start == last + 1
+        if verify:
+            start = last  # type: ignore[assignment]
+        result, got, restarted = await self._fetch(pod, model, rank, endpoint, start, verify)
+        if restarted:
+            log.warning("KV events: %s rank %d restarted (replay does not match); clearing its blocks", pod, rank)
+            self.metrics.sequence.labels("restart").inc()
+            self.applier.clear_pod(pod)
+            self.seq.forget_pod(pod)
+            result, got, _ = await self._fetch(pod, model, rank, endpoint, 0, False)
+        self.metrics.replays.labels(result).inc()
+        log.info("KV events: replay for %s from seq %d: %s, %d batches", pod, start, result, got)
+
+    async def _fetch(
+        self, pod: str, model: str, rank: int, endpoint: str, start: int, verify: bool
+    ) -> tuple[str, int, bool]:
         m = self.metrics
         async with self._replay_sem:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
-            result = "ok"
-            got = 0
+            result, got, first = "ok", 0, True
             t0 = time.monotonic()
             try:
                 sock.connect(endpoint)
@@ -387,40 +435,46 @@ class EventPool:
                     left = self.cfg.replay_timeout - (time.monotonic() - t0)
                     idle = min(self.cfg.replay_idle_timeout, left)
                     if idle <= 0 or not await sock.poll(int(idle * 1000)):
-                        result = "timeout"
-                        break
+                        return "timeout", got, False
                     frames = await sock.recv_multipart()
                     if frames and frames[0] == b"":
                         frames = frames[1:]
                     if len(frames) == 3:  # vLLM: [topic, seq, payload]
                         seqb, payload = frames[1], frames[2]
+                        model = parse_topic(frames[0])[1] or model
                     elif len(frames) == 2:  # SGLang: [seq, payload]
                         seqb, payload = frames
                     else:
                         m.zmq_errors.labels("replay_frames").inc()
                         continue
                     if seqb == END_SEQ:
-                        break
+                        return result, got, verify and first
                     if len(seqb) != 8:
                         m.zmq_errors.labels("seq").inc()
                         continue
                     m.messages.inc()
                     s = int.from_bytes(seqb, "big")
+                    crc = zlib.crc32(payload)
+                    if first and verify:
+                        first = False
+                        if s == start:
+                            if crc != self.seq.last_crc(pod, rank):
+                                return result, got, True
+                            continue
+                    first = False
                     batch = self._decode(pod, payload)
                     r = (batch.dp_rank or 0) if batch is not None else rank
                     if self.seq.check(pod, r, s, live=False) is Verdict.DUPLICATE:
                         continue
                     if batch is not None:
                         self._apply(pod, model, batch)
-                    self.seq.applied(pod, r, s)
+                    self.seq.applied(pod, r, s, crc)
                     got += 1
                     if got % 64 == 0:
                         await self.index.flush()
                         await asyncio.sleep(0)
             except zmq.ZMQError as e:
-                result = "error"
                 log.warning("KV events: replay from %s failed: %s", endpoint, e)
+                return "error", got, False
             finally:
                 sock.close(linger=0)
-            m.replays.labels(result).inc()
-            log.info("KV events: replay for %s from seq %d: %s, %d batches", pod, start, result, got)

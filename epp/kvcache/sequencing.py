@@ -28,6 +28,7 @@ class SequenceTracker:
     def __init__(self) -> None:
         self._live: dict[tuple[str, int], int] = {}
         self._applied: dict[tuple[str, int], int] = {}
+        self._crc: dict[tuple[str, int], int] = {}  # crc32 of the last applied payload
 
     def check(self, pod: str, rank: int, seq: int, live: bool = True) -> Verdict:
         key = (pod, rank)
@@ -48,8 +49,12 @@ class SequenceTracker:
     def last(self, pod: str, rank: int) -> int | None:
         return self._applied.get((pod, rank))
 
-    def applied(self, pod: str, rank: int, seq: int) -> None:
+    def applied(self, pod: str, rank: int, seq: int, crc: int = 0) -> None:
         self._applied[(pod, rank)] = seq
+        self._crc[(pod, rank)] = crc
+
+    def last_crc(self, pod: str, rank: int) -> int | None:
+        return self._crc.get((pod, rank))
 
     def restarted(self, pod: str, rank: int, seq: int) -> None:
         """Forget every rank of `pod` (its index entries are being cleared) and take `seq` as the live mark."""
@@ -57,6 +62,6 @@ class SequenceTracker:
         self._live[(pod, rank)] = seq
 
     def forget_pod(self, pod: str) -> None:
-        for d in (self._live, self._applied):
+        for d in (self._live, self._applied, self._crc):
             for k in [k for k in d if k[0] == pod]:
                 del d[k]
