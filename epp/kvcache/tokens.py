@@ -104,6 +104,13 @@ class BlockSizes:
     def get(self, model: str) -> int | None:
         return self._sizes.get(model, self.default)
 
+    def any(self) -> int | None:
+        """The size to use for a model never seen (e.g. a LoRA adapter of the pool's one base model)."""
+        if self.default is not None:
+            return self.default
+        sizes = set(self._sizes.values())
+        return sizes.pop() if len(sizes) == 1 else None
+
     def learn(self, model: str, size: int) -> int:
         """Fix the size for `model` if not yet known; returns the size in force (learning never changes it)."""
         cur = self.get(model)
