@@ -30,13 +30,12 @@ def main() -> int:
                 headers={"x-gateway-destination-endpoint": "169.254.169.254:80"},
             )
             echo = r.json()["echo"]
-            print(
-                f"forged destination header -> {r.status}, backend saw {echo['headers']['x-gateway-destination-endpoint']}"
-            )
+            seen = echo["headers"]["x-gateway-destination-endpoint"]
+            print(f"forged destination header -> {r.status}, backend saw {seen}")
             r = post_json(stack.url + "/v1/completions", {"model": "my-alias", "prompt": "x"})
-            print(
-                f"model rewrite my-alias -> backend got {r.json()['echo']['received_model']!r}, client sees {r.json()['model']!r}"
-            )
+            reply = r.json()
+            got, back = reply["echo"]["received_model"], reply["model"]
+            print(f"model rewrite my-alias -> backend got {got!r}, client sees {back!r}")
             body = {
                 "model": "qwen2.5-0.5b",
                 "messages": [{"role": "user", "content": "stream please"}],
