@@ -22,6 +22,7 @@ _SIZE_BUCKETS = (
 )  # fmt: skip
 _TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 _MODEL = ("model_name", "target_model_name")
+_MAX_CACHED_SERIES = 1024
 
 
 class RequestMetrics:
@@ -77,10 +78,24 @@ class RequestMetrics:
             registry=registry,
         )  # fmt: skip
 
+        self._children: dict[tuple[str, str], _ModelSeries] = {}
+
+    def _series(self, model: str, target: str) -> _ModelSeries:
+        """Labelled children cached per (model, target): `labels()` takes a lock and builds tuples each call."""
+        key = (model, target)
+        series = self._children.get(key)
+        if series is None:
+            if len(self._children) >= _MAX_CACHED_SERIES:  # unbounded client model names must not grow this
+                self._children.clear()
+            series = _ModelSeries(self, model, target)
+            self._children[key] = series
+        return series
+
     def request_started(self, model: str, target: str, priority: int, size: int) -> None:
+        series = self._series(model, target)
         self.requests.labels(model, target, str(priority)).inc()
-        self.request_sizes.labels(model, target).observe(size)
-        self.running.labels(model).inc()
+        series.request_sizes.observe(size)
+        series.running.inc()
 
     def request_error(self, model: str, target: str, error_code: str) -> None:
         self.errors.labels(model, target, error_code).inc()
@@ -88,15 +103,39 @@ class RequestMetrics:
     def request_finished(
         self, model: str, target: str, seconds: float, response_size: int, usage: Usage | None
     ) -> None:
-        self.running.labels(model).dec()
-        self.duration.labels(model, target).observe(seconds)
-        self.response_sizes.labels(model, target).observe(response_size)
+        series = self._series(model, target)
+        series.running.dec()
+        series.duration.observe(seconds)
+        series.response_sizes.observe(response_size)
         if usage is None:
             return
         if usage.prompt_tokens:
-            self.input_tokens.labels(model, target).observe(usage.prompt_tokens)
+            series.input_tokens.observe(usage.prompt_tokens)
         if usage.completion_tokens:
-            self.output_tokens.labels(model, target).observe(usage.completion_tokens)
-            self.ntpot.labels(model, target).observe(seconds / usage.completion_tokens)
+            series.output_tokens.observe(usage.completion_tokens)
+            series.ntpot.observe(seconds / usage.completion_tokens)
         if usage.cached_tokens:
-            self.cached_tokens.labels(model, target).observe(usage.cached_tokens)
+            series.cached_tokens.observe(usage.cached_tokens)
+
+
+class _ModelSeries:
+    __slots__ = (
+        "cached_tokens",
+        "duration",
+        "input_tokens",
+        "ntpot",
+        "output_tokens",
+        "request_sizes",
+        "response_sizes",
+        "running",
+    )
+
+    def __init__(self, m: RequestMetrics, model: str, target: str) -> None:
+        self.duration = m.duration.labels(model, target)
+        self.request_sizes = m.request_sizes.labels(model, target)
+        self.response_sizes = m.response_sizes.labels(model, target)
+        self.input_tokens = m.input_tokens.labels(model, target)
+        self.output_tokens = m.output_tokens.labels(model, target)
+        self.cached_tokens = m.cached_tokens.labels(model, target)
+        self.ntpot = m.ntpot.labels(model, target)
+        self.running = m.running.labels(model)
