@@ -2,8 +2,9 @@
 
 The EPP remembers which prompt blocks it sent where. A request's text is cut into blocks of
 blockSizeTokens x 4 characters, chained-hashed (h_i = H(h_{i-1}, block_i), seeded with the target model and
-cache_salt) and matched greedily against the index: for each hash in order, every endpoint holding it gets +1,
-stopping at the first hash nobody holds. PreRequest records the chosen endpoint's hashes in its bounded LRU.
+cache_salt) and matched against the index: an endpoint's match is its run of consecutive hits from the first
+block (GIE counts every holder of each hash until a hash nobody holds; a pod whose head blocks were evicted
+would then score blocks it cannot reuse). PreRequest records the chosen endpoint's hashes in its bounded LRU.
 
 H is Python's built-in hash of a (int, str) tuple: SipHash for the block text combined with the xxHash-style
 tuple mixer, 64-bit, C speed, and randomized per process — fine, because this index never leaves the process.
@@ -82,14 +83,27 @@ class PrefixIndex:
         self._holders: dict[int, set[str]] = {}
 
     def match(self, hashes: Sequence[int]) -> dict[str, float]:
-        counts: dict[str, float] = {}
+        """Each endpoint's longest run of consecutive hits from the first block (llm-d's longest prefix)."""
         holders = self._holders
-        for h in hashes:
-            eps = holders.get(h)
+        first = holders.get(hashes[0]) if hashes else None
+        if not first:
+            return {}
+        counts: dict[str, float] = {}
+        active = set(first)
+        depth = 1
+        for i in range(1, len(hashes)):
+            eps = holders.get(hashes[i])
             if not eps:
                 break
-            for name in eps:
-                counts[name] = counts.get(name, 0) + 1
+            if not active <= eps:
+                for name in active - eps:
+                    counts[name] = depth
+                active &= eps
+                if not active:
+                    break
+            depth += 1
+        for name in active:
+            counts[name] = depth
         return counts
 
     def add(self, endpoint: str, hashes: Sequence[int], capacity: int | None = None) -> None:

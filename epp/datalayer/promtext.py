@@ -43,7 +43,7 @@ def _sample(text: str, start: int) -> tuple[Sample | None, int]:
     if text.startswith("{", pos):
         close = text.find("}", pos)
         # a '}' inside a quoted label value: fall back to scanning quote-aware
-        if close < 0 or text.count('"', pos, close) % 2:
+        if close < 0 or text.count('"', pos, close) % 2 or text.find("\\", pos, close) >= 0:
             close = _quoted_close(text, pos + 1, end)
         if close < 0:
             return None, end
