@@ -26,13 +26,20 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "validate":
         from epp.config import ConfigError, load_config
+        from epp.config.builder import build_pipeline
+        from epp.datastore import Datastore
+        from epp.framework import PluginContext
 
         try:
-            load_config(args.file)
+            config = load_config(args.file)
+            pipeline = build_pipeline(config, PluginContext(endpoints=Datastore(), pool_name=config.pool_name))
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        print(f"{args.file}: ok")
+        for w in config.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        profiles = ", ".join(pipeline.scheduler.profiles)
+        print(f"{args.file}: ok ({len(pipeline.plugins)} plugins; profiles: {profiles})")
         return 0
     return 2
 
