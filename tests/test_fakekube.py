@@ -165,9 +165,13 @@ async def test_timeout_seconds_ends_the_stream(kube: FakeKube, api: client.ApiCl
 async def test_crd_paths_and_writes(kube: FakeKube, api: client.ApiClient) -> None:
     custom = client.CustomObjectsApi(api)
     g, v, plural = INFERENCE_POOLS.group, INFERENCE_POOLS.version, INFERENCE_POOLS.plural
-    created = await custom.create_namespaced_custom_object(g, v, "default", plural, inference_pool("p", {"a": "b"}, [8000]))
+    created = await custom.create_namespaced_custom_object(
+        g, v, "default", plural, inference_pool("p", {"a": "b"}, [8000])
+    )
     assert created["kind"] == "InferencePool" and created["metadata"]["resourceVersion"]
-    await custom.patch_namespaced_custom_object(g, v, "default", plural, "p", {"spec": {"targetPorts": [{"number": 9}]}})
+    await custom.patch_namespaced_custom_object(
+        g, v, "default", plural, "p", {"spec": {"targetPorts": [{"number": 9}]}}
+    )
     got = await custom.get_namespaced_custom_object(g, v, "default", plural, "p")
     assert got["spec"]["targetPorts"] == [{"number": 9}] and got["metadata"]["generation"] == 2
     lst = await custom.list_namespaced_custom_object(g, v, "default", plural, field_selector="metadata.name=p")

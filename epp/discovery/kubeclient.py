@@ -1,4 +1,4 @@
-"""Kubernetes client configuration: an explicit kubeconfig, else in-cluster service account, else the default kubeconfig."""
+"""Kubernetes client configuration: explicit kubeconfig, else the in-cluster service account, else ~/.kube/config."""
 
 from __future__ import annotations
 

@@ -233,13 +233,17 @@ class KubernetesEndpointSource:
         self._spec = spec
         if old is not None and old.match_labels == spec.match_labels and self._pods is not None:
             if old.target_ports != spec.target_ports:
-                log.info("InferencePool %s: targetPorts %s -> %s; resyncing", self.pool, old.target_ports, spec.target_ports)
+                log.info(
+                    "InferencePool %s: targetPorts %s -> %s; resyncing", self.pool, old.target_ports, spec.target_ports
+                )
                 self._pods.target_ports = list(spec.target_ports)
                 assert self.pod_informer is not None
                 self._pods.replace(self.pod_informer.store.values())
             return
         if old is not None:
-            log.info("InferencePool %s: selector %s -> %s; resyncing pods", self.pool, old.match_labels, spec.match_labels)
+            log.info(
+                "InferencePool %s: selector %s -> %s; resyncing pods", self.pool, old.match_labels, spec.match_labels
+            )
         self._start_pods(spec)
 
     def _pool_gone(self) -> None:

@@ -1,4 +1,4 @@
-"""Pods → endpoints, with GIE's rules: ready and not terminating, one endpoint per active targetPort (`<pod>-rank-<i>`)."""
+"""Pods → endpoints with GIE's rules: ready, not terminating, one endpoint per active targetPort (`<pod>-rank-<i>`)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,9 @@ class PodEndpoints:
 
     def replace(self, pods: Iterable[dict[str, Any]]) -> None:
         """Make the datastore hold exactly these pods' endpoints (after a full list)."""
-        wanted: dict[str, list[Endpoint]] = {_name(p): pod_endpoints(p, self.target_ports, self.metrics_port) for p in pods}
+        wanted: dict[str, list[Endpoint]] = {
+            _name(p): pod_endpoints(p, self.target_ports, self.metrics_port) for p in pods
+        }
         for pod_name in list(self._owned):
             if pod_name not in wanted:
                 self._drop(pod_name)

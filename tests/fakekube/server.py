@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import copy
 import datetime
 import json
@@ -50,7 +51,9 @@ class Resource:
 
 PODS = Resource("", "v1", "pods", "Pod")
 INFERENCE_POOLS = Resource("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool")
-INFERENCE_OBJECTIVES = Resource("inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective")
+INFERENCE_OBJECTIVES = Resource(
+    "inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective"
+)
 
 
 class KubeError(Exception):
@@ -148,7 +151,7 @@ class FakeKube:
         app.router.add_route("*", "/apis/{group}/{version}/namespaces/{ns}/{plural}", self._collection)
         app.router.add_route("*", "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}", self._item)
         app.router.add_route("*", "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}/status", self._item)
-        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
@@ -452,7 +455,8 @@ class FakeKube:
                     if line is not None:
                         await resp.write(line)
                 if watcher.cut:
-                    request.transport.close()  # type: ignore[union-attr]
+                    if request.transport is not None:
+                        request.transport.close()
                     return resp
                 if watcher.end:
                     break
@@ -460,7 +464,11 @@ class FakeKube:
                 if bookmarks and (watcher.bookmark_now or (next_bookmark is not None and now >= next_bookmark)):
                     watcher.bookmark_now = False
                     # Everything up to last_rv has been scanned for this watcher, even events it filtered out.
-                    mark = {"kind": res.kind, "apiVersion": res.api_version, "metadata": {"resourceVersion": str(last_rv)}}
+                    mark = {
+                        "kind": res.kind,
+                        "apiVersion": res.api_version,
+                        "metadata": {"resourceVersion": str(last_rv)},
+                    }
                     await resp.write(self._line("BOOKMARK", mark))
                     if self.bookmark_interval:
                         next_bookmark = now + self.bookmark_interval
@@ -470,10 +478,8 @@ class FakeKube:
                 wait_for = max(0.0, min(waits) - now) if waits else None
                 if watcher.wake.is_set():
                     continue
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(watcher.wake.wait(), wait_for)
-                except TimeoutError:
-                    pass
             return await self._finish(resp)
         except (ConnectionResetError, asyncio.CancelledError):
             return resp
@@ -482,10 +488,8 @@ class FakeKube:
 
     @staticmethod
     async def _finish(resp: web.StreamResponse) -> web.StreamResponse:
-        try:
+        with contextlib.suppress(ConnectionResetError):
             await resp.write_eof()
-        except ConnectionResetError:
-            pass
         return resp
 
 
