@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from epp.datastore import Datastore
-from epp.discovery.kubeclient import load_configuration
+from epp.discovery.informer import PODS as POD_KIND
+from epp.discovery.informer import Informer
+from epp.discovery.kubeclient import api_client, load_configuration
 from epp.discovery.kubernetes import (
     KubernetesArgsError,
     KubernetesDiscoveryConfig,
@@ -286,3 +290,35 @@ async def test_in_cluster_configuration(tmp_path: Path, monkeypatch: pytest.Monk
     c = await load_configuration(token_file=str(token), ca_file=str(ca))
     assert c.host == "https://10.96.0.1:443" and c.api_key["BearerToken"] == "Bearer sa-token"
     assert c.ssl_ca_cert == str(ca)
+
+
+async def test_a_failing_handler_does_not_stop_the_watch(kube: FakeKube, tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    class Fussy:
+        def on_replace(self, objects: object) -> None:
+            pass
+
+        def on_upsert(self, obj: dict[str, object]) -> None:
+            name = obj["metadata"]["name"]  # type: ignore[index]
+            if name == "bad":
+                raise RuntimeError("boom")
+            seen.append(str(name))
+
+        def on_delete(self, obj: object) -> None:
+            pass
+
+    api = await api_client(write_kubeconfig(kube, tmp_path))
+    informer = Informer(api, POD_KIND, "default", Fussy())
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(informer.synced.wait(), 5)
+        kube.create(PODS, pod("bad", "10.0.0.1", APP))
+        kube.create(PODS, pod("good", "10.0.0.2", APP))
+        await eventually(lambda: seen == ["good"], what="event after the failing one")
+        assert set(informer.store) == {"bad", "good"} and informer.stats.errors == 0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await api.close()

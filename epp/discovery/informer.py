@@ -203,15 +203,19 @@ class Informer:
             raise ValueError(f"watch event without an object: {str(event)[:200]}")
         rv = str(obj.get("metadata", {}).get("resourceVersion", ""))
         self.backoff.reset()
-        if etype == "BOOKMARK":
-            self.stats.bookmarks += 1
-        elif etype in ("ADDED", "MODIFIED"):
-            self.store[object_name(obj)] = obj
-            self.handler.on_upsert(obj)
-        elif etype == "DELETED":
-            self.store.pop(object_name(obj), None)
-            self.handler.on_delete(obj)
-        else:
-            log.warning("%s: ignoring watch event of type %r", self.kind, etype)
+        try:
+            if etype == "BOOKMARK":
+                self.stats.bookmarks += 1
+            elif etype in ("ADDED", "MODIFIED"):
+                self.store[object_name(obj)] = obj
+                self.handler.on_upsert(obj)
+            elif etype == "DELETED":
+                self.store.pop(object_name(obj), None)
+                self.handler.on_delete(obj)
+            else:
+                log.warning("%s: ignoring watch event of type %r", self.kind, etype)
+        except Exception:
+            # One bad object must not stop discovery; the next re-list gives the handler another go at it.
+            log.exception("%s: handler failed on %s %s", self.kind, etype, object_name(obj))
         if rv:
             self.resource_version = rv

@@ -238,7 +238,8 @@ class KubernetesEndpointSource:
                 )
                 self._pods.target_ports = list(spec.target_ports)
                 assert self.pod_informer is not None
-                self._pods.replace(self.pod_informer.store.values())
+                if self.pod_informer.synced.is_set():  # else its first list applies the new ports
+                    self._pods.replace(self.pod_informer.store.values())
             return
         if old is not None:
             log.info(

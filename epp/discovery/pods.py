@@ -16,17 +16,17 @@ ACTIVE_PORTS_ANNOTATION = "inference.networking.k8s.io/active-ports"
 
 def is_pod_ready(pod: dict[str, Any]) -> bool:
     """Not being deleted, and the Ready condition (which already folds in readiness gates) is True."""
-    if pod.get("metadata", {}).get("deletionTimestamp"):
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return False
-    for cond in pod.get("status", {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == "Ready":
             return cond.get("status") == "True"
     return False
 
 
 def active_ports(pod: dict[str, Any]) -> set[int] | None:
     """The ports named by the active-ports annotation, or None when it is absent or blank (all ports active)."""
-    raw = (pod.get("metadata", {}).get("annotations") or {}).get(ACTIVE_PORTS_ANNOTATION)
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ACTIVE_PORTS_ANNOTATION)
     if raw is None or not str(raw).strip():
         return None
     ports: set[int] = set()
@@ -39,7 +39,7 @@ def active_ports(pod: dict[str, Any]) -> set[int] | None:
 
 
 def _name(pod: dict[str, Any]) -> str:
-    return str(pod.get("metadata", {}).get("name", ""))
+    return str((pod.get("metadata") or {}).get("name", ""))
 
 
 def pod_endpoints(pod: dict[str, Any], target_ports: Sequence[int], metrics_port: int | None = None) -> list[Endpoint]:
@@ -50,10 +50,10 @@ def pod_endpoints(pod: dict[str, Any], target_ports: Sequence[int], metrics_port
     """
     if not is_pod_ready(pod):
         return []
-    ip = pod.get("status", {}).get("podIP")
+    ip = (pod.get("status") or {}).get("podIP")
     if not ip:
         return []
-    meta = pod.get("metadata", {})
+    meta = pod.get("metadata") or {}
     name, namespace = _name(pod), str(meta.get("namespace") or "default")
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
     active = active_ports(pod)
