@@ -157,3 +157,20 @@ async def test_plugin_registers_pool_and_follows_datastore() -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_producer_feeds_the_generic_prefix_cache_scorer(vllm_kv: Any) -> None:
+    """llm-d's current pipeline: precise-prefix-cache-producer → prefix-cache-scorer(prefixMatchInfoProducerName)."""
+    ds = Datastore()
+    ctx = PluginContext(endpoints=ds)
+    producer = registry.get_factory("precise-prefix-cache-producer")("precise", PARAMS, ctx)  # type: ignore[misc]
+    scorer = registry.get_factory("prefix-cache-scorer")("pcs", {"prefixMatchInfoProducerName": "precise"}, ctx)  # type: ignore[misc]
+    req = chat_request(LONG)
+    await producer.prepare(req, EPS)
+    toks = req.data["tokens"]
+    n = len(toks) // BS
+    store_tokens(vllm_kv, ctx.services[SERVICE_KEY], EPS[0].hostport, toks, n // 4, 100)
+    req2 = chat_request(LONG, "r2")
+    await producer.prepare(req2, EPS)
+    s = scorer.score(CycleState(), req2, EPS)
+    assert s == [pytest.approx((n // 4) / n), 0.0, 0.0]
