@@ -3,8 +3,9 @@
 Each replica still keeps the engine-key bookkeeping (engine → request keys, reference counts) in
 process: it has to see every event anyway, and the counts must not be multiplied by the number of
 replicas. Entry changes are journaled by that local index and pushed to Redis in one pipeline per event
-batch (`flush`); removals and pod clears prune empty hashes with a Lua script. Lookups are one pipelined
-round trip of HKEYS, so any replica — even one that ingests no events — can score.
+batch (`flush`, one Lua call); removals and pod clears prune empty hashes. A lookup is one Lua call that
+walks the prompt's keys and stops at the first block nobody holds, so any replica — even one that ingests
+no events — can score.
 
 Layout (prefix `pyepp:kv:` by default): `<p>r:<request key>` HASH with fields `<pod>|<tier>`;
 `<p>p:<pod>` SET of the request keys the pod holds (so clearing a pod needs no SCAN).
@@ -28,6 +29,78 @@ if redis.call('HLEN', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end
 return 0
 """
 
+# One call per flushed batch: ARGV = prefix, then triples (op "+"/"-", request key, "pod|tier").
+# (Keys are built in the script, so this is for a standalone Redis/Valkey, not Redis Cluster.)
+_APPLY = """
+local p = ARGV[1]
+for i = 2, #ARGV, 3 do
+  local op, r, f = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local pod = string.match(f, '^(.*)|[^|]*$')
+  if op == '+' then
+    redis.call('HSET', p .. 'r:' .. r, f, '1')
+    redis.call('SADD', p .. 'p:' .. pod, r)
+  else
+    local k = p .. 'r:' .. r
+    redis.call('HDEL', k, f)
+    if redis.call('HLEN', k) == 0 then redis.call('DEL', k) end
+    redis.call('SREM', p .. 'p:' .. pod, r)
+  end
+end
+return 0
+"""
+
+# KEYS = request keys in prompt order. Returns each key's fields joined by "\n" (one reply string per
+# key: parsing thousands of small replies costs more than the lookup), stopping after the first empty key.
+_LOOKUP = """
+local out = {}
+for i = 1, #KEYS do
+  local f = redis.call('HKEYS', KEYS[i])
+  out[i] = table.concat(f, '\\n')
+  if #f == 0 then break end
+end
+return out
+"""
+
+# The whole longest-prefix computation server side. KEYS = request keys; ARGV = n tiers, tier names and
+# weights, then the allowed pods (none = all). Returns flat [pod, blocks, weighted, ...].
+_SCORE = """
+local nt = tonumber(ARGV[1])
+local w = {}
+for i = 1, nt do w[ARGV[1 + i]] = tonumber(ARGV[1 + nt + i]) end
+local allowed = nil
+if #ARGV > 1 + 2 * nt then
+  allowed = {}
+  for i = 2 + 2 * nt, #ARGV do allowed[ARGV[i]] = true end
+end
+local alive = nil
+local blocks, weighted = {}, {}
+for i = 1, #KEYS do
+  local best = {}
+  local any = false
+  for _, f in ipairs(redis.call('HKEYS', KEYS[i])) do
+    local pod, tier = string.match(f, '^(.*)|([^|]*)$')
+    if pod and (allowed == nil or allowed[pod]) and (alive == nil or alive[pod]) then
+      local wt = w[tier] or 1.0
+      if best[pod] == nil or wt > best[pod] then best[pod] = wt end
+      any = true
+    end
+  end
+  if not any then break end
+  alive = best
+  for pod, wt in pairs(best) do
+    blocks[pod] = (blocks[pod] or 0) + 1
+    weighted[pod] = (weighted[pod] or 0) + wt
+  end
+end
+local out = {}
+for pod, b in pairs(blocks) do
+  out[#out + 1] = pod
+  out[#out + 1] = b
+  out[#out + 1] = tostring(weighted[pod])
+end
+return out
+"""
+
 
 class RedisIndex:
     def __init__(
@@ -47,6 +120,9 @@ class RedisIndex:
         self._w = tuple(self.tier_weights[n] for n in TIER_NAMES)
         self.redis = client if client is not None else redis.Redis.from_url(url)
         self._prune = self.redis.register_script(_PRUNE)
+        self._apply = self.redis.register_script(_APPLY)
+        self._lookup = self.redis.register_script(_LOOKUP)
+        self._score = self.redis.register_script(_SCORE)
         self.flush_errors = 0
 
     # ------------------------------------------------------------ writes (local, journaled)
@@ -78,31 +154,26 @@ class RedisIndex:
         return f"{self.prefix}p:{pod}"
 
     async def flush(self) -> None:
-        """Push the journaled changes: pipelined segments, with pod clears between them in order."""
+        """Push the journaled changes in order: one script call per run of adds/removes, clears between."""
         j = self.local.journal
         if not j:
             return
         self.local.journal = []
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            n = 0
+            args: list[Any] = [self.prefix]
             for op, r, pod, tier in j:
                 if op == "clear":
-                    if n:
-                        await pipe.execute()
-                        pipe, n = self.redis.pipeline(transaction=False), 0
+                    if len(args) > 1:
+                        await self._apply(keys=[], args=args)
+                        args = [self.prefix]
                     await self._clear_remote(pod)
                     continue
-                field = f"{pod}|{TIER_NAMES[tier]}"
-                if op == "+":
-                    pipe.hset(self._rkey(r), field, "1")
-                    pipe.sadd(self._pkey(pod), r)
-                else:
-                    await self._prune(keys=[self._rkey(r)], args=[field], client=pipe)
-                    pipe.srem(self._pkey(pod), r)
-                n += 1
-            if n:
-                await pipe.execute()
+                args += (op, r, f"{pod}|{TIER_NAMES[tier]}")
+                if len(args) > 30_000:
+                    await self._apply(keys=[], args=args)
+                    args = [self.prefix]
+            if len(args) > 1:
+                await self._apply(keys=[], args=args)
         except Exception as e:  # the local bookkeeping stays right; the shared map is repaired by later events
             self.flush_errors += 1
             log.warning("redis index: flush of %d changes failed: %s", len(j), e)
@@ -128,11 +199,21 @@ class RedisIndex:
         if not request_keys:
             return {}
         allowed = set(pods) if pods is not None else None
-        pipe = self.redis.pipeline(transaction=False)
-        for r in request_keys:
-            pipe.hkeys(self._rkey(r))
-        rows = await pipe.execute()
         spec = self.local._spec
+        rkeys = [self._rkey(r) for r in request_keys]
+        if not spec or not any(r in spec for r in request_keys):
+            names = list(TIER_NAMES)
+            args: list[Any] = [len(names), *names, *(self.tier_weights[n] for n in names), *(allowed or ())]
+            if allowed is not None and not allowed:
+                return {}
+            flat = await self._score(keys=rkeys, args=args)
+            res: dict[str, PrefixMatch] = {}
+            for i in range(0, len(flat), 3):
+                pod = flat[i].decode() if isinstance(flat[i], bytes) else str(flat[i])
+                res[pod] = PrefixMatch(int(flat[i + 1]), float(flat[i + 2]))
+            return res
+        rows = [x.split(b"\n") if x else [] for x in await self._lookup(keys=rkeys, args=[])]
+        rows += [[]] * (len(request_keys) - len(rows))
         now = time.monotonic()
         by_slot = self.local._by_slot
         alive: set[str] | None = None
