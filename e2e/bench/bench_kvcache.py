@@ -158,13 +158,32 @@ def free_port() -> int:
 def bench_zmq(args: argparse.Namespace) -> dict[str, float]:
     """Publisher in another process → tcp → our central SUB → worker → index; plus the event-loop stall."""
 
-    async def run() -> tuple[float, float, float]:
+    async def idle_stalls(seconds: float) -> list[float]:
+        out: list[float] = []
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            await asyncio.sleep(0.001)
+            out.append(time.perf_counter() - t - 0.001)
+        return sorted(out)
+
+    async def run() -> tuple[float, ...]:
+        base = await idle_stalls(1.0)
         port = free_port()
         idx = MemoryIndex()
         cfg = PoolConfig(zmq_endpoint=f"tcp://127.0.0.1:{port}", concurrency=2, queue_size=100_000, discover_pods=False)
         pool = EventPool(EventApplier(idx, TokenProcessor(BS)), cfg, PoolMetrics(CollectorRegistry()))
         task = asyncio.create_task(pool.run())
         await pool.started()
+        item_times: list[float] = []
+        real = pool._process
+
+        async def timed(*a: Any) -> None:
+            t = time.perf_counter()
+            await real(*a)
+            item_times.append(time.perf_counter() - t)
+
+        pool._process = timed  # type: ignore[method-assign]
         stalls: list[float] = []
         stop = asyncio.Event()
 
@@ -194,18 +213,30 @@ def bench_zmq(args: argparse.Namespace) -> dict[str, float]:
             proc.wait(30)
             task.cancel()
         stalls.sort()
-        return rate, stalls[int(len(stalls) * 0.99)] * 1e3, stalls[-1] * 1e3
+        item_times.sort()
+        q = 0.99
+        return (
+            rate,
+            stalls[int(len(stalls) * q)] * 1e3,
+            stalls[-1] * 1e3,
+            base[int(len(base) * q)] * 1e3,
+            base[-1] * 1e3,
+            item_times[-1] * 1e3,
+            item_times[len(item_times) // 2] * 1e3,
+            item_times[int(len(item_times) * q)] * 1e3,
+        )
 
-    rates, p99s, maxes = [], [], []
-    for _ in range(max(1, args.repeats // 2)):
-        r, p99, mx = asyncio.run(run())
-        rates.append(r)
-        p99s.append(p99)
-        maxes.append(mx)
+    runs = [asyncio.run(run()) for _ in range(max(1, args.repeats // 2))]
+    col = lambda i: statistics.median(r[i] for r in runs)  # noqa: E731
     return {
-        "zmq end-to-end blocks/s": statistics.median(rates),
-        "loop stall p99 during ingest (ms)": statistics.median(p99s),
-        "loop stall max during ingest (ms)": statistics.median(maxes),
+        "zmq end-to-end blocks/s": col(0),
+        "loop stall p99 during ingest (ms)": col(1),
+        "loop stall max during ingest (ms)": col(2),
+        "loop stall p99 idle, same box (ms)": col(3),
+        "loop stall max idle, same box (ms)": col(4),
+        "worker step median (ms; one 128-block batch)": col(6),
+        "worker step p99 (ms)": col(7),
+        "worker step max (ms)": col(5),
     }
 
 
