@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import sys
 
 
@@ -11,15 +13,70 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("validate", help="check a config file and exit")
     v.add_argument("file")
+    s = sub.add_parser("serve", help="run the ext_proc server (with gRPC health and /metrics)")
+    s.add_argument("--config", "--config-file", dest="config", required=True, help="EPP config file (YAML)")
+    s.add_argument("--grpc-port", type=int, default=9002)
+    s.add_argument("--grpc-health-port", type=int, default=9003)
+    s.add_argument("--metrics-port", type=int, default=9090)
+    s.add_argument("--bind-address", default="0.0.0.0")
+    s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to let in-flight streams finish")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from epp.discovery.kubernetes import add_kubernetes_args
+
+    add_kubernetes_args(s)
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
     if args.command == "validate":
         from epp.config import ConfigError, load_config
+        from epp.config.builder import build_pipeline
+        from epp.datastore import Datastore
+        from epp.framework import PluginContext
 
         try:
-            load_config(args.file)
+            config = load_config(args.file)
+            pipeline = build_pipeline(config, PluginContext(endpoints=Datastore(), pool_name=config.pool_name))
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        print(f"{args.file}: ok")
+        for w in config.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        profiles = ", ".join(pipeline.scheduler.profiles)
+        print(f"{args.file}: ok ({len(pipeline.plugins)} plugins; profiles: {profiles})")
         return 0
     return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from epp.app import build_runtime
+    from epp.config import ConfigError, load_config
+    from epp.discovery.kubernetes import KubernetesArgsError, kubernetes_source_from_args
+    from epp.server.runner import ServeOptions, serve
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    options = ServeOptions(
+        bind_address=args.bind_address,
+        grpc_port=args.grpc_port,
+        grpc_health_port=args.grpc_health_port,
+        metrics_port=args.metrics_port,
+        drain_timeout=args.drain_timeout,
+    )
+    try:
+        k8s = kubernetes_source_from_args(args)
+    except KubernetesArgsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if k8s is not None:
+        config.pool_name = k8s.config.pool_name or config.pool_name
+    runtime = build_runtime(config, sources=[k8s] if k8s is not None else None)
+    if k8s is not None:
+        k8s.objectives = runtime.objectives  # InferenceObjectives from the cluster feed admission
+    asyncio.run(serve(runtime, options))
+    return 0

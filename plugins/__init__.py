@@ -1,1 +1,41 @@
 """Built-in plugins. Importing this package registers every built-in type with the framework registry."""
+
+from plugins import (
+    active_request_scorer,
+    approx_prefix_cache_producer,
+    kv_cache_utilization_scorer,
+    label_selector_filter,
+    load_aware_scorer,
+    lora_affinity_scorer,
+    max_score_picker,
+    no_hit_lru_scorer,
+    prefix_cache_scorer,
+    queue_scorer,
+    random_picker,
+    role_filters,
+    running_requests_scorer,
+    session_affinity_scorer,
+    single_profile_handler,
+    utilization_detector,
+    weighted_random_picker,
+)
+
+__all__ = [
+    "active_request_scorer",
+    "approx_prefix_cache_producer",
+    "kv_cache_utilization_scorer",
+    "label_selector_filter",
+    "load_aware_scorer",
+    "lora_affinity_scorer",
+    "max_score_picker",
+    "no_hit_lru_scorer",
+    "prefix_cache_scorer",
+    "queue_scorer",
+    "random_picker",
+    "role_filters",
+    "running_requests_scorer",
+    "session_affinity_scorer",
+    "single_profile_handler",
+    "utilization_detector",
+    "weighted_random_picker",
+]

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from epp.config import parse_config
+from epp.server.health import INFERENCE_EXTENSION, LIVENESS
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "pyepp"
@@ -128,7 +129,11 @@ def test_deployment_args_ports_probes_and_security() -> None:
         assert arg in c["args"]
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": 9002, "grpc-health": 9003, "metrics": 9090}
     assert c["readinessProbe"]["grpc"] == {"port": 9003, "service": "inference-extension"}
-    assert c["livenessProbe"]["grpc"] == {"port": 9003}
+    assert c["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
+    assert {c["livenessProbe"]["grpc"]["service"], c["readinessProbe"]["grpc"]["service"]} <= {
+        LIVENESS,
+        INFERENCE_EXTENSION,
+    }
     assert pod["securityContext"]["runAsNonRoot"] is True
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
