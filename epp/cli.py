@@ -14,7 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("validate", help="check a config file and exit")
     v.add_argument("file")
     s = sub.add_parser("serve", help="run the ext_proc server (with gRPC health and /metrics)")
-    s.add_argument("--config", "--config-file", dest="config", required=True, help="EPP config file (YAML)")
+    s.add_argument("--config", "--config-file", dest="config", help="EPP config file (YAML); default: GIE defaults")
+    s.add_argument("--config-text", help="EPP config as inline YAML (instead of --config)")
     s.add_argument("--grpc-port", type=int, default=9002)
     s.add_argument("--grpc-health-port", type=int, default=9003)
     s.add_argument("--metrics-port", type=int, default=9090)
@@ -49,18 +50,30 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from epp.app import build_runtime
-    from epp.config import ConfigError, load_config
-    from epp.discovery.kubernetes import KubernetesArgsError, kubernetes_source_from_args
+    from epp.config import ConfigError, load_config, parse_config
+    from epp.discovery.kubernetes import kubernetes_source_from_args
     from epp.server.runner import ServeOptions, serve
 
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.config and args.config_text:
+        print("error: give --config or --config-text, not both", file=sys.stderr)
+        return 1
     try:
-        config = load_config(args.config)
-    except ConfigError as e:
+        if args.config:
+            config = load_config(args.config)
+        else:
+            config = parse_config(args.config_text or "", source="--config-text")
+        if args.pool_name:
+            config.pool_name = args.pool_name
+        runtime = build_runtime(config)
+        k8s = kubernetes_source_from_args(args, objectives=runtime.objectives)
+    except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if k8s is not None:
+        runtime.sources = [k8s]
     options = ServeOptions(
         bind_address=args.bind_address,
         grpc_port=args.grpc_port,
@@ -68,15 +81,5 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         drain_timeout=args.drain_timeout,
     )
-    try:
-        k8s = kubernetes_source_from_args(args)
-    except KubernetesArgsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if k8s is not None:
-        config.pool_name = k8s.config.pool_name or config.pool_name
-    runtime = build_runtime(config, sources=[k8s] if k8s is not None else None)
-    if k8s is not None:
-        k8s.objectives = runtime.objectives  # InferenceObjectives from the cluster feed admission
     asyncio.run(serve(runtime, options))
     return 0

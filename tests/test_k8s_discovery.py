@@ -330,6 +330,6 @@ def test_serve_rejects_inconsistent_discovery_flags(tmp_path: Path, capsys: pyte
     cfg = tmp_path / "epp.yaml"
     cfg.write_text("endpoints: []\n")
     rc = main(["serve", "--config-file", str(cfg), "--endpoint-selector", "app=vllm"])
-    assert rc == 2 and "--endpoint-target-ports needs 1 to 8 ports" in capsys.readouterr().err
+    assert rc == 1 and "--endpoint-target-ports needs 1 to 8 ports" in capsys.readouterr().err
     rc = main(["serve", "--config", str(cfg), "--pool-name", "p", "--endpoint-selector", "a=b"])
-    assert rc == 2 and "exactly one of --pool-name and --endpoint-selector" in capsys.readouterr().err
+    assert rc == 1 and "exactly one of --pool-name and --endpoint-selector" in capsys.readouterr().err
