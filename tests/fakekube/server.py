@@ -123,11 +123,12 @@ def merge_patch(target: Any, patch: Any) -> Any:
 class FakeKube:
     """The store plus its HTTP front end. Start with `await start()`; `url` is then `http://127.0.0.1:<port>`."""
 
-    def __init__(self, *, bookmark_interval: float | None = None) -> None:
+    def __init__(self, *, bookmark_interval: float | None = None, token: str | None = "fake-token") -> None:
         self.resources: dict[tuple[str, str, str], Resource] = {}
         for r in (PODS, INFERENCE_POOLS, INFERENCE_OBJECTIVES):
             self.register(r)
         self.bookmark_interval = bookmark_interval
+        self.token = token  # required as `Authorization: Bearer <token>` unless None
         self.requests: list[RequestRecord] = []
         self._rv = 100
         self._objects: dict[Resource, dict[tuple[str, str], dict[str, Any]]] = {}
@@ -171,7 +172,7 @@ class FakeKube:
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+            "users": [{"name": "fake", "user": {"token": self.token or "unused"}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
             "current-context": "fake",
         }
@@ -315,6 +316,8 @@ class FakeKube:
     def _record(self, request: web.Request) -> RequestRecord:
         rec = RequestRecord(request.method, request.path, dict(request.query), time.monotonic())
         self.requests.append(rec)
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            raise KubeError(401, "Unauthorized", "Unauthorized")
         for entry in self._fail:
             if entry[0] > 0 and entry[2](rec):
                 entry[0] -= 1
