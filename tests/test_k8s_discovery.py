@@ -346,8 +346,8 @@ async def test_streams_closed_at_once_do_not_spin(tmp_path: Path) -> None:
         async with running_source(cfg) as (_, ds):
             await eventually(lambda: names(ds) == {"a-rank-0"})
             await asyncio.sleep(1.0)
-            # Backoff 0.05 .. 0.4 s: about five watches in the first second, not hundreds.
-            assert 2 <= len(kube.watch_requests("pods")) <= 15
+            # Backoff 0.05 .. 0.4 s: about five watches in the first second (20+ without it, even here).
+            assert 2 <= len(kube.watch_requests("pods")) <= 10
             kube.create(PODS, pod("b", "10.0.0.2", APP))  # still converges through the short streams
             await eventually(lambda: names(ds) == {"a-rank-0", "b-rank-0"})
     finally:
