@@ -51,13 +51,14 @@ class PreciseMatch:
 def build_tokenizer(params: dict[str, Any]) -> PromptTokenizer:
     """`tokenizer: {type: hf|vllm, models: {model: dir}, dir, url, cacheSize}`; default: the Qwen2.5 builder."""
     cfg = params.get("tokenizer") or params
-    kind = str(cfg.get("type", "hf")).lower()
+    raw_vllm = cfg.get("vllm")
+    vllm: dict[str, Any] = raw_vllm if isinstance(raw_vllm, dict) else {}
+    kind = str(cfg.get("type", "vllm" if vllm else "hf")).lower()  # llm-d's token-producer: `vllm: {url}`
     size = int(cfg.get("cacheSize", 1024))
     if kind in ("vllm", "http", "server"):
-        url = cfg.get("url") or (cfg.get("vllm") or {}).get("url")
-        if not url:
-            raise ValueError("tokenizer type vllm needs url (the model server's base URL)")
-        return PromptTokenizer(HTTPBackend(str(url), parse_duration(cfg.get("timeout"), 5.0)), size)
+        url = cfg.get("url") or vllm.get("url") or "http://localhost:8000"
+        timeout = parse_duration(cfg.get("timeout", vllm.get("timeout")), 5.0)
+        return PromptTokenizer(HTTPBackend(str(url), timeout), size)
     models = dict(cfg.get("models") or cfg.get("modelTokenizerMap") or {})
     default_dir = cfg.get("dir")
     if not models and not default_dir:

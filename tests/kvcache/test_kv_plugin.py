@@ -189,3 +189,12 @@ async def test_block_size_learned_from_scraped_cache_config() -> None:
     assert req2.data[MATCH_KEY].block_size == 32
     assert req2.data[MATCH_KEY].total_blocks == len(req2.data["tokens"]) // 32
     assert ctx.background == []  # events disabled: no pool task
+
+
+def test_token_producer_llmd_style_vllm_backend() -> None:
+    from epp.tokenization.prompt import HTTPBackend
+    from plugins.precise_prefix_cache import build_tokenizer
+
+    tok = build_tokenizer({"vllm": {"url": "http://10.0.0.5:8000", "timeout": "3s"}})
+    assert isinstance(tok.backend, HTTPBackend)
+    assert tok.backend.url == "http://10.0.0.5:8000/tokenize" and tok.backend.timeout == 3.0
