@@ -194,3 +194,39 @@ def test_engine_extra_keys_match_request_side(vllm_kv: Any) -> None:
     want = tp.block_keys(toks, "adapter-1", extra=request_extra_keys(3, 4, "tenant-a"))
     assert idx.lookup_now(want)["p"].blocks == 3
     assert "p" not in idx.lookup_now(tp.block_keys(toks, "adapter-1"))  # unsalted request: miss
+
+
+def test_hybrid_attention_groups_only_full_attention_indexed() -> None:
+    tp = TokenProcessor(2)
+    idx = MemoryIndex()
+    ap = EventApplier(idx, tp)
+    full = ["BlockStored", [1, 2], None, [1, 2, 3, 4], 2, None, "GPU", None, None, 0, "full_attention"]
+    swa = ["BlockStored", [11, 12], None, [1, 2, 3, 4], 2, None, "GPU", None, None, 1, "sliding_window"]
+    st = ap.apply("p", "m", decode_batch(msgpack.packb([0, [full, swa]])))
+    assert st.stored_blocks == 2 and st.skipped_group == 1
+    st = ap.apply("p", "m", decode_batch(msgpack.packb([0, [["BlockRemoved", [11], "GPU", 1]]])))
+    assert st.skipped_group == 1 and idx.lookup_now(tp.block_keys([1, 2, 3, 4], "m"))["p"].blocks == 2
+
+
+async def test_sglang_two_frame_replay_is_accepted() -> None:
+    """SGLang's ROUTER replays [seq, payload] (no topic frame); a gap is still repaired."""
+
+    class SGLangPool(EventPool):
+        buffer: list[tuple[int, bytes]] = []
+
+        async def replay_frames(self, endpoint: str, start: int) -> Any:
+            for s, p in self.buffer:
+                if s >= start:
+                    yield [s.to_bytes(8, "big"), p]
+            yield [(-1).to_bytes(8, "big", signed=True), b""]
+
+    tp = TokenProcessor(2)
+    idx = MemoryIndex()
+    pool = SGLangPool(EventApplier(idx, tp), PoolConfig(engine_type="sglang"), PoolMetrics(CollectorRegistry()))
+    b0 = msgpack.packb([0.0, [["BlockStored", [1], None, [1, 2], 2, None]]])
+    b1 = msgpack.packb([1.0, [["BlockStored", [2], 1, [3, 4], 2, None]]])
+    b2 = msgpack.packb([2.0, [["BlockStored", [3], 2, [5, 6], 2, None]]])
+    SGLangPool.buffer = [(0, b0), (1, b1), (2, b2)]
+    await pool._process("p", "m", 0, b0, "sim://p")
+    await pool._process("p", "m", 2, b2, "sim://p")  # seq 1 was lost
+    assert idx.lookup_now(tp.block_keys([1, 2, 3, 4, 5, 6], "m"))["p"].blocks == 3
