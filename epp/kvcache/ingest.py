@@ -31,6 +31,7 @@ class ApplyStats:
     clears: int = 0
     skipped_parent: int = 0  # stores whose parent block we never saw
     skipped_group: int = 0  # stores/removals of non-full-attention groups
+    bad_events: int = 0  # events whose fields decoded but could not be applied (e.g. token ids out of range)
     unknown_removals: int = 0  # removals of engine keys we do not know
     tier_updates: int = 0
 
@@ -95,20 +96,27 @@ class EventApplier:
     def apply(self, pod: str, model: str, batch: EventBatch) -> ApplyStats:
         st = ApplyStats()
         for ev in batch.events:
-            if type(ev) is BlockStored:
-                self._stored(pod, model, ev, st)
-            elif type(ev) is BlockRemoved:
-                if ev.group_idx is not None and not self._groups.get((pod, ev.group_idx), True):
-                    st.skipped_group += 1
-                    continue
-                n = len(ev.block_hashes)
-                unknown = self.index.evict(ev.block_hashes, pod, tier_index(ev.medium))
-                st.unknown_removals += unknown
-                st.removed_blocks += n - unknown
-            elif type(ev) is AllBlocksCleared:
-                self.clear_pod(pod)
-                st.clears += 1
+            try:
+                self._apply_one(pod, model, ev, st)
+            except (TypeError, ValueError, OverflowError) as e:
+                st.bad_events += 1
+                log.warning("KV events: skipping a bad %s from %s: %s", type(ev).__name__, pod, e)
         return st
+
+    def _apply_one(self, pod: str, model: str, ev: object, st: ApplyStats) -> None:
+        if isinstance(ev, BlockStored):
+            self._stored(pod, model, ev, st)
+        elif isinstance(ev, BlockRemoved):
+            if ev.group_idx is not None and not self._groups.get((pod, ev.group_idx), True):
+                st.skipped_group += 1
+                return
+            n = len(ev.block_hashes)
+            unknown = self.index.evict(ev.block_hashes, pod, tier_index(ev.medium))
+            st.unknown_removals += unknown
+            st.removed_blocks += n - unknown
+        elif isinstance(ev, AllBlocksCleared):
+            self.clear_pod(pod)
+            st.clears += 1
 
     def clear_pod(self, pod: str) -> None:
         self.index.clear_pod(pod)

@@ -54,6 +54,7 @@ class PoolConfig:
     default_model: str = ""  # model for topics that do not name one
     replay_idle_timeout: float = 2.0
     replay_timeout: float = 60.0
+    replay_cooldown: float = 30.0  # after a failed replay, no replays from that endpoint for this long
     max_concurrent_replays: int = 8
     retry_interval: float = 5.0
 
@@ -130,6 +131,7 @@ class EventPool:
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._replay_sem = asyncio.Semaphore(self.cfg.max_concurrent_replays)
+        self._replay_failed: dict[str, float] = {}  # endpoint -> monotonic time of the last failure
         self._last_drop_log = 0.0
         self._started = asyncio.Event()
         self.metrics.capacity.set(self.cfg.queue_size * self.cfg.concurrency)
@@ -355,6 +357,8 @@ class EventPool:
             m.skipped.labels("unknown_parent").inc(st.skipped_parent)
         if st.skipped_group:
             m.skipped.labels("group").inc(st.skipped_group)
+        if st.bad_events:
+            m.skipped.labels("bad_event").inc(st.bad_events)
         if st.unknown_removals:
             m.skipped.labels("unknown_removal").inc(st.unknown_removals)
         if batch.unknown:
@@ -404,6 +408,10 @@ class EventPool:
         at or after that seq, means the publisher restarted (its numbering began again) — the pod is then
         cleared and replayed from 0.
         """
+        failed = self._replay_failed.get(endpoint)
+        if failed is not None and time.monotonic() - failed < self.cfg.replay_cooldown:
+            self.metrics.replays.labels("cooldown").inc()
+            return
         last = self.seq.last(pod, rank)
         verify = last is not None and start == last + 1
         if verify:
@@ -416,6 +424,10 @@ class EventPool:
             self.seq.forget_pod(pod)
             result, got, _ = await self._fetch(pod, model, rank, endpoint, 0, False)
         self.metrics.replays.labels(result).inc()
+        if result == "ok":
+            self._replay_failed.pop(endpoint, None)
+        else:
+            self._replay_failed[endpoint] = time.monotonic()
         log.info("KV events: replay for %s from seq %d: %s, %d batches", pod, start, result, got)
 
     async def replay_frames(self, endpoint: str, start: int) -> AsyncIterator[list[bytes]]:

@@ -230,3 +230,25 @@ async def test_sglang_two_frame_replay_is_accepted() -> None:
     await pool._process("p", "m", 0, b0, "sim://p")
     await pool._process("p", "m", 2, b2, "sim://p")  # seq 1 was lost
     assert idx.lookup_now(tp.block_keys([1, 2, 3, 4, 5, 6], "m"))["p"].blocks == 3
+
+
+async def test_bad_event_is_skipped_and_dead_replay_endpoint_cools_down() -> None:
+    reg = CollectorRegistry()
+    tp = TokenProcessor(2)
+    idx = MemoryIndex()
+    cfg = PoolConfig(replay_idle_timeout=0.2, replay_cooldown=30.0)
+    pool = EventPool(EventApplier(idx, tp), cfg, PoolMetrics(reg))
+    bad = ["BlockStored", [9], None, [1, -5], 2, None]  # a token id no tokenizer produces
+    good = ["BlockStored", [1], None, [1, 2], 2, None]
+    await pool._process("p", "m", 0, msgpack.packb([0.0, [bad, good]]), None)
+    assert idx.lookup_now(tp.block_keys([1, 2], "m"))["p"].blocks == 1
+    assert reg.get_sample_value("kv_cache_events_skipped_total", {"reason": "bad_event"}) == 1
+    port = 1  # nothing listens there: the replay times out once, then is skipped during the cooldown
+    dead = f"tcp://127.0.0.1:{port}"
+    t = time.monotonic()
+    await pool._process("p", "m", 5, msgpack.packb([1.0, []]), dead)
+    await pool._process("p", "m", 9, msgpack.packb([2.0, []]), dead)
+    assert time.monotonic() - t < 2.0
+    assert reg.get_sample_value("kv_cache_events_replays_total", {"result": "timeout"}) == 1
+    assert reg.get_sample_value("kv_cache_events_replays_total", {"result": "cooldown"}) == 1
+    assert pool.seq.last("p", 0) == 9  # the stream goes on
