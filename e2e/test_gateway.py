@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -219,9 +220,24 @@ def test_buffered_mode(stack_factory: Callable[..., Stack]) -> None:
     assert metric_value(text, "inference_objective_output_tokens_count", {"model_name": "m1"}) == 3
 
 
-def test_epp_drains_and_reports_not_serving_on_sigterm(stack_factory: Callable[..., Stack], tmp_path: Path) -> None:
+def test_sigterm_mid_stream_lets_the_sse_response_finish(stack_factory: Callable[..., Stack]) -> None:
+    """A streaming response in flight when the EPP gets SIGTERM still completes; then the EPP exits 0."""
     s = stack_factory(backends=1)
-    assert post_json(s.url + "/v1/completions", {"model": "m1", "prompt": "x"}).status == 200
+    body = {"model": "m1", "messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 120}
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        result["r"] = post_json(s.url + "/v1/chat/completions", body)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.25)  # the backend needs ~0.6 s for 120 chunks
     s.epp.terminate()
+    t.join(timeout=20)
+    r = result["r"]
+    assert r.status == 200  # type: ignore[attr-defined]
+    events = sse_events(r.body)  # type: ignore[attr-defined]
+    assert len(events) == 121 and events[-1] == "[DONE]"
     assert s.epp.wait(10) == 0
-    assert "shutting down" in s.epp.log_text()
+    log_text = s.epp.log_text()
+    assert "draining 1 streams" in log_text

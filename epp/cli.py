@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--metrics-port", type=int, default=9090)
     s.add_argument("--bind-address", default="0.0.0.0")
     s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to let in-flight streams finish")
+    s.add_argument("--max-request-body-bytes", type=int, default=128 * 1024 * 1024, help="larger bodies get 413")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
     if args.command == "serve":
@@ -56,6 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_health_port=args.grpc_health_port,
         metrics_port=args.metrics_port,
         drain_timeout=args.drain_timeout,
+        max_body_bytes=args.max_request_body_bytes,
     )
     asyncio.run(serve(build_runtime(config), options))
     return 0

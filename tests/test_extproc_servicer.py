@@ -381,3 +381,23 @@ async def test_graceful_stop_drains_in_flight_stream(epp: Harness) -> None:
     assert await call.read() is grpc.aio.EOF
     await asyncio.wait_for(stopping, 5)
     assert epp.director.completed[0][1] == Usage(prompt_tokens=1, total_tokens=1)
+
+
+async def test_request_trailers_end_the_body(epp: Harness) -> None:
+    call = epp.stub.Process()
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    rs = await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', False), trailers], 3)
+    assert set_headers(rs[0])[DEST].startswith("10.0.0.1:")
+    sr = rs[1].request_body.response.body_mutation.streamed_response
+    assert (sr.body, sr.end_of_stream) == (b'{"model":"m","prompt":"x"}', False)
+    assert rs[2].HasField("request_trailers")
+    call.cancel()
+
+
+async def test_oversized_body_gets_413(epp: Harness) -> None:
+    epp.server.state.max_body_bytes = 100_000
+    call = epp.stub.Process()
+    (resp,) = await exchange(call, [headers_msg(), body_msg(b"x" * 60_000, False), body_msg(b"x" * 60_000, False)], 1)
+    assert resp.immediate_response.status.code == 413
+    assert "exceeds 100000 bytes" in json.loads(resp.immediate_response.body)["error"]["message"]
+    call.cancel()

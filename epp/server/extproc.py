@@ -36,12 +36,19 @@ from epp.requestcontrol.director import Director, RoutingDecision, locate_candid
 
 log = logging.getLogger(__name__)
 
+
+class PayloadTooLarge(RequestError):
+    status = 413
+    code = "PayloadTooLarge"
+
+
 DESTINATION_KEY = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE = "envoy.lb"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 BODY_CHUNK_LIMIT = 62_000  # GIE's BodyByteLimit: Envoy takes at most 64 KiB per streamed chunk
+DEFAULT_MAX_BODY_BYTES = 128 * 1024 * 1024  # a gathered request body beyond this is refused with 413
 
 _Mode = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
@@ -129,6 +136,7 @@ class ServerState:
         model_rewrites: Mapping[str, str] | None = None,
         request_body_mode: int = FULL_DUPLEX,
         response_body_mode: int = FULL_DUPLEX,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         self.director = director
         self.datastore = datastore
@@ -136,6 +144,7 @@ class ServerState:
         self.model_rewrites = dict(model_rewrites or {})
         self.request_body_mode = request_body_mode
         self.response_body_mode = response_body_mode
+        self.max_body_bytes = max_body_bytes
         self.active_streams = 0
         self._bodyless_next = 0
 
@@ -262,6 +271,9 @@ class RequestStream:
         if chunk:
             self._body.append(chunk)
             self._body_size += len(chunk)
+            if self._body_size > self.s.max_body_bytes:
+                self._body = []
+                raise PayloadTooLarge(f"request body exceeds {self.s.max_body_bytes} bytes")
         if not body.end_of_stream:
             return []
         return await self._decide(end_of_stream=True)

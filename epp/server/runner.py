@@ -19,14 +19,14 @@ from prometheus_client import CollectorRegistry
 
 from epp.app import Runtime
 from epp.metrics import REGISTRY, RequestMetrics
-from epp.server.extproc import ExtProcServicer, ServerState
+from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, ExtProcServicer, ServerState
 from epp.server.health import Health
 from epp.server.metrics_http import MetricsHTTP
 
 log = logging.getLogger(__name__)
 
 # Bodies arrive whole in BUFFERED mode; allow large prompts (the Envoy listener limit is the real cap).
-_MAX_MESSAGE = 64 * 1024 * 1024
+_MAX_MESSAGE = DEFAULT_MAX_BODY_BYTES + 1024 * 1024
 _GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE),
     ("grpc.max_send_message_length", _MAX_MESSAGE),
@@ -41,6 +41,7 @@ class ServeOptions:
     grpc_health_port: int = 9003
     metrics_port: int = 9090
     drain_timeout: float = 30.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 class EppServer:
@@ -58,7 +59,11 @@ class EppServer:
         self.health = Health()
         self.metrics = metrics if metrics is not None else RequestMetrics(registry)
         self.state = ServerState(
-            runtime.director, runtime.datastore, self.metrics, model_rewrites=runtime.config.model_rewrites
+            runtime.director,
+            runtime.datastore,
+            self.metrics,
+            model_rewrites=runtime.config.model_rewrites,
+            max_body_bytes=options.max_body_bytes,
         )
         self._grpc = grpc.aio.server(options=_GRPC_OPTIONS)
         self._health_grpc = grpc.aio.server(options=_GRPC_OPTIONS)
