@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -418,15 +418,18 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def Process(
-        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    async def Process(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        """Read/write on the context rather than an async generator: measurably fewer hops per message."""
         stream = RequestStream(self.state)
         self.state.active_streams += 1
+        read, write, eof = context.read, context.write, grpc.aio.EOF
         try:
-            async for msg in request_iterator:
+            while True:
+                msg = await read()
+                if msg is eof:
+                    break
                 for resp in await stream.handle(msg):
-                    yield resp
+                    await write(resp)
         finally:
             self.state.active_streams -= 1
             stream.complete()
