@@ -37,6 +37,7 @@ class RecordingDirector:
 
     inner: RoundRobinDirector
     fail: BaseException | None = None
+    fail_response_headers: bool = False
     metadata: dict[str, object] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     requests: list[InferenceRequest] = field(default_factory=list)
@@ -56,6 +57,8 @@ class RecordingDirector:
         self, request: InferenceRequest, decision: RoutingDecision, status: int, served: str | None
     ) -> None:
         self.response_headers.append((status, served))
+        if self.fail_response_headers:
+            raise RuntimeError("plugin bug")
 
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
@@ -401,3 +404,15 @@ async def test_oversized_body_gets_413(epp: Harness) -> None:
     assert resp.immediate_response.status.code == 413
     assert "exceeds 100000 bytes" in json.loads(resp.immediate_response.body)["error"]["message"]
     call.cancel()
+
+
+async def test_response_hook_failure_does_not_break_the_response(epp: Harness) -> None:
+    epp.director.fail_response_headers = True
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 2)
+    rs = await exchange(call, [resp_headers_msg(), resp_body_msg(b'{"ok":1}', True)], 2)
+    assert rs[0].HasField("response_headers")
+    assert rs[1].response_body.response.body_mutation.streamed_response.body == b'{"ok":1}'
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    assert len(epp.director.completed) == 1

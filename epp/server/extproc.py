@@ -279,11 +279,8 @@ class RequestStream:
         return await self._decide(end_of_stream=True)
 
     async def _request_trailers(self) -> list[pb.ProcessingResponse]:
-        out: list[pb.ProcessingResponse] = []
-        if self.state < _BODY_DONE:
-            out = await self._decide(end_of_stream=False)
-            if out and out[0].HasField("immediate_response"):
-                return out
+        """Trailers end a body that had no end_of_stream: decide now, the body chunks stay without EOS."""
+        out = await self._decide(end_of_stream=False) if self.state < _BODY_DONE else []
         out.append(pb.ProcessingResponse(request_trailers=pb.TrailersResponse()))
         return out
 
@@ -354,7 +351,10 @@ class RequestStream:
                 self.s.metrics.request_error(req.model, req.target_model, "ModelServerError")
             served = _served(msg.metadata_context) if msg.HasField("metadata_context") else None
             assert self.decision is not None
-            self.s.director.handle_response_headers(req, self.decision, self.status, served)
+            try:
+                self.s.director.handle_response_headers(req, self.decision, self.status, served)
+            except Exception:  # a plugin bug must not turn a good response into an error
+                log.exception("director.handle_response_headers failed for request %s", req.request_id)
             if "text/event-stream" in headers.get("content-type", ""):
                 self._sse = SSEUsageReader()
             else:
@@ -369,8 +369,11 @@ class RequestStream:
         self.response_size += len(chunk)
         if self._sse is not None:
             self._sse.feed(chunk)
-        elif self._resp_json is not None and self.response_size <= MAX_JSON_USAGE_BYTES:
-            self._resp_json.append(chunk)
+        elif self._resp_json is not None:
+            if self.response_size <= MAX_JSON_USAGE_BYTES:
+                self._resp_json.append(chunk)
+            else:  # too big to parse for usage: stop holding it
+                self._resp_json = None
         out_chunk = self._rewriter.feed(chunk, eos) if self._rewriter is not None else chunk
         if eos:
             self.complete()
