@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from epp.app import build_runtime
     from epp.config import ConfigError, load_config
-    from epp.server.runner import ServeOptions, serve
+    from epp.server.runner import BindError, ServeOptions, serve
 
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -59,5 +59,9 @@ def _serve(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout,
         max_body_bytes=args.max_request_body_bytes,
     )
-    asyncio.run(serve(build_runtime(config), options))
+    try:
+        asyncio.run(serve(build_runtime(config), options))
+    except BindError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0

@@ -416,3 +416,21 @@ async def test_response_hook_failure_does_not_break_the_response(epp: Harness) -
     await call.done_writing()
     assert await call.read() is grpc.aio.EOF
     assert len(epp.director.completed) == 1
+
+
+async def test_port_in_use_is_a_clear_bind_error() -> None:
+    import socket
+
+    from epp.server.runner import BindError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ds = Datastore()
+        runtime = Runtime(config=parse_config(""), datastore=ds, director=RoundRobinDirector(ds), sources=[])
+        registry = CollectorRegistry()
+        opts = ServeOptions(bind_address="127.0.0.1", grpc_port=port, grpc_health_port=0, metrics_port=0)
+        server = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
+        with pytest.raises(BindError, match=f"grpc port 127.0.0.1:{port}"):
+            await server.start()

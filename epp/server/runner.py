@@ -34,6 +34,10 @@ _GRPC_OPTIONS = [
 ]
 
 
+class BindError(RuntimeError):
+    """A listener could not bind its address (port in use, bad address)."""
+
+
 @dataclass
 class ServeOptions:
     bind_address: str = "0.0.0.0"
@@ -76,12 +80,24 @@ class EppServer:
         pb_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(self.state), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._health_grpc)
-        self.ports["grpc"] = self._grpc.add_insecure_port(f"{opts.bind_address}:{opts.grpc_port}")
-        self.ports["health"] = self._health_grpc.add_insecure_port(f"{opts.bind_address}:{opts.grpc_health_port}")
+        for key, server, port in (
+            ("grpc", self._grpc, opts.grpc_port),
+            ("health", self._health_grpc, opts.grpc_health_port),
+        ):
+            address = f"{opts.bind_address}:{port}"
+            try:
+                self.ports[key] = server.add_insecure_port(address)
+            except RuntimeError as e:
+                raise BindError(f"cannot bind {key} port {address}: {e}") from None
         await self.health.start()
         await self._grpc.start()
         await self._health_grpc.start()
-        await self._metrics_http.start()
+        try:
+            await self._metrics_http.start()
+        except OSError as e:
+            await self._grpc.stop(0)
+            await self._health_grpc.stop(0)
+            raise BindError(f"cannot bind metrics port {opts.bind_address}:{opts.metrics_port}: {e}") from None
         self.ports["metrics"] = self._metrics_http.port
         for source in self.runtime.sources:
             self._spawn(source.run(self.runtime.datastore), f"discovery {type(source).__name__}")
