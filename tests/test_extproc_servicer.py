@@ -38,6 +38,7 @@ class RecordingDirector:
     inner: RoundRobinDirector
     fail: BaseException | None = None
     fail_response_headers: bool = False
+    fallbacks: bool = False
     metadata: dict[str, object] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     requests: list[InferenceRequest] = field(default_factory=list)
@@ -49,6 +50,8 @@ class RecordingDirector:
         if self.fail is not None:
             raise self.fail
         d = await self.inner.handle_request(request)
+        if self.fallbacks:
+            d.endpoints = list(self.inner._view.endpoints())[::-1]
         d.metadata.update(self.metadata)
         d.headers.update(self.headers)
         return d
@@ -434,3 +437,15 @@ async def test_port_in_use_is_a_clear_bind_error() -> None:
         server = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
         with pytest.raises(BindError, match=f"grpc port 127.0.0.1:{port}"):
             await server.start()
+
+
+async def test_fallback_list_in_header_and_metadata(epp: Harness) -> None:
+    epp.director.fallbacks = True
+    call = epp.stub.Process()
+    first, _ = await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 2)
+    assert set_headers(first)[DEST] == "10.0.0.1:8001,10.0.0.1:8000"
+    assert (
+        first.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DEST].string_value
+        == "10.0.0.1:8001,10.0.0.1:8000"
+    )
+    call.cancel()
