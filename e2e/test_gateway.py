@@ -241,3 +241,31 @@ def test_sigterm_mid_stream_lets_the_sse_response_finish(stack_factory: Callable
     assert s.epp.wait(10) == 0
     log_text = s.epp.log_text()
     assert "draining 1 streams" in log_text
+
+
+def test_concurrent_mixed_requests_all_complete(duplex: Stack) -> None:
+    """64 concurrent requests (JSON, SSE, bad bodies) through one Envoy: right answers, no leaked running count."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> tuple[int, int]:
+        if i % 8 == 7:
+            r = request(duplex.url + "/v1/completions", "POST", b"{", {"content-type": "application/json"})
+            return i, r.status
+        if i % 2:
+            body = {"model": "conc", "messages": [{"role": "user", "content": str(i)}], "stream": True, "max_tokens": 4}
+            r = post_json(duplex.url + "/v1/chat/completions", body)
+            assert len([e for e in sse_events(r.body) if e != "[DONE]"]) == 4
+            return i, r.status
+        r = post_json(duplex.url + "/v1/completions", {"model": "conc", "prompt": "p" * (i * 1000 + 1)})
+        assert r.status == 200, (r.status, r.body[:300])
+        assert r.json()["echo"]["body_len"] > i * 1000
+        return i, r.status
+
+    with ThreadPoolExecutor(max_workers=16) as ex:
+        results = list(ex.map(one, range(64)))
+    for i, status in results:
+        assert status == (400 if i % 8 == 7 else 200), i
+    text = duplex.epp.metrics_text()
+    assert metric_value(text, "inference_objective_request_total", {"model_name": "conc"}) == 56
+    assert metric_value(text, "inference_objective_running_requests", {"model_name": "conc"}) == 0
+    assert metric_value(text, "inference_objective_request_duration_seconds_count", {"model_name": "conc"}) == 56
