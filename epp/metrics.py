@@ -1,16 +1,34 @@
 """Request-level Prometheus metrics with GIE's names (`inference_objective_*`).
 
-One registry per process (`REGISTRY`); tests and embedded servers may build their own `RequestMetrics`.
+One registry per process (`REGISTRY`, with process/GC collectors and `inference_extension_info`); tests and
+embedded servers may build their own `RequestMetrics` on a private registry.
 Label sets follow GIE: model = (model_name, target_model_name); the request counter adds `priority`.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
 
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+from epp import __version__
 from epp.framework.types import Usage
 
+# The registry /metrics serves. Other parts of the EPP (scheduler, pool gauges) register their metrics here too.
 REGISTRY = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+Gauge("inference_extension_info", "General information of the current build.", ["commit", "build_ref"],
+      registry=REGISTRY).labels(os.environ.get("PYEPP_COMMIT", "unknown"), __version__).set(1)  # fmt: skip
 
 _DURATION_BUCKETS = (
     0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60, 120, 180,
