@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from e2e.harness.backends import CACHED_TOKENS, PROMPT_TOKENS, BackendPool
-from e2e.harness.http import metric_value, post_json, request, sse_events
+from e2e.harness.http import metric_value, post_json, post_json_lines, request, sse_events
 from e2e.harness.stack import Stack, endpoints_yaml, start_stack
 
 pytestmark = pytest.mark.e2e
@@ -150,6 +150,16 @@ def test_sse_streaming_through_proxy_with_usage_on_metrics(duplex: Stack) -> Non
     assert metric_value(text, "inference_objective_prompt_cached_tokens_sum", labels) == CACHED_TOKENS
     assert metric_value(text, "inference_objective_request_total", labels) == 1
     assert metric_value(text, "inference_objective_running_requests", {"model_name": "sse-model"}) == 0
+
+
+def test_sse_chunks_arrive_as_they_are_produced(duplex: Stack) -> None:
+    """The proxy path does not buffer SSE: the first event arrives well before the last (backend: 5 ms per chunk)."""
+    body = {"model": "m1", "messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 60}
+    status, lines = post_json_lines(duplex.url + "/v1/chat/completions", body)
+    assert status == 200
+    data = [(t, line) for t, line in lines if line.startswith(b"data: ")]
+    assert len(data) == 61
+    assert data[-1][0] - data[0][0] > 0.15  # 60 chunks x 5 ms, spread out on arrival
 
 
 def test_json_usage_counted(duplex: Stack) -> None:
