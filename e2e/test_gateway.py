@@ -241,7 +241,14 @@ def test_sigterm_mid_stream_lets_the_sse_response_finish(stack_factory: Callable
 
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.25)  # the backend needs ~0.6 s for 120 chunks
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # wait until the request is in flight (the backend needs ~0.6 s in all)
+        try:
+            if metric_value(s.epp.metrics_text(), "inference_objective_running_requests", {"model_name": "m1"}) == 1:
+                break
+        except KeyError:
+            pass
+        time.sleep(0.01)
     s.epp.terminate()
     t.join(timeout=20)
     r = result["r"]
