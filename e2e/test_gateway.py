@@ -286,3 +286,16 @@ def test_concurrent_mixed_requests_all_complete(duplex: Stack) -> None:
     assert metric_value(text, "inference_objective_request_total", {"model_name": "conc"}) == 56
     assert metric_value(text, "inference_objective_running_requests", {"model_name": "conc"}) == 0
     assert metric_value(text, "inference_objective_request_duration_seconds_count", {"model_name": "conc"}) == 56
+
+
+def test_metrics_endpoint_serves_every_part_of_the_epp(duplex: Stack) -> None:
+    """Request metrics and the scheduler's / data layer's metrics (module-level, default registry) on one /metrics."""
+    assert post_json(duplex.url + "/v1/completions", {"model": "m1", "prompt": "x"}).status == 200
+    text = duplex.epp.metrics_text()
+    for name in (
+        "inference_objective_request_total",
+        "inference_extension_scheduler_e2e_duration_seconds_count",
+        "inference_extension_info",
+        "process_cpu_seconds_total",
+    ):
+        assert metric_value(text, name) > 0, name

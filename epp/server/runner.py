@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from epp.app import Runtime
-from epp.metrics import REGISTRY, RequestMetrics
+from epp.metrics import REGISTRY, RequestMetrics, request_metrics
 from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, ExtProcServicer, ServerState
 from epp.server.health import Health
 from epp.server.metrics_http import MetricsHTTP
@@ -61,7 +61,7 @@ class EppServer:
         self.runtime = runtime
         self.options = options
         self.health = Health()
-        self.metrics = metrics if metrics is not None else RequestMetrics(registry)
+        self.metrics = metrics if metrics is not None else request_metrics(registry)
         self.state = ServerState(
             runtime.director,
             runtime.datastore,
