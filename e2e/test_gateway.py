@@ -299,3 +299,21 @@ def test_metrics_endpoint_serves_every_part_of_the_epp(duplex: Stack) -> None:
         "process_cpu_seconds_total",
     ):
         assert metric_value(text, name) > 0, name
+
+
+def test_buffered_request_with_streamed_response(stack_factory: Callable[..., Stack]) -> None:
+    """Modes are per direction: BUFFERED request body, FULL_DUPLEX_STREAMED response (SSE + usage still work)."""
+    s = stack_factory(backends=1, mode="BUFFERED", response_mode="FULL_DUPLEX_STREAMED")
+    body = {
+        "model": "mixed",
+        "messages": [{"role": "user", "content": "x"}],
+        "stream": True,
+        "max_tokens": 6,
+        "stream_options": {"include_usage": True},
+    }
+    r = post_json(s.url + "/v1/chat/completions", body)
+    assert r.status == 200
+    events = sse_events(r.body)
+    assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 6
+    text = s.epp.metrics_text()
+    assert metric_value(text, "inference_objective_output_tokens_sum", {"model_name": "mixed"}) == 6
