@@ -378,7 +378,13 @@ class RequestStream:
         if eos:
             self.complete()
         if self.response_mode == FULL_DUPLEX:
-            pieces = _chunks([out_chunk]) or [b""]
+            if len(out_chunk) <= BODY_CHUNK_LIMIT:  # the common case (an SSE event): one response, no lists
+                resp = pb.ProcessingResponse()
+                sr = resp.response_body.response.body_mutation.streamed_response
+                sr.body = out_chunk
+                sr.end_of_stream = eos
+                return [resp]
+            pieces = _chunks([out_chunk])
             out = []
             last = len(pieces) - 1
             for i, piece in enumerate(pieces):
