@@ -13,6 +13,7 @@ import signal
 import sys
 from typing import Any
 
+import prometheus_client
 from aiohttp import web
 
 from e2e.sim.config import SimConfig, parse_args
@@ -54,6 +55,7 @@ async def serve(cfg: SimConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    prometheus_client.disable_created_metrics()  # vLLM exports no *_created series
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(serve(cfg))
     return 0

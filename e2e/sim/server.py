@@ -236,6 +236,22 @@ async def _stream(
         data = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **(extra or {})}
         return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
+    try:
+        return await _write_stream(request, resp, sim, req, chunk, chat, usage)
+    except ConnectionResetError:
+        log.info("client went away mid-stream (%s); request cancelled", rid)
+        return resp
+
+
+async def _write_stream(
+    request: web.Request,
+    resp: web.StreamResponse,
+    sim: Simulator,
+    req: SimRequest,
+    chunk: Any,
+    chat: bool,
+    usage: bool,
+) -> web.StreamResponse:
     n = 0
     prepared = False
     async with contextlib.aclosing(sim.engine.generate(req)) as gen:
