@@ -160,13 +160,19 @@ class Engine:
             self.kv.register(req.alloc, req.prompt_ids, req.lora, req.cache_salt)
             self.metrics.on_first_token(time.monotonic() - req.arrival)
             last = time.monotonic()
+            all_ids = list(req.prompt_ids)
             for i in range(req.max_tokens):
                 if i:
                     await asyncio.sleep(self.cfg.inter_token_latency * self.load_factor())
                     now = time.monotonic()
                     self.metrics.on_token(now - last)
                     last = now
-                yield Token(i, self._output_ids[i % len(self._output_ids)], i == 0)
+                    # this step computed the previous token's KV; a block it completed becomes cacheable
+                    if len(all_ids) % self.cfg.block_size == 0:
+                        self.kv.extend(req.alloc, all_ids, req.lora, req.cache_salt)
+                token = self._output_ids[i % len(self._output_ids)]
+                all_ids.append(token)
+                yield Token(i, token, i == 0)
             self.metrics.on_finish(time.monotonic() - req.arrival, req.max_tokens, "length")
         finally:
             if req in self.waiting:

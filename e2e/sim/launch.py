@@ -14,7 +14,10 @@
 Each simulator binds port 0 for HTTP and, with `events=True`, `tcp://*:0` for its PUB (and ROUTER), so
 nothing races for ports; the bound ports come from the one JSON line the simulator prints when ready.
 `start_simulators` then waits for `/health` (pass `wait_healthy=False` for `--startup-delay` tests).
-`per_sim_args(i)` adds arguments for simulator i (e.g. different latency). `connect_events="tcp://host:port"`
+`start_in_thread(args)` runs a simulator inside the calling process (its own event loop in a thread,
+the tokenizer shared across them): same attributes, much faster to start, for tests that do not need
+a separate process (no `/admin/crash`, no kill). `per_sim_args(i)` adds arguments for simulator i
+(e.g. different latency). `connect_events="tcp://host:port"`
 makes every simulator's PUB connect to one central SUB instead of binding (llm-d's centralized mode);
 then `event_endpoint` is that address. `start_simulator(...)` starts one. `SimProcess.stop()` is
 idempotent; `SimProcess.kill()` simulates a crash.
@@ -22,6 +25,7 @@ idempotent; `SimProcess.kill()` simulates a crash.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -38,15 +42,11 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@dataclass
-class SimProcess:
-    proc: subprocess.Popen[str]
+class _Addresses:
+    host: str
     http_port: int
     event_endpoint: str | None
     replay_endpoint: str | None
-    topic: str
-    host: str = "127.0.0.1"
-    stderr_lines: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -63,6 +63,17 @@ class SimProcess:
     @property
     def replay_port(self) -> int | None:
         return int(self.replay_endpoint.rpartition(":")[2]) if self.replay_endpoint else None
+
+
+@dataclass
+class SimProcess(_Addresses):
+    proc: subprocess.Popen[str]
+    http_port: int
+    event_endpoint: str | None
+    replay_endpoint: str | None
+    topic: str
+    host: str = "127.0.0.1"
+    stderr_lines: list[str] = field(default_factory=list)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -224,3 +235,90 @@ def start_simulators(
     finally:
         for s in sims:
             s.stop()
+
+
+class ThreadSim(_Addresses):
+    """A simulator served from a background thread of this process (same surface as SimProcess)."""
+
+    def __init__(self, args: Sequence[str], connect_events: str | None, events: bool, replay: bool) -> None:
+        from e2e.sim.config import parse_args
+        from e2e.sim.server import RunningSim, start_server
+        from e2e.sim.tokenizer import shared_tokenizer
+
+        argv = ["--port", "0", "--host", "127.0.0.1", "--pod-ip", "127.0.0.1", *args]
+        if events or connect_events:
+            argv += ["--kv-events-endpoint", connect_events or "tcp://*:0"]
+            if replay:
+                argv += ["--kv-events-replay-endpoint", "tcp://*:0"]
+        cfg = parse_args(argv)
+        tok = shared_tokenizer()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="sim")
+        self._thread.start()
+        fut = asyncio.run_coroutine_threadsafe(start_server(cfg, tok, allow_crash=False), self.loop)
+        self.running: RunningSim = fut.result(30)
+        info = self.running.ready_info()
+        self.host = "127.0.0.1"
+        self.http_port = int(info["http_port"])
+        self.event_endpoint = connect_events or _localize(info["kv_events_endpoint"], self.host)
+        self.replay_endpoint = _localize(info["kv_events_replay_endpoint"], self.host)
+        self.topic = str(info["topic"])
+        self._stopped = False
+
+    def alive(self) -> bool:
+        return not self._stopped
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(f"simulator {self.url} not healthy after {timeout}s")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.running.close(), self.loop).result(timeout)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
+        self.loop.close()
+
+
+def start_in_thread(
+    args: Sequence[str] = (),
+    *,
+    events: bool = True,
+    replay: bool = True,
+    connect_events: str | None = None,
+    wait_healthy: bool = True,
+) -> ThreadSim:
+    sim = ThreadSim(args, connect_events, events, replay)
+    if wait_healthy:
+        sim.wait_healthy()
+    return sim
+
+
+Sim = SimProcess | ThreadSim
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m e2e.sim.launch N [simulator flags...]`: start N simulators, print one JSON line each, wait."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or not args[0].isdigit():
+        print("usage: python -m e2e.sim.launch N [simulator flags...]", file=sys.stderr)
+        return 2
+    with start_simulators(int(args[0]), base_args=args[1:]) as sims:
+        for s in sims:
+            info = {"url": s.url, "events": s.event_endpoint, "replay": s.replay_endpoint, "topic": s.topic}
+            print(json.dumps(info), flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,9 +8,10 @@ combination kept forever, as vLLM does; readers (GIE) take the series with the l
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 1.0)
@@ -143,4 +144,16 @@ class SimMetrics:
 
     def render(self) -> bytes:
         self.refresh()
-        return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))  # type: ignore[arg-type,unused-ignore]
+
+
+class _WithoutCreated:
+    """vLLM exports no `*_created` series; drop them per registry (not process-wide like disable_created_metrics)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self.registry.collect():
+            fam.samples = [s for s in fam.samples if not s.name.endswith("_created")]
+            yield fam

@@ -14,7 +14,7 @@ import os
 import random
 import time
 import uuid
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from aiohttp import web
@@ -47,8 +47,9 @@ def error_response(
 class Simulator:
     """State of one simulated vLLM server (tokenizer, engine, metrics, event publisher)."""
 
-    def __init__(self, cfg: SimConfig, tokenizer: SimTokenizer | None = None) -> None:
+    def __init__(self, cfg: SimConfig, tokenizer: SimTokenizer | None = None, allow_crash: bool = True) -> None:
         self.cfg = cfg
+        self.allow_crash = allow_crash  # False when running inside a test process
         self.tok = tokenizer or SimTokenizer()
         self.metrics = SimMetrics(
             model_name=cfg.model_name,
@@ -458,6 +459,8 @@ async def admin_unready(request: web.Request) -> web.Response:
 
 async def admin_crash(request: web.Request) -> web.Response:
     """Exit the process abruptly (exit code 1, no cleanup), shortly after answering."""
+    if not request.app[APP_KEY].allow_crash:
+        raise EngineError(409, "This simulator runs inside another process; /admin/crash needs a subprocess.")
     log.warning("crash requested via /admin/crash")
     asyncio.get_running_loop().call_later(0.05, os._exit, 1)
     return web.json_response({"crashing": True})
@@ -495,3 +498,36 @@ def build_app(sim: Simulator, manage_events: bool = True) -> web.Application:
         app.on_startup.append(on_startup)
         app.on_cleanup.append(on_cleanup)
     return app
+
+
+@dataclass
+class RunningSim:
+    sim: Simulator
+    runner: web.AppRunner
+
+    def ready_info(self) -> dict[str, Any]:
+        pub = self.sim.publisher
+        return {
+            "http_port": self.sim.cfg.port,
+            "kv_events_endpoint": pub.endpoint if pub else None,
+            "kv_events_replay_endpoint": pub.replay_endpoint if pub else None,
+            "topic": self.sim.cfg.topic,
+        }
+
+    async def close(self) -> None:
+        await self.sim.stop_events()
+        await self.runner.cleanup()
+
+
+async def start_server(cfg: SimConfig, tokenizer: SimTokenizer | None = None, allow_crash: bool = True) -> RunningSim:
+    """Serve on cfg.host:cfg.port (0 = any free port, written back to cfg.port before the topic is fixed)."""
+    sim = Simulator(cfg, tokenizer, allow_crash=allow_crash)
+    runner = web.AppRunner(build_app(sim, manage_events=False), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
+    await site.start()
+    if cfg.port == 0:
+        server: Any = site._server
+        cfg.port = int(server.sockets[0].getsockname()[1])
+    await sim.start_events()
+    return RunningSim(sim, runner)

@@ -15,6 +15,17 @@ from epp.tokenization.qwen import load_qwen25_tokenizer
 THREAD_THRESHOLD_CHARS = 4096
 
 
+_SHARED: SimTokenizer | None = None
+
+
+def shared_tokenizer() -> SimTokenizer:
+    """One tokenizer per process, for simulators started in-process (tests)."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = SimTokenizer()
+    return _SHARED
+
+
 class RenderError(ValueError):
     pass
 

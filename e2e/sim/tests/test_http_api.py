@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from e2e.sim.launch import SimProcess, start_simulator
+from e2e.sim.launch import ThreadSim, start_in_thread
 from epp.tokenization.qwen import load_qwen25_tokenizer
 
 from .helpers import get, post, stream_ttft
@@ -20,8 +20,8 @@ MESSAGES = [
 
 
 @pytest.fixture(scope="module")
-def api() -> Iterator[SimProcess]:
-    s = start_simulator(["--lora-modules", "sql-lora=/adapters/sql", "--max-model-len", "2048"], events=False)
+def api() -> Iterator[ThreadSim]:
+    s = start_in_thread(["--lora-modules", "sql-lora=/adapters/sql", "--max-model-len", "2048"], events=False)
     yield s
     s.stop()
 
@@ -31,7 +31,7 @@ def tok() -> Any:
     return load_qwen25_tokenizer()
 
 
-def test_tokenize_matches_the_epp_tokenizer(api: SimProcess, tok: Any) -> None:
+def test_tokenize_matches_the_epp_tokenizer(api: ThreadSim, tok: Any) -> None:
     prompt = "Héllo wörld, <|im_start|> and some code: def f(x): return x**2\n"
     status, body = post(api.url + "/tokenize", {"model": MODEL, "prompt": prompt})
     assert status == 200
@@ -49,7 +49,7 @@ def test_tokenize_matches_the_epp_tokenizer(api: SimProcess, tok: Any) -> None:
     assert status == 200 and de["prompt"] == prompt
 
 
-def test_chat_prompt_tokens_equal_the_chat_template(api: SimProcess, tok: Any) -> None:
+def test_chat_prompt_tokens_equal_the_chat_template(api: ThreadSim, tok: Any) -> None:
     status, body = post(api.url + "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 7})
     assert status == 200
     ids = tok.encode(tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False))
@@ -61,7 +61,7 @@ def test_chat_prompt_tokens_equal_the_chat_template(api: SimProcess, tok: Any) -
     assert choice["finish_reason"] == "length"
 
 
-def test_completion_prefix_cache_hits_in_usage(api: SimProcess) -> None:
+def test_completion_prefix_cache_hits_in_usage(api: ThreadSim) -> None:
     prompt = "A long shared preamble about the weather in many cities. " * 10
     _, first = post(api.url + "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 3})
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
@@ -76,7 +76,7 @@ def test_completion_prefix_cache_hits_in_usage(api: SimProcess) -> None:
 
 
 @pytest.mark.parametrize("chat", [False, True])
-def test_streaming_with_usage(api: SimProcess, chat: bool) -> None:
+def test_streaming_with_usage(api: ThreadSim, chat: bool) -> None:
     path = "/v1/chat/completions" if chat else "/v1/completions"
     body: dict[str, Any] = {"model": MODEL, "max_tokens": 4, "stream_options": {"include_usage": True}}
     body.update({"messages": MESSAGES} if chat else {"prompt": "Once upon a time"})
@@ -98,7 +98,7 @@ def test_streaming_with_usage(api: SimProcess, chat: bool) -> None:
     assert all("usage" not in c for c in plain)
 
 
-def test_models_lists_base_and_lora(api: SimProcess) -> None:
+def test_models_lists_base_and_lora(api: ThreadSim) -> None:
     status, raw = get(api.url + "/v1/models")
     assert status == 200
     import json
@@ -109,12 +109,12 @@ def test_models_lists_base_and_lora(api: SimProcess) -> None:
     assert data[0]["max_model_len"] == 2048
 
 
-def test_lora_request_served(api: SimProcess) -> None:
+def test_lora_request_served(api: ThreadSim) -> None:
     status, body = post(api.url + "/v1/completions", {"model": "sql-lora", "prompt": "SELECT", "max_tokens": 2})
     assert status == 200 and body["model"] == "sql-lora"
 
 
-def test_render_endpoints(api: SimProcess, tok: Any) -> None:
+def test_render_endpoints(api: ThreadSim, tok: Any) -> None:
     status, body = post(
         api.url + "/v1/chat/completions/render", {"model": MODEL, "messages": MESSAGES, "max_tokens": 5}
     )
@@ -142,13 +142,13 @@ def test_render_endpoints(api: SimProcess, tok: Any) -> None:
         ("/detokenize", {"tokens": "abc"}, 400, "integers"),
     ],
 )
-def test_bad_requests_get_openai_error_bodies(api: SimProcess, path: str, body: Any, status: int, needle: str) -> None:
+def test_bad_requests_get_openai_error_bodies(api: ThreadSim, path: str, body: Any, status: int, needle: str) -> None:
     got, err = post(api.url + path, body)
     assert got == status
     assert needle in err["error"]["message"] and err["error"]["code"] == status and err["error"]["type"]
 
 
-def test_response_headers_name_the_pod(api: SimProcess) -> None:
+def test_response_headers_name_the_pod(api: ThreadSim) -> None:
     import urllib.request
 
     req = urllib.request.Request(api.url + "/v1/completions", data=b'{"prompt":"hi","max_tokens":1}')

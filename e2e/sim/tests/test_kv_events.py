@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from e2e.sim.hashing import hash_block_tokens, none_hash, to_external
-from e2e.sim.launch import SimProcess
+from e2e.sim.launch import Sim
 from e2e.sim.publisher import offset_endpoint_port
 from e2e.sim.testing import EventSubscriber, decode_batch, replay
 from e2e.vllm_interop import load_kv_events
@@ -33,8 +33,8 @@ def _stored(batch: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize("encoding", ["array", "map"])
-def test_block_stored_fields_with_vllm_structs(sim_factory: Any, tok: Any, encoding: str) -> None:
-    sim: SimProcess = sim_factory("--kv-events-encoding", encoding, "--lora-modules", "sql-lora=/adapters/sql")
+def test_block_stored_fields_with_vllm_structs(thread_sim_factory: Any, tok: Any, encoding: str) -> None:
+    sim: Sim = thread_sim_factory("--kv-events-encoding", encoding, "--lora-modules", "sql-lora=/adapters/sql")
     sub = EventSubscriber(sim.event_endpoint or "")
     try:
         status, body = post(sim.url + "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 2})
@@ -81,11 +81,11 @@ def test_block_stored_fields_with_vllm_structs(sim_factory: Any, tok: Any, encod
         sub.close()
 
 
-def test_wire_bytes_equal_vllm_encoder(sim_factory: Any) -> None:
+def test_wire_bytes_equal_vllm_encoder(thread_sim_factory: Any) -> None:
     """Re-encoding the decoded batch with vLLM's msgspec structs gives the same msgpack value (both encodings):
     same positional layout, same omitted defaults, same keys."""
     for encoding in ("map", "array"):
-        sim: SimProcess = sim_factory("--kv-events-encoding", encoding, "--num-gpu-blocks", "12", events=True)
+        sim: Sim = thread_sim_factory("--kv-events-encoding", encoding, "--num-gpu-blocks", "12", events=True)
         sub = EventSubscriber(sim.event_endpoint or "")
         try:
             for i in range(3):  # 3 x 5 blocks > 12: eviction happens
@@ -107,8 +107,8 @@ def test_wire_bytes_equal_vllm_encoder(sim_factory: Any) -> None:
             sub.close()
 
 
-def test_eviction_under_capacity_pressure(sim_factory: Any) -> None:
-    sim: SimProcess = sim_factory("--num-gpu-blocks", "20")
+def test_eviction_under_capacity_pressure(thread_sim_factory: Any) -> None:
+    sim: Sim = thread_sim_factory("--num-gpu-blocks", "20")
     sub = EventSubscriber(sim.event_endpoint or "")
     kv = load_kv_events()
     try:
@@ -134,7 +134,7 @@ def test_eviction_under_capacity_pressure(sim_factory: Any) -> None:
         sub.close()
 
 
-def test_reset_prefix_cache_emits_all_blocks_cleared(sim: SimProcess) -> None:
+def test_reset_prefix_cache_emits_all_blocks_cleared(sim: Sim) -> None:
     kv = load_kv_events()
     sub = EventSubscriber(sim.event_endpoint or "")
     try:
@@ -151,11 +151,11 @@ def test_reset_prefix_cache_emits_all_blocks_cleared(sim: SimProcess) -> None:
 
 
 @pytest.fixture
-def lossy_sim(sim_factory: Any) -> Iterator[SimProcess]:
-    yield sim_factory("--kv-events-buffer-steps", "100")
+def lossy_sim(thread_sim_factory: Any) -> Iterator[Sim]:
+    yield thread_sim_factory("--kv-events-buffer-steps", "100")
 
 
-def test_replay_fills_a_gap_and_ends_with_marker(lossy_sim: SimProcess) -> None:
+def test_replay_fills_a_gap_and_ends_with_marker(lossy_sim: Sim) -> None:
     sim = lossy_sim
     sub = EventSubscriber(sim.event_endpoint or "")
     try:
@@ -181,7 +181,7 @@ def test_replay_fills_a_gap_and_ends_with_marker(lossy_sim: SimProcess) -> None:
         sub.close()
 
 
-def test_publisher_restart_resets_sequence(sim: SimProcess) -> None:
+def test_publisher_restart_resets_sequence(sim: Sim) -> None:
     sub = EventSubscriber(sim.event_endpoint or "")
     try:
         for p in ("x", "y"):
@@ -198,7 +198,7 @@ def test_publisher_restart_resets_sequence(sim: SimProcess) -> None:
         sub.close()
 
 
-def test_events_off_publishes_nothing(sim: SimProcess) -> None:
+def test_events_off_publishes_nothing(sim: Sim) -> None:
     sub = EventSubscriber(sim.event_endpoint or "")
     try:
         post(sim.url + "/admin/events", {"mode": "off"})
@@ -209,12 +209,12 @@ def test_events_off_publishes_nothing(sim: SimProcess) -> None:
         sub.close()
 
 
-def test_data_parallel_rank_offsets_ports_like_vllm(sim_factory: Any) -> None:
+def test_data_parallel_rank_offsets_ports_like_vllm(thread_sim_factory: Any) -> None:
     kv = load_kv_events()
     for ep in ("tcp://*:5557", "tcp://10.0.0.1:6000", "tcp://*:0", "inproc://cache", None):
         for rank in (0, 1, 3):
             assert offset_endpoint_port(ep, rank) == kv.ZmqEventPublisher.offset_endpoint_port(ep, rank)
-    sim: SimProcess = sim_factory("--data-parallel-rank", "2")
+    sim: Sim = thread_sim_factory("--data-parallel-rank", "2")
     sub = EventSubscriber(sim.event_endpoint or "")
     try:
         post(sim.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 1})
@@ -223,11 +223,11 @@ def test_data_parallel_rank_offsets_ports_like_vllm(sim_factory: Any) -> None:
         sub.close()
 
 
-def test_connect_mode_publishes_to_a_central_sub(sim_factory: Any) -> None:
+def test_connect_mode_publishes_to_a_central_sub(thread_sim_factory: Any) -> None:
     """llm-d's centralized topology: the EPP binds a SUB, the engine's PUB connects to it."""
     central = EventSubscriber("tcp://127.0.0.1:*", bind=True)
     try:
-        sim: SimProcess = sim_factory(events=False, replay=False, connect_events=central.endpoint)
+        sim: Sim = thread_sim_factory(events=False, replay=False, connect_events=central.endpoint)
         assert central.recv_idle(0.3) is None  # a bound SUB attaches new peers only while it polls
         post(sim.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 1})
         frame = central.recv()

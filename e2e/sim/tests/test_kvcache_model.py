@@ -108,3 +108,19 @@ def test_hashes_are_vllms_sha256_cbor() -> None:
     assert h == vh.sha256_cbor((parent, tuple(range(16)), (("lora", "a", "/p"),)))
     assert to_external(h) == int.from_bytes(h, "big") & (2**64 - 1)
     assert to_external(h, "bytes") == h
+
+
+def test_decode_blocks_extend_the_chain() -> None:
+    kv, events = make()
+    prompt = list(range(6))  # one full block + 2 tokens
+    alloc = kv.allocate(kv.block_hashes(prompt), 6, 6 + 6)
+    kv.register(alloc, prompt, None, None)
+    all_ids = [*prompt, 50, 51]  # decode computed the 7th and 8th tokens: block 2 is full
+    kv.extend(alloc, all_ids, None, None)
+    kv.release(alloc)
+    first, second = events
+    assert isinstance(first, BlockStored) and isinstance(second, BlockStored)
+    assert second.parent_block_hash == first.block_hashes[-1] and second.token_ids == [4, 5, 50, 51]
+    assert second.block_hashes == [kv.ext(kv.block_hashes(all_ids)[1])]
+    # the next turn's prompt that contains the answer reuses both blocks
+    assert run(kv, [*all_ids, 9, 9, 9]) == 8

@@ -6,15 +6,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from e2e.sim.launch import SimProcess
+from e2e.sim.launch import Sim
 
 from .helpers import post, stream_ttft
 
 PROMPT = "An unusually long system prompt describing a support agent's duties in detail. " * 40
 
 
-def test_warm_prefix_has_lower_ttft(sim_factory: Any) -> None:
-    sim: SimProcess = sim_factory("--prefill-overhead", "0.005", "--prefill-time-per-token", "0.001", events=False)
+def test_warm_prefix_has_lower_ttft(thread_sim_factory: Any) -> None:
+    sim: Sim = thread_sim_factory("--prefill-overhead", "0.005", "--prefill-time-per-token", "0.001", events=False)
     body = {"prompt": PROMPT, "max_tokens": 2}
     cold, _ = stream_ttft(sim.url + "/v1/completions", body)
     _, r = post(sim.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 1})
@@ -28,8 +28,8 @@ def test_warm_prefix_has_lower_ttft(sim_factory: Any) -> None:
     assert other > 3 * warm
 
 
-def test_requests_beyond_max_num_seqs_queue(sim_factory: Any) -> None:
-    sim: SimProcess = sim_factory(
+def test_requests_beyond_max_num_seqs_queue(thread_sim_factory: Any) -> None:
+    sim: Sim = thread_sim_factory(
         "--max-num-seqs", "1", "--inter-token-latency", "0.02", "--prefill-overhead", "0.001", events=False
     )
     body = {"prompt": "hello there", "max_tokens": 25}
@@ -42,8 +42,8 @@ def test_requests_beyond_max_num_seqs_queue(sim_factory: Any) -> None:
     assert t2 > 0.3  # waited for the first request's ~0.5 s decode
 
 
-def test_decode_slows_under_load(sim_factory: Any) -> None:
-    sim: SimProcess = sim_factory(
+def test_decode_slows_under_load(thread_sim_factory: Any) -> None:
+    sim: Sim = thread_sim_factory(
         "--max-num-seqs", "2", "--inter-token-latency", "0.02", "--time-factor-under-load", "3", events=False
     )
     body = {"prompt": "hello", "max_tokens": 20}

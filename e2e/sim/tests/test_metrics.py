@@ -8,14 +8,14 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.sim.launch import SimProcess
+from e2e.sim.launch import Sim
 
 from .helpers import get, post
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 
 
-def scrape(sim: SimProcess) -> dict[str, list[Any]]:
+def scrape(sim: Sim) -> dict[str, list[Any]]:
     status, text = get(sim.url + "/metrics")
     assert status == 200
     out: dict[str, list[Any]] = {}
@@ -38,8 +38,8 @@ def wait_for(pred: Any, timeout: float = 5.0) -> None:
         time.sleep(0.02)
 
 
-def test_metrics_names_labels_and_values(sim_factory: Any) -> None:
-    sim: SimProcess = sim_factory(
+def test_metrics_names_labels_and_values(thread_sim_factory: Any) -> None:
+    sim: Sim = thread_sim_factory(
         "--max-num-seqs", "2", "--inter-token-latency", "0.05", "--lora-modules", "a", "b", "--max-loras", "1",
         "--num-gpu-blocks", "100", "--legacy-gpu-cache-metric", events=False,
     )  # fmt: skip
