@@ -59,7 +59,9 @@ class Simulator:
             enable_prefix_caching=cfg.enable_prefix_caching,
             legacy_gpu_cache_metric=cfg.legacy_gpu_cache_metric,
         )
-        self.engine = Engine(cfg, self.metrics, self.tok.encode(OUTPUT_TEXT))
+        output_ids = self.tok.encode(OUTPUT_TEXT)
+        self.pieces = {i: self.tok.decode([i]) for i in output_ids}  # generated text without the tokenizer
+        self.engine = Engine(cfg, self.metrics, output_ids)
         self.metrics.bind(
             lambda: (
                 len(self.engine.running),
@@ -202,7 +204,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     async with contextlib.aclosing(sim.engine.generate(req)) as gen:
         async for t in gen:
             out.append(t.token_id)
-    text = sim.tok.decode(out)
+    text = "".join(sim.pieces[i] for i in out)
     choice: dict[str, Any]
     if chat:
         choice = {
@@ -275,7 +277,7 @@ async def _write_stream(
                     )
             n += 1
             last = t.index == req.max_tokens - 1
-            piece = sim.tok.decode([t.token_id])
+            piece = sim.pieces[t.token_id]
             finish = "length" if last else None
             if chat:
                 c = {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": finish}
@@ -319,14 +321,13 @@ async def tokenize(request: web.Request) -> web.Response:
             add_generation_prompt=bool(body.get("add_generation_prompt", True)),
             continue_final_message=bool(body.get("continue_final_message", False)),
             chat_template_kwargs=body.get("chat_template_kwargs") or None,
+            add_special_tokens=bool(body.get("add_special_tokens", False)),
         )
-        if body.get("add_special_tokens", False):
-            ids = sim.tok.encode(sim.tok.decode(ids), add_special_tokens=True)
     elif isinstance(body.get("prompt"), str):
         (ids,) = await sim.tok.prompt_ids(body["prompt"], bool(body.get("add_special_tokens", True)))
     else:
         raise EngineError(400, "/tokenize needs a string `prompt` or `messages`.")
-    strs = sim.tok.token_strs(ids) if body.get("return_token_strs") else None
+    strs = await sim.tok.run(sim.tok.token_strs, ids) if body.get("return_token_strs") else None
     return web.json_response(
         {"count": len(ids), "max_model_len": sim.cfg.max_model_len, "tokens": ids, "token_strs": strs}
     )
@@ -336,7 +337,7 @@ async def detokenize(request: web.Request) -> web.Response:
     sim = request.app[APP_KEY]
     body = await _json(request)
     ids = sim.tok.check_ids(body.get("tokens"))
-    return web.json_response({"prompt": sim.tok.decode(ids)})
+    return web.json_response({"prompt": await sim.tok.run(sim.tok.decode, ids, size=len(ids) * 4)})
 
 
 def _rendered(sim: Simulator, body: dict[str, Any], ids: list[int], chat: bool) -> dict[str, Any]:
