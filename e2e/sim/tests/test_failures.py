@@ -71,3 +71,27 @@ def test_client_disconnect_mid_stream_frees_the_seat(thread_sim_factory: Any) ->
     assert post(sim.url + "/v1/completions", BODY)[0] == 200  # the seat is free again
     assert time.perf_counter() - t0 < 1
     assert value(scrape(sim), "vllm:kv_cache_usage_perc", model_name=MODEL) == 0
+
+
+def test_big_prompt_tokenization_does_not_stall_the_loop(thread_sim_factory: Any) -> None:
+    import threading
+
+    sim: Sim = thread_sim_factory(events=False)
+    big = "Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 10000
+    result: dict[str, Any] = {}
+
+    def tokenize() -> None:
+        t0 = time.perf_counter()
+        result["status"], result["body"] = post(sim.url + "/tokenize", {"prompt": big})
+        result["seconds"] = time.perf_counter() - t0
+
+    th = threading.Thread(target=tokenize)
+    th.start()
+    latencies = []
+    while th.is_alive():
+        t0 = time.perf_counter()
+        assert get(sim.url + "/health")[0] == 200
+        latencies.append(time.perf_counter() - t0)
+    th.join()
+    assert result["status"] == 200 and result["body"]["count"] > 90_000
+    assert len(latencies) >= 3 and max(latencies) < result["seconds"] / 2
