@@ -32,6 +32,7 @@ class SimConfig:
     # KV events
     kv_events_endpoint: str | None = None  # tcp://*:PORT binds, tcp://host:PORT connects
     kv_events_replay_endpoint: str | None = None
+    kv_events_bind: bool = False  # bind the PUB even without `*` (one IP per simulator on 127.0.0.0/8)
     kv_events_topic: str | None = None  # default kv@<pod_ip>:<port>@<model>
     kv_events_encoding: str = "array"  # "array" (msgspec array_like, older vLLM) | "map" (tagged maps, vLLM #42892)
     kv_events_buffer_steps: int = 10_000
@@ -94,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     a("--max-loras", type=int, default=d.max_loras)
     a("--kv-events-endpoint", default=None, help="ZMQ PUB endpoint, e.g. tcp://*:5557 (bind) or tcp://host:5557")
     a("--kv-events-replay-endpoint", default=None, help="ZMQ ROUTER replay endpoint, e.g. tcp://*:5558")
+    a("--kv-events-bind", action="store_true", help="bind the PUB even if the endpoint has no `*`")
     a("--kv-events-topic", default=None)
     a("--kv-events-encoding", choices=["array", "map"], default=d.kv_events_encoding)
     a("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps)

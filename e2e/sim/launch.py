@@ -14,6 +14,9 @@
 Each simulator binds port 0 for HTTP and, with `events=True`, `tcp://*:0` for its PUB (and ROUTER), so
 nothing races for ports; the bound ports come from the one JSON line the simulator prints when ready.
 `start_simulators` then waits for `/health` (pass `wait_healthy=False` for `--startup-delay` tests).
+`start_simulators(n, distinct_hosts=True)` gives simulator i its own loopback IP (127.0.0.2, 127.0.0.3, ...)
+and all of them the same http / event / replay port numbers, like pods: events at `tcp://<ip>:<event_port>`,
+topic `kv@<ip>:<http_port>@<model>` (the PUB binds that IP via `--kv-events-bind`).
 `start_in_thread(args)` runs a simulator inside the calling process (its own event loop in a thread,
 the tokenizer shared across them): same attributes, much faster to start, for tests that do not need
 a separate process (no `/admin/crash`, no kill). `per_sim_args(i)` adds arguments for simulator i
@@ -116,6 +119,51 @@ def _localize(endpoint: str | None, host: str) -> str | None:
     return endpoint.replace("tcp://*:", f"tcp://{host}:")
 
 
+def loopback_hosts(n: int, first: int = 2) -> list[str]:
+    """n distinct loopback addresses (127.0.0.2, 127.0.0.3, ...): one "pod IP" per simulator."""
+    return [f"127.0.{(first + i) // 256}.{(first + i) % 256}" for i in range(n)]
+
+
+def common_free_ports(hosts: Sequence[str], k: int) -> list[int]:
+    """k ports that are free on every host (pods share port numbers, as in Kubernetes)."""
+    import random
+    import socket
+
+    rng = random.Random()
+    for _ in range(200):
+        ports = rng.sample(range(20000, 60000), k)
+        socks: list[socket.socket] = []
+        try:
+            for h in hosts:
+                for p in ports:
+                    s = socket.socket()
+                    socks.append(s)
+                    s.bind((h, p))
+            return ports
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no common free ports")
+
+
+def _event_args(
+    host: str, events: bool, replay: bool, connect_events: str | None, event_port: int, replay_port: int
+) -> list[str]:
+    if not (events or connect_events):
+        return []
+    if connect_events:
+        args = ["--kv-events-endpoint", connect_events]
+    elif host == "127.0.0.1" and event_port == 0:
+        args = ["--kv-events-endpoint", "tcp://*:0"]
+    else:
+        args = ["--kv-events-endpoint", f"tcp://{host}:{event_port}", "--kv-events-bind"]
+    if replay:
+        args += ["--kv-events-replay-endpoint", f"tcp://{host}:{replay_port}" if host != "127.0.0.1" else "tcp://*:0"]
+    return args
+
+
 def start_simulator(
     args: Sequence[str] = (),
     *,
@@ -125,12 +173,14 @@ def start_simulator(
     wait_healthy: bool = True,
     timeout: float = 60.0,
     env: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+    http_port: int = 0,
+    event_port: int = 0,
+    replay_port: int = 0,
 ) -> SimProcess:
-    cmd = [sys.executable, "-m", "e2e.sim", "--port", "0", "--host", "127.0.0.1", "--pod-ip", "127.0.0.1", *args]
-    if events or connect_events:
-        cmd += ["--kv-events-endpoint", connect_events or "tcp://*:0"]
-        if replay:
-            cmd += ["--kv-events-replay-endpoint", "tcp://*:0"]
+    """One simulator process. `host` is its "pod IP" (HTTP, events and the topic use it); ports 0 = any free."""
+    cmd = [sys.executable, "-m", "e2e.sim", "--port", str(http_port), "--host", host, "--pod-ip", host, *args]
+    cmd += _event_args(host, events, replay, connect_events, event_port, replay_port)
     proc = subprocess.Popen(
         cmd,
         cwd=REPO_ROOT,
@@ -153,9 +203,10 @@ def start_simulator(
     sim = SimProcess(
         proc=proc,
         http_port=int(ready["http_port"]),
-        event_endpoint=connect_events or _localize(_str(ready["kv_events_endpoint"]), "127.0.0.1"),
-        replay_endpoint=_localize(_str(ready["kv_events_replay_endpoint"]), "127.0.0.1"),
+        event_endpoint=connect_events or _localize(_str(ready["kv_events_endpoint"]), host),
+        replay_endpoint=_localize(_str(ready["kv_events_replay_endpoint"]), host),
         topic=str(ready["topic"]),
+        host=host,
         stderr_lines=stderr_lines,
     )
     if wait_healthy:
@@ -204,8 +255,14 @@ def start_simulators(
     connect_events: str | None = None,
     wait_healthy: bool = True,
     timeout: float = 60.0,
+    distinct_hosts: bool = False,
 ) -> Iterator[list[SimProcess]]:
-    """Start n simulators (in parallel), yield them, stop them all on exit."""
+    """Start n simulators (in parallel), yield them, stop them all on exit.
+
+    `distinct_hosts=True` gives each its own loopback IP (`loopback_hosts`) with the SAME http / event /
+    replay ports, like pods in a cluster: the EPP can reach events at `tcp://<ip>:<event_port>`."""
+    hosts = loopback_hosts(n) if distinct_hosts else ["127.0.0.1"] * n
+    ports = common_free_ports(hosts, 3) if distinct_hosts else [0, 0, 0]
     slots: list[SimProcess | None] = [None] * n
     errors: list[BaseException] = []
 
@@ -213,7 +270,16 @@ def start_simulators(
         args = [*base_args, *(per_sim_args(i) if per_sim_args else ())]
         try:
             s = start_simulator(
-                args, events=events, replay=replay, connect_events=connect_events, wait_healthy=False, timeout=timeout
+                args,
+                events=events,
+                replay=replay,
+                connect_events=connect_events,
+                wait_healthy=False,
+                timeout=timeout,
+                host=hosts[i],
+                http_port=ports[0],
+                event_port=ports[1],
+                replay_port=ports[2],
             )
             slots[i] = s
         except BaseException as e:

@@ -87,6 +87,7 @@ class Simulator:
                 encoding=self.cfg.kv_events_encoding,
                 buffer_steps=self.cfg.kv_events_buffer_steps,
                 hwm=self.cfg.kv_events_hwm,
+                force_bind=self.cfg.kv_events_bind,
             )
             self.publisher.start()
             self.engine.on_events(self.publisher.publish)
