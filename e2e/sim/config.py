@@ -22,7 +22,8 @@ class SimConfig:
     max_waiting_queue_length: int = 1000
     max_model_len: int = 32768
     default_max_tokens: int = 16
-    data_parallel_rank: int = 0
+    data_parallel_rank: int = 0  # rank of the first engine; rank r publishes on the endpoint's port + r
+    data_parallel_size: int = 1  # engines behind this one HTTP server (vLLM's internal DP load balancing)
     # KV cache
     block_size: int = 16
     num_gpu_blocks: int = 1024
@@ -51,6 +52,10 @@ class SimConfig:
     failure_status: int = 500
     startup_delay: float = 0.0  # /health answers 503 (and requests 503) this long after start
     seed: int = 0
+
+    @property
+    def ranks(self) -> list[int]:
+        return [self.data_parallel_rank + i for i in range(self.data_parallel_size)]
 
     @property
     def model_name(self) -> str:
@@ -88,6 +93,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     a("--max-model-len", type=int, default=d.max_model_len)
     a("--default-max-tokens", type=int, default=d.default_max_tokens)
     a("--data-parallel-rank", type=int, default=d.data_parallel_rank, help="offsets the event ports like vLLM")
+    a("--data-parallel-size", type=int, default=d.data_parallel_size, help="engines (ranks) behind this server")
     a("--block-size", type=int, default=d.block_size)
     a("--num-gpu-blocks", "--kv-cache-size", type=int, default=d.num_gpu_blocks)
     a("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
@@ -115,6 +121,8 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     cfg = SimConfig(**{k: v for k, v in vars(ns).items()})
     if cfg.time_factor_under_load < 1.0:
         p.error("--time-factor-under-load must be >= 1.0")
+    if cfg.data_parallel_size < 1:
+        p.error("--data-parallel-size must be >= 1")
     if cfg.block_size <= 0 or cfg.num_gpu_blocks <= 0:
         p.error("--block-size and --num-gpu-blocks must be positive")
     return cfg

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from e2e.sim.config import SimConfig
 from e2e.sim.events import KVEvent
 from e2e.sim.kvcache import Allocation, KVCache, LoraRef, NoSpace
-from e2e.sim.metrics import SimMetrics
+from e2e.sim.metrics import EngineMetrics
 
 
 class EngineError(Exception):
@@ -52,8 +52,9 @@ class Token:
 
 
 class Engine:
-    def __init__(self, cfg: SimConfig, metrics: SimMetrics, output_ids: list[int]) -> None:
+    def __init__(self, cfg: SimConfig, metrics: EngineMetrics, output_ids: list[int], rank: int = 0) -> None:
         self.cfg = cfg
+        self.rank = rank
         self.metrics = metrics
         self.kv = KVCache(
             num_blocks=cfg.num_gpu_blocks,
@@ -182,6 +183,10 @@ class Engine:
             if req.alloc is not None:
                 self.kv.release(req.alloc)
             self._schedule()
+
+    def load(self) -> int:
+        """vLLM's DP balancing score: 4 x waiting + running."""
+        return 4 * len(self.waiting) + len(self.running)
 
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset()

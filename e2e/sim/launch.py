@@ -9,6 +9,7 @@
             s.event_endpoint  # "tcp://127.0.0.1:EPORT" (SUB connects here), None if events=False
             s.replay_endpoint # "tcp://127.0.0.1:RPORT" (DEALER connects here), None if replay=False
             s.topic          # "kv@127.0.0.1:PORT@Qwen/Qwen2.5-0.5B-Instruct"
+            s.event_endpoints # one per data-parallel rank (--data-parallel-size N), rank 0 first
     # all processes are stopped (SIGTERM, then SIGKILL) on exit
 
 Each simulator binds port 0 for HTTP and, with `events=True`, `tcp://*:0` for its PUB (and ROUTER), so
@@ -77,6 +78,8 @@ class SimProcess(_Addresses):
     topic: str
     host: str = "127.0.0.1"
     stderr_lines: list[str] = field(default_factory=list)
+    event_endpoints: list[str] = field(default_factory=list)  # one per data-parallel rank
+    replay_endpoints: list[str] = field(default_factory=list)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -208,6 +211,8 @@ def start_simulator(
         topic=str(ready["topic"]),
         host=host,
         stderr_lines=stderr_lines,
+        event_endpoints=[e for e in (_localize(x, host) for x in ready["kv_events_endpoints"]) if e],
+        replay_endpoints=[e for e in (_localize(x, host) for x in ready["kv_events_replay_endpoints"]) if e],
     )
     if wait_healthy:
         try:
@@ -329,6 +334,8 @@ class ThreadSim(_Addresses):
         self.event_endpoint = connect_events or _localize(info["kv_events_endpoint"], self.host)
         self.replay_endpoint = _localize(info["kv_events_replay_endpoint"], self.host)
         self.topic = str(info["topic"])
+        self.event_endpoints = [e for e in (_localize(x, self.host) for x in info["kv_events_endpoints"]) if e]
+        self.replay_endpoints = [e for e in (_localize(x, self.host) for x in info["kv_events_replay_endpoints"]) if e]
         self._stopped = False
 
     def alive(self) -> bool:

@@ -58,43 +58,64 @@ class Simulator:
             max_loras=cfg.max_loras,
             enable_prefix_caching=cfg.enable_prefix_caching,
             legacy_gpu_cache_metric=cfg.legacy_gpu_cache_metric,
+            ranks=tuple(cfg.ranks),
         )
         output_ids = self.tok.encode(OUTPUT_TEXT)
         self.pieces = {i: self.tok.decode([i]) for i in output_ids}  # generated text without the tokenizer
-        self.engine = Engine(cfg, self.metrics, output_ids)
+        self.engines = [Engine(cfg, self.metrics.engine(r), output_ids, rank=r) for r in cfg.ranks]
         self.metrics.bind(
             lambda: (
-                len(self.engine.running),
-                len(self.engine.waiting),
-                self.engine.kv.usage(),
-                self.engine.running_loras(),
-                self.engine.waiting_loras(),
+                [(e.rank, len(e.running), len(e.waiting), e.kv.usage()) for e in self.engines],
+                sorted({n for e in self.engines for n in e.running_loras()}),
+                sorted({n for e in self.engines for n in e.waiting_loras()}),
             )
         )
-        self.publisher: EventPublisher | None = None
+        self.publishers: list[EventPublisher] = []
         self.started = time.monotonic()
         self.ready_at = self.started + cfg.startup_delay
         self.rng = random.Random(cfg.seed)
         self.created = int(time.time())
 
+    @property
+    def engine(self) -> Engine:
+        """The first (often only) data-parallel engine."""
+        return self.engines[0]
+
+    @property
+    def publisher(self) -> EventPublisher | None:
+        return self.publishers[0] if self.publishers else None
+
+    def pick_engine(self, request: web.Request) -> Engine:
+        """vLLM's DP routing: the `X-data-parallel-rank` header if given, else the least loaded engine."""
+        want = request.headers.get("X-data-parallel-rank")
+        if want is not None:
+            for e in self.engines:
+                if str(e.rank) == want.strip():
+                    return e
+            raise EngineError(400, f"X-data-parallel-rank {want!r} is not one of {self.cfg.ranks}.")
+        return min(self.engines, key=lambda e: (e.load(), e.rank))
+
     async def start_events(self) -> None:
-        if self.cfg.kv_events_endpoint:
-            self.publisher = EventPublisher(
+        if not self.cfg.kv_events_endpoint:
+            return
+        for engine in self.engines:
+            pub = EventPublisher(
                 endpoint=self.cfg.kv_events_endpoint,
                 replay_endpoint=self.cfg.kv_events_replay_endpoint,
                 topic=self.cfg.topic,
-                data_parallel_rank=self.cfg.data_parallel_rank,
+                data_parallel_rank=engine.rank,
                 encoding=self.cfg.kv_events_encoding,
                 buffer_steps=self.cfg.kv_events_buffer_steps,
                 hwm=self.cfg.kv_events_hwm,
                 force_bind=self.cfg.kv_events_bind,
             )
-            self.publisher.start()
-            self.engine.on_events(self.publisher.publish)
+            pub.start()
+            engine.on_events(pub.publish)
+            self.publishers.append(pub)
 
     async def stop_events(self) -> None:
-        if self.publisher is not None:
-            await self.publisher.close()
+        for pub in self.publishers:
+            await pub.close()
 
     @property
     def ready(self) -> bool:
@@ -190,19 +211,20 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     model = body.get("model", sim.cfg.model_name)
     if not isinstance(model, str):
         raise EngineError(400, "`model` must be a string.")
-    lora = sim.engine.lora_for(model)
+    engine = sim.pick_engine(request)
+    lora = engine.lora_for(model)
     if body.get("n", 1) != 1:
         raise EngineError(400, "The simulator supports only n=1.")
     ids = await _prompt(sim, body, chat)
     req = sim._sim_request(body, ids, lora, chat)
-    sim.engine.check(req)
+    engine.check(req)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     if body.get("stream"):
         opts = body.get("stream_options") or {}
-        return await _stream(request, sim, req, rid, created, model, chat, bool(opts.get("include_usage")))
+        return await _stream(request, sim, engine, req, rid, created, model, chat, bool(opts.get("include_usage")))
     out: list[int] = []
-    async with contextlib.aclosing(sim.engine.generate(req)) as gen:
+    async with contextlib.aclosing(engine.generate(req)) as gen:
         async for t in gen:
             out.append(t.token_id)
     text = "".join(sim.pieces[i] for i in out)
@@ -229,7 +251,15 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
 
 
 async def _stream(
-    request: web.Request, sim: Simulator, req: SimRequest, rid: str, created: int, model: str, chat: bool, usage: bool
+    request: web.Request,
+    sim: Simulator,
+    engine: Engine,
+    req: SimRequest,
+    rid: str,
+    created: int,
+    model: str,
+    chat: bool,
+    usage: bool,
 ) -> web.StreamResponse:
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **sim.headers()}
@@ -241,7 +271,7 @@ async def _stream(
         return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
     try:
-        return await _write_stream(request, resp, sim, req, chunk, chat, usage)
+        return await _write_stream(request, resp, sim, engine, req, chunk, chat, usage)
     except ConnectionResetError:
         log.info("client went away mid-stream (%s); request cancelled", rid)
         return resp
@@ -251,6 +281,7 @@ async def _write_stream(
     request: web.Request,
     resp: web.StreamResponse,
     sim: Simulator,
+    engine: Engine,
     req: SimRequest,
     chunk: Any,
     chat: bool,
@@ -258,7 +289,7 @@ async def _write_stream(
 ) -> web.StreamResponse:
     n = 0
     prepared = False
-    async with contextlib.aclosing(sim.engine.generate(req)) as gen:
+    async with contextlib.aclosing(engine.generate(req)) as gen:
         async for t in gen:
             if not prepared:
                 await resp.prepare(request)
@@ -383,7 +414,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
     sim = request.app[APP_KEY]
-    if not sim.engine.reset_prefix_cache():
+    if not all([e.reset_prefix_cache() for e in sim.engines]):
         return error_response(409, "Failed to reset prefix cache because some blocks are in use.", "ConflictError")
     return web.Response(status=200)
 
@@ -391,22 +422,32 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
 # --- admin / failure injection ---------------------------------------------------------------------------
 async def admin_state(request: web.Request) -> web.Response:
     sim = request.app[APP_KEY]
-    kv = sim.engine.kv
-    pub = sim.publisher
+    engines = [
+        {
+            "rank": e.rank,
+            "running": len(e.running),
+            "waiting": len(e.waiting),
+            "kv": {"num_blocks": e.kv.num_blocks, "used": e.kv.used_blocks, "cached": e.kv.cached_blocks},
+        }
+        for e in sim.engines
+    ]
+    events = [
+        {
+            "rank": p.rank,
+            "endpoint": p.endpoint,
+            "replay_endpoint": p.replay_endpoint,
+            "topic": p.topic.decode(),
+            "next_seq": p.seq,
+            "mode": p.mode,
+        }
+        for p in sim.publishers
+    ]
     return web.json_response(
         {
-            "running": len(sim.engine.running),
-            "waiting": len(sim.engine.waiting),
-            "kv": {"num_blocks": kv.num_blocks, "used": kv.used_blocks, "cached": kv.cached_blocks},
-            "events": None
-            if pub is None
-            else {
-                "endpoint": pub.endpoint,
-                "replay_endpoint": pub.replay_endpoint,
-                "topic": pub.topic.decode(),
-                "next_seq": pub.seq,
-                "mode": pub.mode,
-            },
+            **{k: v for k, v in engines[0].items() if k != "rank"},  # rank 0 (the only one without DP)
+            "events": events[0] if events else None,
+            "engines": engines,
+            "publishers": events,
             "config": {k: getattr(sim.cfg, k) for k in sorted(RUNTIME_SETTABLE)},
         }
     )
@@ -428,23 +469,30 @@ async def admin_config(request: web.Request) -> web.Response:
         ):
             raise EngineError(400, f"`{key}` must be a number.")
         setattr(sim.cfg, key, want(value))
-    sim.engine._schedule()
+    for e in sim.engines:
+        e._schedule()
     return await admin_state(request)
 
 
 async def admin_events(request: web.Request) -> web.Response:
-    """{"mode": "on"|"off"|"lossy"} and/or {"restart": true} (publisher restarts, sequence back at 0)."""
+    """{"mode": "on"|"off"|"lossy"} and/or {"restart": true} (publisher restarts, sequence back at 0), for every
+    rank or only `"rank": r`."""
     sim = request.app[APP_KEY]
     body = await _json(request)
-    if sim.publisher is None:
+    if not sim.publishers:
         raise EngineError(400, "KV events are not enabled (--kv-events-endpoint).")
+    rank = body.get("rank")
+    pubs = [p for p in sim.publishers if rank is None or p.rank == rank]
+    if not pubs:
+        raise EngineError(400, f"no publisher for rank {rank!r}.")
     mode = body.get("mode")
-    if mode is not None:
-        if mode not in ("on", "off", "lossy"):
-            raise EngineError(400, "`mode` must be on, off or lossy.")
-        sim.publisher.mode = mode
-    if body.get("restart"):
-        await sim.publisher.restart()
+    if mode is not None and mode not in ("on", "off", "lossy"):
+        raise EngineError(400, "`mode` must be on, off or lossy.")
+    for pub in pubs:
+        if mode is not None:
+            pub.mode = mode
+        if body.get("restart"):
+            await pub.restart()
     return await admin_state(request)
 
 
@@ -508,11 +556,13 @@ class RunningSim:
     runner: web.AppRunner
 
     def ready_info(self) -> dict[str, Any]:
-        pub = self.sim.publisher
+        pubs = self.sim.publishers
         return {
             "http_port": self.sim.cfg.port,
-            "kv_events_endpoint": pub.endpoint if pub else None,
-            "kv_events_replay_endpoint": pub.replay_endpoint if pub else None,
+            "kv_events_endpoint": pubs[0].endpoint if pubs else None,
+            "kv_events_replay_endpoint": pubs[0].replay_endpoint if pubs else None,
+            "kv_events_endpoints": [p.endpoint for p in pubs],  # one per data-parallel rank
+            "kv_events_replay_endpoints": [p.replay_endpoint for p in pubs],
             "topic": self.sim.cfg.topic,
         }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +18,7 @@ from e2e.sim.testing import EventSubscriber, decode_batch, replay
 from e2e.vllm_interop import load_kv_events
 from epp.tokenization.qwen import load_qwen25_tokenizer
 
-from .helpers import post
+from .helpers import get, post
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 PROMPT = "The history of the Roman empire, told in many words. " * 12
@@ -234,3 +236,85 @@ def test_connect_mode_publishes_to_a_central_sub(thread_sim_factory: Any) -> Non
         assert frame.topic == sim.topic.encode()
     finally:
         central.close()
+
+
+def _free_port_run(n: int) -> int:
+    """A base port p with p..p+n-1 free on 127.0.0.1."""
+    import socket
+
+    for base in range(30000 + os.getpid() % 1000 * 20, 60000, 97):
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port run")
+
+
+def test_data_parallel_engines_publish_on_port_plus_rank(thread_sim_factory: Any) -> None:
+    pub, rep = _free_port_run(2), _free_port_run(2)
+    if rep == pub:
+        rep = _free_port_run(4) + 2
+    sim: Sim = thread_sim_factory(
+        "--data-parallel-size", "2", "--kv-events-endpoint", f"tcp://*:{pub}",
+        "--kv-events-replay-endpoint", f"tcp://*:{rep}", events=False,
+    )  # fmt: skip
+    assert sim.event_endpoints == [f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{pub + 1}"]
+    assert sim.replay_endpoints == [f"tcp://127.0.0.1:{rep}", f"tcp://127.0.0.1:{rep + 1}"]
+    subs = [EventSubscriber(ep) for ep in sim.event_endpoints]
+    try:
+        # pinned by vLLM's X-data-parallel-rank header: each rank's events carry its rank, same topic
+        for rank in (1, 0):
+            import urllib.request
+
+            req = urllib.request.Request(
+                sim.url + "/v1/completions", data=json.dumps({"prompt": PROMPT, "max_tokens": 1}).encode(),
+                headers={"Content-Type": "application/json", "X-data-parallel-rank": str(rank)},
+            )  # fmt: skip
+            with urllib.request.urlopen(req) as r:
+                assert json.loads(r.read())["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # own cache
+            frame = subs[rank].recv()
+            assert frame.topic == sim.topic.encode() and frame.seq == 0
+            assert decode_batch(frame.payload, "array").data_parallel_rank == rank
+            assert [f.seq for f in replay(sim.replay_endpoints[rank], 0)] == [0]
+        assert all(s.drain(0.2) == [] for s in subs)
+        m = get(sim.url + "/metrics")[1]
+        assert 'engine="1"' in m and 'engine="0"' in m
+    finally:
+        for s in subs:
+            s.close()
+
+
+def test_data_parallel_balancing_and_bad_rank(thread_sim_factory: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .test_metrics import wait_for
+
+    sim: Sim = thread_sim_factory("--data-parallel-size", "2", "--inter-token-latency", "0.03", events=False)
+    with ThreadPoolExecutor(2) as pool:
+        futs = [pool.submit(post, sim.url + "/v1/completions", {"prompt": "hi", "max_tokens": 30}) for _ in range(2)]
+        wait_for(lambda: [e["running"] for e in post(sim.url + "/admin/config", {})[1]["engines"]] == [1, 1])
+        assert all(f.result()[0] == 200 for f in futs)
+    req_status, err = _post_with_header(sim.url + "/v1/completions", {"prompt": "hi"}, {"X-data-parallel-rank": "7"})
+    assert req_status == 400 and "X-data-parallel-rank" in err["error"]["message"]
+
+
+def _post_with_header(url: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}
+    )
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
