@@ -21,6 +21,9 @@ from e2e.sim.kvcache import Allocation, KVCache, LoraRef, NoSpace
 from e2e.sim.metrics import EngineMetrics
 
 
+HASH_THREAD_THRESHOLD_TOKENS = 8192
+
+
 class EngineError(Exception):
     def __init__(self, status: int, message: str, err_type: str = "BadRequestError") -> None:
         super().__init__(message)
@@ -146,7 +149,10 @@ class Engine:
     async def generate(self, req: SimRequest) -> AsyncGenerator[Token, None]:
         """Queue, prefill, then yield output tokens in real time. Cancellation (client gone) frees the slot."""
         self.check(req)
-        req.hashes = self.kv.block_hashes(req.prompt_ids, req.lora, req.cache_salt)
+        if len(req.prompt_ids) > HASH_THREAD_THRESHOLD_TOKENS:  # ~10 us per block: keep long prompts off the loop
+            req.hashes = await asyncio.to_thread(self.kv.block_hashes, req.prompt_ids, req.lora, req.cache_salt)
+        else:
+            req.hashes = self.kv.block_hashes(req.prompt_ids, req.lora, req.cache_salt)
         req.admitted = asyncio.get_running_loop().create_future()
         self.waiting.append(req)
         self._schedule()
