@@ -20,7 +20,6 @@ from e2e.sim.events import KVEvent
 from e2e.sim.kvcache import Allocation, KVCache, LoraRef, NoSpace
 from e2e.sim.metrics import EngineMetrics
 
-
 HASH_THREAD_THRESHOLD_TOKENS = 8192
 
 

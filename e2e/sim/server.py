@@ -109,6 +109,7 @@ class Simulator:
                 hwm=self.cfg.kv_events_hwm,
                 force_bind=self.cfg.kv_events_bind,
             )
+            pub.mode = self.cfg.kv_events_mode
             pub.start()
             engine.on_events(pub.publish)
             self.publishers.append(pub)
@@ -511,8 +512,7 @@ async def admin_crash(request: web.Request) -> web.Response:
     """Exit the process abruptly (exit code 1, no cleanup), shortly after answering."""
     if not request.app[APP_KEY].allow_crash:
         raise EngineError(409, "This simulator runs inside another process; /admin/crash needs a subprocess.")
-    log.warning("crash requested via /admin/crash")
-    asyncio.get_running_loop().call_later(0.05, os._exit, 1)
+    asyncio.get_running_loop().call_later(0.05, _crash, "/admin/crash")
     return web.json_response({"crashing": True})
 
 
@@ -582,4 +582,13 @@ async def start_server(cfg: SimConfig, tokenizer: SimTokenizer | None = None, al
         server: Any = site._server
         cfg.port = int(server.sockets[0].getsockname()[1])
     await sim.start_events()
+    if cfg.crash_after > 0:
+        if not allow_crash:
+            raise ValueError("--crash-after needs a subprocess simulator")
+        asyncio.get_running_loop().call_later(cfg.crash_after, _crash, "--crash-after")
     return RunningSim(sim, runner)
+
+
+def _crash(why: str) -> None:
+    log.warning("crashing (%s)", why)
+    os._exit(1)

@@ -30,6 +30,18 @@ def test_error_rate_by_flag_and_admin(thread_sim_factory: Any) -> None:
     assert status == 400 and "cannot be changed" in err["error"]["message"]
 
 
+def test_events_off_by_flag(thread_sim_factory: Any) -> None:
+    from e2e.sim.testing import EventSubscriber, replay
+
+    sim: Sim = thread_sim_factory("--kv-events-mode", "lossy")
+    sub = EventSubscriber(sim.event_endpoint or "")
+    try:
+        post(sim.url + "/v1/completions", {"prompt": "hello " * 40, "max_tokens": 1})
+        assert sub.drain() == [] and [f.seq for f in replay(sim.replay_endpoint or "", 0)] == [0]
+    finally:
+        sub.close()
+
+
 def test_slow_start_and_unready(thread_sim_factory: Any) -> None:
     sim: Sim = thread_sim_factory("--startup-delay", "1.0", events=False, wait_healthy=False)
     assert get(sim.url + "/health")[0] == 503
@@ -42,12 +54,15 @@ def test_slow_start_and_unready(thread_sim_factory: Any) -> None:
     assert get(sim.url + "/health")[0] == 200
 
 
-def test_crash(sim_factory: Any) -> None:
+def test_crash_by_admin_and_by_flag(sim_factory: Any) -> None:
     sim: SimProcess = sim_factory(events=False)
+    late: SimProcess = sim_factory("--crash-after", "2", events=False)
     status, _ = post(sim.url + "/admin/crash", {})
     assert status == 200
     wait_for(lambda: not sim.alive(), timeout=5)
     assert sim.proc.returncode == 1
+    wait_for(lambda: not late.alive(), timeout=10)
+    assert late.proc.returncode == 1
 
 
 def test_client_disconnect_mid_stream_frees_the_seat(thread_sim_factory: Any) -> None:
