@@ -203,3 +203,13 @@ def test_validate_cli_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert f"{bad}:5: plugins[1].type: unknown plugin type 'nope-scorer'" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "missing.yaml")]) == 1
     assert "cannot read config" in capsys.readouterr().err
+
+
+def test_raw_config_round_trips_through_yaml_and_json() -> None:
+    import json
+
+    import yaml
+
+    cfg = parse_config("poolName: p\nendpoints:\n- {address: 10.0.0.1, port: 80, labels: {a: b}}\n")
+    assert yaml.safe_load(yaml.safe_dump(cfg.raw)) == cfg.raw
+    assert json.loads(json.dumps(cfg.raw)) == cfg.raw

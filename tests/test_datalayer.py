@@ -175,7 +175,7 @@ async def test_failed_scrapes_go_stale(metrics_servers: list[FakeVLLMMetrics]) -
     a = Endpoint("a", "127.0.0.1", s0.port)
     dead = Endpoint("dead", "127.0.0.1", 9, metrics_port=1)  # nothing listens there
     ds.replace_all([a, dead])
-    scraper = MetricsScraper(ds, interval=0.02, timeout=0.2)
+    scraper = MetricsScraper(ds, interval=0.02, timeout=0.2, max_backoff=0.16)
     task = asyncio.create_task(scraper.run())
     try:
         await wait_for(lambda: a.metrics.update_time > 0)
@@ -185,6 +185,9 @@ async def test_failed_scrapes_go_stale(metrics_servers: list[FakeVLLMMetrics]) -
         assert a.metrics.update_time == stamp and a.metrics.age() >= 0.15  # kept, but aging → stale
         assert a.metrics.waiting_queue_size == 2
         assert dead.metrics.update_time == 0.0 and scraper.failures > 0
+        hits = s0.hits.get(0, 0)
+        await asyncio.sleep(0.3)
+        assert s0.hits.get(0, 0) - hits <= 6  # failing: exponential backoff instead of 15 tries at 20 ms
         s0.status[0] = 200
         await wait_for(lambda: a.metrics.update_time > stamp)
     finally:
