@@ -4,7 +4,8 @@ Variants, measured side by side in one run:
 - `load`    : queue-scorer x2 + kv-cache-utilization-scorer x2 + max-score-picker (no prefix scoring);
 - `prefix`  : GIE's default (the above + prefix-cache-scorer x3), including the approximate producer's work
               (hash the prompt once, match it against the index) — 256 blocks x 16 tokens, GIE's default;
-- `prefix-full`: the same with the whole 8k prompt hashed (maxPrefixBlocksToMatch 2048, llm-d's default).
+- `prefix-full`: the same with the whole 8k prompt hashed (maxPrefixBlocksToMatch 2048, llm-d's default);
+- `prefix-timed`: `prefix` with per-plugin latency metrics on every cycle (default: 1 cycle in 16).
 Each variant is timed as `schedule` (producer prepare + Scheduler.schedule, the per-request CPU the goal is
 about) and as `director` (the whole SchedulingDirector.handle_request incl. admission and PreRequest hooks).
 The prefix index is warm: every measured request shares a 2k-token system prompt with earlier ones, and
@@ -49,7 +50,9 @@ schedulingProfiles:
   - {pluginRef: kv-cache-utilization-scorer, weight: 2}
   - {pluginRef: prefix-cache-scorer, weight: 3}
 """
-VARIANTS = {"load": LOAD, "prefix": PREFIX, "prefix-full": PREFIX_FULL}
+VARIANTS = {"load": LOAD, "prefix": PREFIX, "prefix-full": PREFIX_FULL, "prefix-timed": PREFIX}
+# Per-plugin latency histograms: sampled 1 cycle in 16 by default; "prefix-timed" times every cycle.
+TIMING_EVERY = {"prefix-timed": 1}
 
 
 def make_prompts(n: int, tokens: int = 8192, shared: int = 2048) -> list[str]:
@@ -106,6 +109,7 @@ def pct(xs: list[float], q: float) -> float:
 async def measure(variant: str, n_endpoints: int, prompts: list[str], iterations: int) -> dict[str, list[float]]:
     ds = pool(n_endpoints)
     pipeline = build_pipeline(parse_config(VARIANTS[variant]), PluginContext(endpoints=ds))
+    pipeline.scheduler._timing_every = TIMING_EVERY.get(variant, 16)
     director = SchedulingDirector(ds, pipeline)
     producers = pipeline.producers
     scheduler = pipeline.scheduler
@@ -155,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     print("ratios (p50):")
     for n in (16, 256):
         print(f"  {n:>3} endpoints: prefix/load = {med('prefix', n, 'schedule') / med('load', n, 'schedule'):.2f}")
+        timed = med("prefix-timed", n, "schedule") / med("prefix", n, "schedule")
+        print(f"  {n:>3} endpoints: timing every plugin of every cycle / sampled = {timed:.2f}")
     for v in VARIANTS:
         print(f"  {v:<12}: 256/16 endpoints = {med(v, 256, 'schedule') / med(v, 16, 'schedule'):.2f}")
     for v, limit in (("load", 200.0), ("prefix", 500.0)):
