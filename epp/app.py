@@ -49,9 +49,11 @@ def static_endpoints(config: EppConfig) -> list[Endpoint]:
     ]
 
 
-def build_runtime(config: EppConfig) -> Runtime:
+def build_runtime(config: EppConfig, *, sources: list[EndpointSource] | None = None) -> Runtime:
+    """`sources` replaces static discovery (e.g. the Kubernetes source from `--pool-name`)."""
     datastore = Datastore()
-    sources: list[EndpointSource] = [StaticEndpointSource(static_endpoints(config))]
+    if sources is None:
+        sources = [StaticEndpointSource(static_endpoints(config))]
     objectives = ObjectiveStore(config.objectives)
     context = PluginContext(endpoints=datastore, pool_name=config.pool_name)
     pipeline = build_pipeline(config, context)
