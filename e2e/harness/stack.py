@@ -30,7 +30,12 @@ ConfigSpec = str | Callable[[list[Backend]], str] | None
 
 
 def endpoints_yaml(backends: list[Backend]) -> str:
-    lines = ["endpoints:"]
+    """Static endpoints plus a round-robin profile, so protocol tests see a deterministic spread."""
+    lines = [
+        "plugins: [{type: round-robin-picker}]",
+        "schedulingProfiles: [{name: default, plugins: [{pluginRef: round-robin-picker}]}]",
+        "endpoints:",
+    ]
     for b in backends:
         lines.append(f"  - {{name: {b.name}, address: {b.host}, port: {b.port}}}")
     return "\n".join(lines) + "\n"
