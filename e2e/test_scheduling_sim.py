@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from e2e.harness.backends import Backend
-from e2e.harness.stack import Stack, endpoints_yaml
+from e2e.harness.stack import Stack
 from e2e.sim.fixtures import SimFactory, sim_factory  # noqa: F401  (fixture)
 from e2e.sim.launch import SimProcess, start_simulators
 from epp.datalayer.scraper import MetricsScraper
@@ -98,6 +98,11 @@ async def test_scraper_reads_simulator_metrics(sim_factory: SimFactory) -> None:
         sim.kill()  # the load still running does not matter here
 
 
+def static_endpoints_only(backends: list[Backend]) -> str:
+    """Just the endpoints: the EPP then runs GIE's built-in default plugins."""
+    return "endpoints:\n" + "".join(f"- {{name: {b.name}, address: {b.host}, port: {b.port}}}\n" for b in backends)
+
+
 def served_by(stack: Stack, n: int) -> Counter[int]:
     seen: Counter[int] = Counter()
     for i in range(n):
@@ -114,7 +119,7 @@ def test_loaded_simulator_stops_receiving_requests(stack_factory: Callable[..., 
     with start_simulators(3, base_args=args, events=False, replay=False) as sims:
         backends = [Backend(f"sim{i}", "127.0.0.1", s.http_port) for i, s in enumerate(sims)]
         # GIE's default scheduling (no plugins section): queue x2, kv-cache utilization x2, prefix x3.
-        stack = stack_factory(backends=backends, config=lambda bs: endpoints_yaml(bs))
+        stack = stack_factory(backends=backends, config=static_endpoints_only)
         loaded = sims[0]
         before = served_by(stack, 12)
         assert set(before) == {s.http_port for s in sims}, before  # idle: equal scores, ties rotate
