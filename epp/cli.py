@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--metrics-port", type=int, default=9090)
     s.add_argument("--bind-address", default="0.0.0.0")
     s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to let in-flight streams finish")
+    s.add_argument("--max-request-body-bytes", type=int, default=128 * 1024 * 1024, help="larger bodies get 413")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     from epp.discovery.kubernetes import add_kubernetes_args
 
@@ -52,7 +53,7 @@ def _serve(args: argparse.Namespace) -> int:
     from epp.app import build_runtime
     from epp.config import ConfigError, load_config, parse_config
     from epp.discovery.kubernetes import kubernetes_source_from_args
-    from epp.server.runner import ServeOptions, serve
+    from epp.server.runner import BindError, ServeOptions, serve
 
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -80,6 +81,11 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_health_port=args.grpc_health_port,
         metrics_port=args.metrics_port,
         drain_timeout=args.drain_timeout,
+        max_body_bytes=args.max_request_body_bytes,
     )
-    asyncio.run(serve(runtime, options))
+    try:
+        asyncio.run(serve(runtime, options))
+    except BindError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0

@@ -85,6 +85,8 @@ class EnvoyOptions:
     message_timeout_s: float = 10.0
     route_timeout_s: float = 300.0
     per_connection_buffer_limit: int | None = None  # default: 32 KiB streamed (as GIE), 16 MiB buffered
+    # False: no ext_proc filter (a baseline for benchmarks; the client must send the destination header itself)
+    ext_proc: bool = True
     # extra listener port -> subset hint list sent as envoy.lb.subset_hint filter metadata
     subset_listeners: dict[int, list[str]] = field(default_factory=dict)
 
@@ -130,7 +132,8 @@ def _hcm(opts: EnvoyOptions, subset: list[str] | None) -> HttpConnectionManager:
         value = Struct.from_dict({SUBSET_KEY: list(subset)})
         meta = SetMetadataConfig(metadata=[SetMetadataEntry(metadata_namespace=SUBSET_NAMESPACE, value=value)])
         filters.append(HttpFilter(name="envoy.filters.http.set_metadata", typed_config=_any(meta)))
-    filters.append(HttpFilter(name="envoy.filters.http.ext_proc", typed_config=_any(ext_proc_filter(opts))))
+    if opts.ext_proc:
+        filters.append(HttpFilter(name="envoy.filters.http.ext_proc", typed_config=_any(ext_proc_filter(opts))))
     filters.append(HttpFilter(name="envoy.filters.http.router", typed_config=_any(Router(suppress_envoy_headers=True))))
     route = Route(
         match=RouteMatch(prefix="/"),
