@@ -78,8 +78,8 @@ def removal_payloads(stored: list[bytes]) -> list[bytes]:
     return out
 
 
-def new_pool() -> tuple[EventPool, MemoryIndex]:
-    idx = MemoryIndex()
+def new_pool(compact: bool = False) -> tuple[EventPool, MemoryIndex]:
+    idx = MemoryIndex(engine_run_size=65536 if compact else None)
     pool = EventPool(EventApplier(idx, TokenProcessor(BS)), PoolConfig(concurrency=1), PoolMetrics(CollectorRegistry()))
     return pool, idx
 
@@ -95,8 +95,8 @@ def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
             decode_batch(p)
         return blocks / (time.perf_counter() - t)
 
-    def apply_all() -> float:
-        pool, idx = new_pool()
+    def apply_all(compact: bool = False) -> float:
+        pool, idx = new_pool(compact)
 
         async def go() -> float:
             t = time.perf_counter()
@@ -108,8 +108,8 @@ def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
         assert len(idx) == blocks
         return r
 
-    def store_then_remove() -> float:
-        pool, idx = new_pool()
+    def store_then_remove(compact: bool = False) -> float:
+        pool, idx = new_pool(compact)
 
         async def go() -> float:
             for i, p in enumerate(payloads):
@@ -128,6 +128,8 @@ def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
         "decode blocks/s": median_of(args.repeats, decode_only),
         "stored blocks/s (decode+hash+index)": median_of(args.repeats, apply_all),
         "removed blocks/s": median_of(args.repeats, store_then_remove),
+        "compact engine maps: stored blocks/s": median_of(args.repeats, lambda: apply_all(True)),
+        "compact engine maps: removed blocks/s": median_of(args.repeats, lambda: store_then_remove(True)),
     }
 
 
@@ -298,11 +300,12 @@ def bench_memory(args: argparse.Namespace) -> dict[str, float]:
     chains = [[rnd.randrange(150_000) for _ in range(256 * BS)] for _ in range(n // 256)]
     keysets = [tp.block_keys(c, MODEL) for c in chains]
     out = {}
-    for label, pods_per_block in (("1 pod per block", 1), ("4 pods per block", 4)):
+    cases = [(f"{c}, {ppb} pod(s) per block", ppb, c) for c in ("dict", "compact") for ppb in (1, 4)]
+    for label, pods_per_block, kind in cases:
         gc.collect()
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
-        idx = MemoryIndex()
+        idx = MemoryIndex(engine_run_size=65536 if kind == "compact" else None)
         e = 1 << 50
         for ks in keysets:
             for p in range(pods_per_block):
@@ -366,6 +369,22 @@ def bench_redis(args: argparse.Namespace) -> dict[str, float] | None:
         proc.wait(5)
 
 
+def bench_spill() -> float:
+    """ms of the one synchronous step the compact engine map takes every 65,536 new blocks of a pod."""
+    from epp.kvcache.index import EngineMap
+
+    def one() -> float:
+        m = EngineMap(65536)
+        rnd = random.Random(1)
+        for _ in range(65535):
+            m[rnd.getrandbits(64)] = 1
+        t = time.perf_counter()
+        m[1] = 2
+        return (time.perf_counter() - t) * 1e3
+
+    return statistics.median(one() for _ in range(3))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
@@ -389,9 +408,10 @@ def main() -> None:
     print(f"  {'tokens':>7} {'blocks':>7} {'hash µs':>9} {'lookup µs':>10} {'total µs':>9}")
     for ntok, h, lk, tot in bench_lookup(args):
         print(f"  {ntok:>7} {ntok // BS:>7} {h:>9.0f} {lk:>10.0f} {tot:>9.0f}")
-    print("\n# memory (tracemalloc; engine→request map included)")
+    print("\n# memory (tracemalloc; engine→request map included; compact = engine maps in sorted uint64 runs)")
     for k, v in bench_memory(args).items():
         print(f"  {k:45s} {v:>12.1f}")
+    print(f"  {'compact: spill step every 65,536 blocks (ms)':45s} {bench_spill():>12.1f}")
     red = bench_redis(args)
     print("\n# redis vs in-memory")
     if red is None:

@@ -7,7 +7,8 @@ per pod, so clearing a pod is O(1): its slot bits are retired (lookups ignore th
 from the values incrementally. Removals are reference counted per (pod, tier, block): a second store of
 a block the slot already holds (another DP rank or KV-cache group) bumps a counter that a removal must
 drain before the block leaves the index. `max_keys` bounds the index (LRU by key) and
-`max_pods_per_key` bounds the entries per key.
+`max_pods_per_key` bounds the entries per key. `engine_run_size` selects the compact engine-key maps
+(`EngineMap`: sorted uint64 runs): less memory per block at scale, slower removals (see docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
 
 TIER_GPU, TIER_CPU, TIER_DISK, TIER_OTHER = 0, 1, 2, 3
 TIER_NAMES = ("gpu", "cpu", "disk", "other")
@@ -78,15 +81,84 @@ class Index(Protocol):
     def pods(self) -> list[str]: ...
 
 
+class EngineMap:
+    """One pod's engine key → request key(s) map, compact: recent entries in a dict; every `run_size` of
+    them are spilled into an immutable sorted pair of uint64 arrays (16 B per entry instead of ~70 B for a
+    dict slot plus the engine-key int). Lookups check the dict, then the runs newest first (binary search);
+    removals tombstone (value 0) and a run more than half dead is compacted. Tuples (1:many block sizes)
+    stay in the dict. Spilling sorts at most `run_size` keys, so no step is large."""
+
+    __slots__ = ("recent", "run_size", "runs")
+
+    def __init__(self, run_size: int = 65536) -> None:
+        self.recent: dict[int, int | tuple[int, ...]] = {}
+        self.run_size = run_size
+        self.runs: list[tuple[np.ndarray, np.ndarray, list[int]]] = []  # keys, values, [dead count]
+
+    def get(self, e: int) -> int | tuple[int, ...] | None:
+        v = self.recent.get(e)
+        if v is not None or not self.runs:
+            return v
+        k = np.uint64(e)
+        for keys, vals, _ in reversed(self.runs):
+            i = int(keys.searchsorted(k))
+            if i < len(keys) and keys[i] == k:
+                r = int(vals[i])
+                return r if r else None
+        return None
+
+    def __setitem__(self, e: int, v: int | tuple[int, ...]) -> None:
+        rec = self.recent
+        rec[e] = v
+        if len(rec) >= self.run_size:
+            self._spill()
+
+    def __delitem__(self, e: int) -> None:
+        self.recent.pop(e, None)
+        if not self.runs:
+            return
+        k = np.uint64(e)
+        for n, (keys, vals, dead) in enumerate(self.runs):
+            i = int(keys.searchsorted(k))
+            if i < len(keys) and keys[i] == k and vals[i]:
+                vals[i] = 0
+                dead[0] += 1
+                if dead[0] * 2 > len(keys):
+                    live = vals != 0
+                    self.runs[n] = (keys[live], vals[live], [0])
+        self.runs = [r for r in self.runs if len(r[0])]
+
+    def _spill(self) -> None:
+        ints = [(e, v) for e, v in self.recent.items() if not isinstance(v, tuple)]
+        if len(ints) * 2 < self.run_size:  # mostly tuples: let the dict grow instead of spilling tiny runs
+            self.run_size *= 2
+            return
+        keys = (
+            np.fromiter(self.recent.keys(), np.uint64, len(self.recent))
+            if len(ints) == len(self.recent)
+            else (np.fromiter((e for e, _ in ints), np.uint64, len(ints)))
+        )
+        vals = np.fromiter((v for _, v in ints), np.uint64, len(ints))
+        order = np.argsort(keys)
+        self.runs.append((keys[order], vals[order], [0]))
+        if len(ints) == len(self.recent):
+            self.recent = {}
+        else:
+            self.recent = {e: v for e, v in self.recent.items() if isinstance(v, tuple)}
+
+    def __len__(self) -> int:
+        return len(self.recent) + sum(len(k) - d[0] for k, _, d in self.runs)
+
+
 class _Pod:
     __slots__ = ("e2r", "mask", "name", "refs", "shift")
 
-    def __init__(self, name: str, slot: int) -> None:
+    def __init__(self, name: str, slot: int, run_size: int | None) -> None:
         self.name = name
         self.shift = slot * NT
         self.mask = ((1 << NT) - 1) << self.shift
         # engine key -> request key (1:1 and many:1) or a tuple of request keys (1:many)
-        self.e2r: dict[int, int | tuple[int, ...]] = {}
+        self.e2r: dict[int, int | tuple[int, ...]] | EngineMap = EngineMap(run_size) if run_size else {}
         # (request key << 2 | tier) -> store count, only for blocks stored more than once
         self.refs: dict[int, int] = {}
 
@@ -106,8 +178,10 @@ class MemoryIndex:
         tier_weights: Mapping[str, float] | None = None,
         max_keys: int | None = None,
         max_pods_per_key: int | None = None,
+        engine_run_size: int | None = None,
     ) -> None:
         w = dict(DEFAULT_TIER_WEIGHTS)
+        self.engine_run_size = engine_run_size
         for k, v in (tier_weights or {}).items():
             w[TIER_NAMES[tier_index(k)] if k.lower() not in TIER_NAMES else k.lower()] = float(v)
         self.tier_weights = w
@@ -139,7 +213,7 @@ class MemoryIndex:
         p = self._pods.get(name)
         if p is None:
             slot = self._free.pop() if self._free else self._alloc_slot()
-            p = _Pod(name, slot)
+            p = _Pod(name, slot, self.engine_run_size)
             self._pods[name] = p
             self._by_slot[slot] = p
             self._live |= p.mask

@@ -41,6 +41,7 @@ class KVCacheSettings:
     tier_weights: dict[str, float] = field(default_factory=dict)
     max_keys: int | None = None
     max_pods_per_key: int | None = None
+    engine_run_size: int | None = None  # compact engine maps (inMemoryConfig.compactEngineMap)
     redis_address: str | None = None
     pool: PoolConfig = field(default_factory=PoolConfig)
     events_enabled: bool = True
@@ -65,6 +66,7 @@ class KVCacheSettings:
             tier_weights=weights,
             max_keys=int(mem["size"]) if mem.get("size") else None,
             max_pods_per_key=int(mem["podCacheSize"]) if mem.get("podCacheSize") else None,
+            engine_run_size=int(mem.get("engineRunSize", 65536)) if mem.get("compactEngineMap") else None,
             redis_address=addr,
             pool=PoolConfig.from_params(kec),
             events_enabled=bool(kec.get("enabled", True)),
@@ -84,7 +86,9 @@ class KVCacheService:
 
                 index = RedisIndex(settings.redis_address, settings.tier_weights)
             else:
-                index = MemoryIndex(settings.tier_weights, settings.max_keys, settings.max_pods_per_key)
+                index = MemoryIndex(
+                    settings.tier_weights, settings.max_keys, settings.max_pods_per_key, settings.engine_run_size
+                )
         self.index = index
         self.applier = EventApplier(index, self.tokens, self.block_sizes)
         self.pool = EventPool(self.applier, settings.pool)

@@ -16,10 +16,13 @@ A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 _n = itertools.count()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "memory-runs", "redis"])
 async def index(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     if request.param == "memory":
         yield MemoryIndex()
+        return
+    if request.param == "memory-runs":  # engine maps spill into sorted arrays after 2 entries
+        yield MemoryIndex(engine_run_size=2)
         return
     url = request.getfixturevalue("redis_url")
     idx = RedisIndex(url, prefix=f"t{next(_n)}:")
@@ -164,3 +167,25 @@ def test_tier_names() -> None:
     assert tier_index("CPU") == TIER_CPU
     assert tier_index("STORAGE") == tier_index("disk") == 2
     assert tier_index("nvme-pool") == 3
+
+
+def test_engine_map_runs_shadow_tombstone_and_compact() -> None:
+    from epp.kvcache.index import EngineMap
+
+    m = EngineMap(run_size=4)
+    for e in range(10, 18):
+        m[e] = e * 100
+    assert len(m.runs) == 2 and not m.recent and len(m) == 8
+    assert m.get(13) == 1300 and m.get(99) is None
+    m[13] = 7  # a newer value shadows the spilled one
+    assert m.get(13) == 7
+    del m[13]
+    assert m.get(13) is None and len(m) == 7
+    for e in (10, 11, 12):
+        del m[e]
+    assert len(m.runs) == 1  # the first run died entirely and was dropped
+    assert [m.get(e) for e in (14, 15, 16, 17)] == [1400, 1500, 1600, 1700]
+    big = (1 << 64) - 1
+    for e in (big, big - 1, big - 2, big - 3):
+        m[e] = 5
+    assert m.get(big) == 5

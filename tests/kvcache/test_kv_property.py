@@ -134,6 +134,12 @@ def test_index_converges_to_surviving_blocks(ops: list[tuple[Any, bool]], maps: 
     asyncio.run(_run(ops, maps, None))
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS, maps=MAPS)
+def test_compact_engine_maps_converge_too(ops: list[tuple[Any, bool]], maps: tuple[bool, bool]) -> None:
+    asyncio.run(_run(ops, maps, None, engine_run_size=3))
+
+
 _prefixes = itertools.count()
 
 
@@ -143,9 +149,15 @@ def test_redis_index_converges_too(redis_url: str, ops: list[tuple[Any, bool]], 
     asyncio.run(_run(ops, maps, redis_url))
 
 
-async def _run(ops: list[tuple[Any, bool]], maps: tuple[bool, bool], redis_url: str | None) -> None:
+async def _run(
+    ops: list[tuple[Any, bool]], maps: tuple[bool, bool], redis_url: str | None, engine_run_size: int = 65536
+) -> None:
     tp = TokenProcessor(BS, "seed")
-    index: Any = MemoryIndex() if redis_url is None else RedisIndex(redis_url, prefix=f"prop{next(_prefixes)}:")
+    index: Any = (
+        MemoryIndex(engine_run_size=engine_run_size)
+        if redis_url is None
+        else RedisIndex(redis_url, prefix=f"prop{next(_prefixes)}:")
+    )
     try:
         await _drive(tp, index, ops, maps)
     finally:
