@@ -1,0 +1,118 @@
+"""Simulator settings: one dataclass, filled from command-line flags (names follow vLLM / llm-d-inference-sim)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+from epp.tokenization.qwen import QWEN25_MODEL
+
+
+@dataclass
+class SimConfig:
+    model: str = QWEN25_MODEL
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    pod_name: str = ""
+    pod_ip: str = "127.0.0.1"
+    # Engine
+    max_num_seqs: int = 5
+    max_waiting_queue_length: int = 1000
+    max_model_len: int = 32768
+    default_max_tokens: int = 16
+    data_parallel_rank: int = 0
+    # KV cache
+    block_size: int = 16
+    num_gpu_blocks: int = 1024
+    enable_prefix_caching: bool = True
+    lora_modules: list[str] = field(default_factory=list)
+    max_loras: int = 1
+    # KV events
+    kv_events_endpoint: str | None = None  # tcp://*:PORT binds, tcp://host:PORT connects
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str | None = None  # default kv@<pod_ip>:<port>@<model>
+    kv_events_encoding: str = "array"  # "array" (msgspec array_like, older vLLM) | "map" (tagged maps, vLLM #42892)
+    kv_events_buffer_steps: int = 10_000
+    kv_events_hwm: int = 100_000
+    block_hash_format: str = "int"  # "int" (low 64 bits, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1) | "bytes"
+    hash_seed: str | None = None  # default: $PYTHONHASHSEED, else vLLM's "vllm-none-hash"
+    # Latency model (seconds)
+    prefill_overhead: float = 0.010
+    prefill_time_per_token: float = 0.0002
+    inter_token_latency: float = 0.002
+    time_factor_under_load: float = 1.0
+    # Metrics
+    legacy_gpu_cache_metric: bool = False
+    # Failure injection
+    failure_rate: float = 0.0  # 0..1, fraction of generation requests answered with an error
+    failure_status: int = 500
+    startup_delay: float = 0.0  # /health answers 503 (and requests 503) this long after start
+    seed: int = 0
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def topic(self) -> str:
+        return self.kv_events_topic or f"kv@{self.pod_ip}:{self.port}@{self.model_name}"
+
+    @property
+    def pod(self) -> str:
+        return self.pod_name or os.environ.get("POD_NAME", "") or f"sim-{self.port}"
+
+    def lora_paths(self) -> dict[str, str]:
+        """LoRA adapters as name → path (`name=path` or a bare `name`, whose path is `/loras/<name>`)."""
+        out: dict[str, str] = {}
+        for item in self.lora_modules:
+            name, _, path = item.partition("=")
+            out[name] = path or f"/loras/{name}"
+        return out
+
+
+def parse_args(argv: list[str] | None = None) -> SimConfig:
+    d = SimConfig()
+    p = argparse.ArgumentParser(prog="python -m e2e.sim", description="vLLM-compatible model-server simulator")
+    a = p.add_argument
+    a("--model", default=d.model)
+    a("--served-model-name", default=None)
+    a("--host", default=d.host)
+    a("--port", type=int, default=d.port, help="HTTP port (0 = pick a free one; printed on stdout)")
+    a("--pod-name", default="")
+    a("--pod-ip", default=os.environ.get("POD_IP", d.pod_ip))
+    a("--max-num-seqs", type=int, default=d.max_num_seqs)
+    a("--max-waiting-queue-length", type=int, default=d.max_waiting_queue_length)
+    a("--max-model-len", type=int, default=d.max_model_len)
+    a("--default-max-tokens", type=int, default=d.default_max_tokens)
+    a("--data-parallel-rank", type=int, default=d.data_parallel_rank, help="offsets the event ports like vLLM")
+    a("--block-size", type=int, default=d.block_size)
+    a("--num-gpu-blocks", "--kv-cache-size", type=int, default=d.num_gpu_blocks)
+    a("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    a("--lora-modules", nargs="*", default=[], help="adapter names (name or name=path)")
+    a("--max-loras", type=int, default=d.max_loras)
+    a("--kv-events-endpoint", default=None, help="ZMQ PUB endpoint, e.g. tcp://*:5557 (bind) or tcp://host:5557")
+    a("--kv-events-replay-endpoint", default=None, help="ZMQ ROUTER replay endpoint, e.g. tcp://*:5558")
+    a("--kv-events-topic", default=None)
+    a("--kv-events-encoding", choices=["array", "map"], default=d.kv_events_encoding)
+    a("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps)
+    a("--kv-events-hwm", type=int, default=d.kv_events_hwm)
+    a("--block-hash-format", choices=["int", "bytes"], default=d.block_hash_format)
+    a("--hash-seed", default=None)
+    a("--prefill-overhead", type=float, default=d.prefill_overhead, help="seconds")
+    a("--prefill-time-per-token", type=float, default=d.prefill_time_per_token, help="seconds per uncached token")
+    a("--inter-token-latency", type=float, default=d.inter_token_latency, help="seconds per output token")
+    a("--time-factor-under-load", type=float, default=d.time_factor_under_load)
+    a("--legacy-gpu-cache-metric", action="store_true", help="also export vllm:gpu_cache_usage_perc")
+    a("--failure-rate", type=float, default=d.failure_rate, help="0..1")
+    a("--failure-status", type=int, default=d.failure_status)
+    a("--startup-delay", type=float, default=d.startup_delay, help="seconds of 503 after start")
+    a("--seed", type=int, default=d.seed)
+    ns = p.parse_args(argv)
+    cfg = SimConfig(**{k: v for k, v in vars(ns).items()})
+    if cfg.time_factor_under_load < 1.0:
+        p.error("--time-factor-under-load must be >= 1.0")
+    if cfg.block_size <= 0 or cfg.num_gpu_blocks <= 0:
+        p.error("--block-size and --num-gpu-blocks must be positive")
+    return cfg

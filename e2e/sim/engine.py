@@ -1,0 +1,181 @@
+"""The simulated engine: admission (max-num-seqs, KV space, max LoRAs), the latency model, and the KV cache.
+
+TTFT = queueing + (prefill_overhead + uncached prompt tokens x prefill_time_per_token) x load factor;
+each further output token takes inter_token_latency x load factor. The load factor grows linearly
+from 1 (one running request) to `time_factor_under_load` (max-num-seqs running), as in
+llm-d-inference-sim. Everything is real time (asyncio sleeps), so routing choices show up in measured
+latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+
+from e2e.sim.config import SimConfig
+from e2e.sim.events import KVEvent
+from e2e.sim.kvcache import Allocation, KVCache, LoraRef, NoSpace
+from e2e.sim.metrics import SimMetrics
+
+
+class EngineError(Exception):
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+
+
+@dataclass
+class SimRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    lora: LoraRef | None = None
+    cache_salt: str | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    hashes: list[bytes] = field(default_factory=list)
+    alloc: Allocation | None = None
+    cached_tokens: int = 0
+    admitted: asyncio.Future[None] | None = None
+
+
+@dataclass
+class Token:
+    """One generated token (index from 0), with its timing."""
+
+    index: int
+    token_id: int
+    first: bool
+
+
+class Engine:
+    def __init__(self, cfg: SimConfig, metrics: SimMetrics, output_ids: list[int]) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.kv = KVCache(
+            num_blocks=cfg.num_gpu_blocks,
+            block_size=cfg.block_size,
+            emit=self._emit,
+            hash_seed=cfg.hash_seed,
+            hash_format=cfg.block_hash_format,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+        )
+        self.running: list[SimRequest] = []
+        self.waiting: deque[SimRequest] = deque()
+        self.loras = {name: LoraRef(name, path, i + 1) for i, (name, path) in enumerate(cfg.lora_paths().items())}
+        self._on_events: list[Callable[[list[KVEvent]], None]] = []
+        self._output_ids = output_ids or [0]
+
+    # --- events -----------------------------------------------------------------------------------------
+    def _emit(self, events: list[KVEvent]) -> None:
+        for cb in self._on_events:
+            cb(events)
+
+    def on_events(self, cb: Callable[[list[KVEvent]], None]) -> None:
+        self._on_events.append(cb)
+
+    # --- admission --------------------------------------------------------------------------------------
+    def lora_for(self, model: str) -> LoraRef | None:
+        """None for the base model; EngineError(404) for an unknown model name."""
+        if model in ("", self.cfg.model_name, self.cfg.model):
+            return None
+        if model in self.loras:
+            return self.loras[model]
+        raise EngineError(404, f"The model `{model}` does not exist.", "NotFoundError")
+
+    def running_loras(self) -> list[str]:
+        return sorted({r.lora.name for r in self.running if r.lora})
+
+    def waiting_loras(self) -> list[str]:
+        return sorted({r.lora.name for r in self.waiting if r.lora})
+
+    def _can_run(self, req: SimRequest) -> bool:
+        if len(self.running) >= self.cfg.max_num_seqs:
+            return False
+        if req.lora is not None:
+            active = set(self.running_loras())
+            if req.lora.name not in active and len(active) >= self.cfg.max_loras:
+                return False
+        try:
+            req.alloc = self.kv.allocate(req.hashes, len(req.prompt_ids), len(req.prompt_ids) + req.max_tokens)
+        except NoSpace:
+            return False
+        req.cached_tokens = req.alloc.hit_blocks * self.cfg.block_size
+        return True
+
+    def _schedule(self) -> None:
+        """FIFO, but a waiting request that cannot run (LoRA slots, space) does not block the ones behind it."""
+        for req in list(self.waiting):
+            if len(self.running) >= self.cfg.max_num_seqs:
+                break
+            if self._can_run(req):
+                self.waiting.remove(req)
+                self.running.append(req)
+                assert req.admitted is not None
+                if not req.admitted.done():
+                    req.admitted.set_result(None)
+
+    def load_factor(self) -> float:
+        n, cap = len(self.running), self.cfg.max_num_seqs
+        if cap <= 1 or n <= 1:
+            return 1.0 if n < cap else self.cfg.time_factor_under_load
+        return 1.0 + (self.cfg.time_factor_under_load - 1.0) * (min(n, cap) - 1) / (cap - 1)
+
+    # --- one request ------------------------------------------------------------------------------------
+    def check(self, req: SimRequest) -> None:
+        n = len(req.prompt_ids)
+        if n == 0:
+            raise EngineError(400, "The prompt is empty.")
+        if n + req.max_tokens > self.cfg.max_model_len:
+            raise EngineError(
+                400,
+                f"This model's maximum context length is {self.cfg.max_model_len} tokens. However, you requested "
+                f"{n + req.max_tokens} tokens ({n} in the messages, {req.max_tokens} in the completion).",
+            )
+        if self.kv.blocks_for(n + req.max_tokens) > self.cfg.num_gpu_blocks:
+            raise EngineError(
+                400, f"The request needs more KV-cache blocks than the {self.cfg.num_gpu_blocks} there are."
+            )
+        if len(self.waiting) >= self.cfg.max_waiting_queue_length:
+            raise EngineError(429, "The waiting queue is full.", "TooManyRequests")
+
+    async def generate(self, req: SimRequest) -> AsyncGenerator[Token, None]:
+        """Queue, prefill, then yield output tokens in real time. Cancellation (client gone) frees the slot."""
+        self.check(req)
+        req.hashes = self.kv.block_hashes(req.prompt_ids, req.lora, req.cache_salt)
+        req.admitted = asyncio.get_running_loop().create_future()
+        self.waiting.append(req)
+        self._schedule()
+        try:
+            await req.admitted
+            queued = time.monotonic() - req.arrival
+            uncached = len(req.prompt_ids) - req.cached_tokens
+            self.metrics.on_admit(len(req.prompt_ids), req.cached_tokens, queued)
+            prefill = (self.cfg.prefill_overhead + uncached * self.cfg.prefill_time_per_token) * self.load_factor()
+            await asyncio.sleep(prefill)
+            assert req.alloc is not None
+            self.kv.register(req.alloc, req.prompt_ids, req.lora, req.cache_salt)
+            self.metrics.on_first_token(time.monotonic() - req.arrival)
+            last = time.monotonic()
+            for i in range(req.max_tokens):
+                if i:
+                    await asyncio.sleep(self.cfg.inter_token_latency * self.load_factor())
+                    now = time.monotonic()
+                    self.metrics.on_token(now - last)
+                    last = now
+                yield Token(i, self._output_ids[i % len(self._output_ids)], i == 0)
+            self.metrics.on_finish(time.monotonic() - req.arrival, req.max_tokens, "length")
+        finally:
+            if req in self.waiting:
+                self.waiting.remove(req)
+            if req in self.running:
+                self.running.remove(req)
+            if req.alloc is not None:
+                self.kv.release(req.alloc)
+            self._schedule()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv.reset()

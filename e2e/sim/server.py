@@ -1,0 +1,481 @@
+"""aiohttp app: vLLM's OpenAI-compatible API, /tokenize, render endpoints, /metrics and admin endpoints.
+
+Errors are vLLM-shaped JSON (`{"error": {"message", "type", "param", "code"}}`) with the HTTP status.
+Admin endpoints (failure injection and state) live under `/admin/`; `/reset_prefix_cache` is vLLM's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import time
+import uuid
+from dataclasses import fields
+from typing import Any
+
+from aiohttp import web
+
+from e2e.sim.config import SimConfig
+from e2e.sim.engine import Engine, EngineError, SimRequest
+from e2e.sim.kvcache import LoraRef
+from e2e.sim.metrics import SimMetrics
+from e2e.sim.publisher import EventPublisher
+from e2e.sim.tokenizer import RenderError, SimTokenizer
+
+log = logging.getLogger("e2e.sim")
+
+OUTPUT_TEXT = " The quick brown fox jumps over the lazy dog."
+RUNTIME_SETTABLE = {
+    "prefill_overhead", "prefill_time_per_token", "inter_token_latency", "time_factor_under_load",
+    "failure_rate", "failure_status", "max_num_seqs",
+}  # fmt: skip
+
+APP_KEY: web.AppKey[Simulator] = web.AppKey("simulator")
+
+
+def error_response(
+    status: int, message: str, err_type: str = "BadRequestError", param: str | None = None
+) -> web.Response:
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    return web.json_response(body, status=status)
+
+
+class Simulator:
+    """State of one simulated vLLM server (tokenizer, engine, metrics, event publisher)."""
+
+    def __init__(self, cfg: SimConfig, tokenizer: SimTokenizer | None = None) -> None:
+        self.cfg = cfg
+        self.tok = tokenizer or SimTokenizer()
+        self.metrics = SimMetrics(
+            model_name=cfg.model_name,
+            block_size=cfg.block_size,
+            num_gpu_blocks=cfg.num_gpu_blocks,
+            max_loras=cfg.max_loras,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            legacy_gpu_cache_metric=cfg.legacy_gpu_cache_metric,
+        )
+        self.engine = Engine(cfg, self.metrics, self.tok.encode(OUTPUT_TEXT))
+        self.metrics.bind(
+            lambda: (
+                len(self.engine.running),
+                len(self.engine.waiting),
+                self.engine.kv.usage(),
+                self.engine.running_loras(),
+                self.engine.waiting_loras(),
+            )
+        )
+        self.publisher: EventPublisher | None = None
+        self.started = time.monotonic()
+        self.ready_at = self.started + cfg.startup_delay
+        self.rng = random.Random(cfg.seed)
+        self.created = int(time.time())
+
+    async def start_events(self) -> None:
+        if self.cfg.kv_events_endpoint:
+            self.publisher = EventPublisher(
+                endpoint=self.cfg.kv_events_endpoint,
+                replay_endpoint=self.cfg.kv_events_replay_endpoint,
+                topic=self.cfg.topic,
+                data_parallel_rank=self.cfg.data_parallel_rank,
+                encoding=self.cfg.kv_events_encoding,
+                buffer_steps=self.cfg.kv_events_buffer_steps,
+                hwm=self.cfg.kv_events_hwm,
+            )
+            self.publisher.start()
+            self.engine.on_events(self.publisher.publish)
+
+    async def stop_events(self) -> None:
+        if self.publisher is not None:
+            await self.publisher.close()
+
+    @property
+    def ready(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
+    # --- request parsing --------------------------------------------------------------------------------
+    def _sim_request(self, body: dict[str, Any], ids: list[int], lora: LoraRef | None, chat: bool) -> SimRequest:
+        max_tokens = body.get("max_completion_tokens") if chat else None
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = self.cfg.default_max_tokens
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise EngineError(400, "`max_tokens` must be a positive integer.")
+        salt = body.get("cache_salt")
+        if salt is not None and not isinstance(salt, str):
+            raise EngineError(400, "`cache_salt` must be a string.")
+        return SimRequest(prompt_ids=ids, max_tokens=max_tokens, lora=lora, cache_salt=salt or None)
+
+    def maybe_fail(self) -> web.Response | None:
+        if not self.ready:
+            return error_response(503, "The server is starting up.", "ServiceUnavailableError")
+        if self.cfg.failure_rate > 0 and self.rng.random() < self.cfg.failure_rate:
+            status = self.cfg.failure_status
+            kind = {429: "RateLimitError", 400: "BadRequestError", 404: "NotFoundError"}.get(
+                status, "InternalServerError"
+            )
+            return error_response(status, "Injected failure.", kind)
+        return None
+
+    def headers(self) -> dict[str, str]:
+        return {"x-inference-pod": self.cfg.pod, "x-inference-port": str(self.cfg.port)}
+
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EngineError(400, f"Invalid JSON body: {e}") from e
+    if not isinstance(body, dict):
+        raise EngineError(400, "The request body must be a JSON object.")
+    return body
+
+
+def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except EngineError as e:
+        return error_response(e.status, e.message, e.err_type)
+    except RenderError as e:
+        return error_response(400, str(e))
+
+
+# --- generation ------------------------------------------------------------------------------------------
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def _prompt(sim: Simulator, body: dict[str, Any], chat: bool) -> list[int]:
+    if chat:
+        return await sim.tok.messages_ids(
+            body.get("messages"),
+            add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+            continue_final_message=bool(body.get("continue_final_message", False)),
+            chat_template_kwargs=body.get("chat_template_kwargs") or None,
+        )
+    prompts = await sim.tok.prompt_ids(body.get("prompt"))
+    if len(prompts) != 1:
+        raise EngineError(400, "The simulator serves one prompt per request.")
+    return prompts[0]
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    sim = request.app[APP_KEY]
+    fail = sim.maybe_fail()
+    if fail is not None:
+        return fail
+    body = await _json(request)
+    model = body.get("model", sim.cfg.model_name)
+    if not isinstance(model, str):
+        raise EngineError(400, "`model` must be a string.")
+    lora = sim.engine.lora_for(model)
+    if body.get("n", 1) != 1:
+        raise EngineError(400, "The simulator supports only n=1.")
+    ids = await _prompt(sim, body, chat)
+    req = sim._sim_request(body, ids, lora, chat)
+    sim.engine.check(req)
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    created = int(time.time())
+    if body.get("stream"):
+        opts = body.get("stream_options") or {}
+        return await _stream(request, sim, req, rid, created, model, chat, bool(opts.get("include_usage")))
+    out: list[int] = []
+    async with contextlib.aclosing(sim.engine.generate(req)) as gen:
+        async for t in gen:
+            out.append(t.token_id)
+    text = sim.tok.decode(out)
+    choice: dict[str, Any]
+    if chat:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+        }
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
+    resp = {
+        "id": rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(len(ids), len(out), req.cached_tokens),
+    }
+    return web.json_response(resp, headers=sim.headers())
+
+
+async def _stream(
+    request: web.Request, sim: Simulator, req: SimRequest, rid: str, created: int, model: str, chat: bool, usage: bool
+) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **sim.headers()}
+    )
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> bytes:
+        data = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **(extra or {})}
+        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+    n = 0
+    prepared = False
+    async with contextlib.aclosing(sim.engine.generate(req)) as gen:
+        async for t in gen:
+            if not prepared:
+                await resp.prepare(request)
+                prepared = True
+                if chat:
+                    await resp.write(
+                        chunk(
+                            [
+                                {
+                                    "index": 0,
+                                    "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None,
+                                    "finish_reason": None,
+                                }
+                            ]
+                        )
+                    )
+            n += 1
+            last = t.index == req.max_tokens - 1
+            piece = sim.tok.decode([t.token_id])
+            finish = "length" if last else None
+            if chat:
+                c = {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": finish}
+            else:
+                c = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+            await resp.write(chunk([c]))
+    if usage:
+        await resp.write(chunk([], {"usage": _usage(len(req.prompt_ids), n, req.cached_tokens)}))
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+# --- models, health, tokenize, render -------------------------------------------------------------------
+async def models(request: web.Request) -> web.Response:
+    sim = request.app[APP_KEY]
+    card = {
+        "object": "model", "created": sim.created, "owned_by": "vllm", "root": sim.cfg.model,
+        "parent": None, "max_model_len": sim.cfg.max_model_len, "permission": [],
+    }  # fmt: skip
+    data = [{"id": sim.cfg.model_name, **card}]
+    for name, lora in sim.engine.loras.items():
+        data.append({**card, "id": name, "root": lora.path, "parent": sim.cfg.model_name})
+    return web.json_response({"object": "list", "data": data})
+
+
+async def health(request: web.Request) -> web.Response:
+    sim = request.app[APP_KEY]
+    if not sim.ready:
+        return web.Response(status=503)
+    return web.Response(status=200)
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's /tokenize: {prompt | messages, add_special_tokens, add_generation_prompt, return_token_strs}."""
+    sim = request.app[APP_KEY]
+    body = await _json(request)
+    if "messages" in body:
+        ids = await sim.tok.messages_ids(
+            body["messages"],
+            add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+            continue_final_message=bool(body.get("continue_final_message", False)),
+            chat_template_kwargs=body.get("chat_template_kwargs") or None,
+        )
+        if body.get("add_special_tokens", False):
+            ids = sim.tok.encode(sim.tok.decode(ids), add_special_tokens=True)
+    elif isinstance(body.get("prompt"), str):
+        (ids,) = await sim.tok.prompt_ids(body["prompt"], bool(body.get("add_special_tokens", True)))
+    else:
+        raise EngineError(400, "/tokenize needs a string `prompt` or `messages`.")
+    strs = sim.tok.token_strs(ids) if body.get("return_token_strs") else None
+    return web.json_response(
+        {"count": len(ids), "max_model_len": sim.cfg.max_model_len, "tokens": ids, "token_strs": strs}
+    )
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    sim = request.app[APP_KEY]
+    body = await _json(request)
+    ids = sim.tok.check_ids(body.get("tokens"))
+    return web.json_response({"prompt": sim.tok.decode(ids)})
+
+
+def _rendered(sim: Simulator, body: dict[str, Any], ids: list[int], chat: bool) -> dict[str, Any]:
+    """vLLM's render output, a `GenerateRequest` (token ids plus sampling params) ready for /inference/v1/generate."""
+    max_tokens = body.get("max_completion_tokens") if chat else None
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
+    return {
+        "request_id": uuid.uuid4().hex,
+        "token_ids": ids,
+        "token_offsets": None,
+        "features": None,
+        "content_parts": None,
+        "sampling_params": {"max_tokens": max_tokens, "temperature": body.get("temperature"), "n": 1},
+        "model": body.get("model", sim.cfg.model_name),
+        "stream": bool(body.get("stream", False)),
+        "stream_options": body.get("stream_options"),
+        "cache_salt": body.get("cache_salt"),
+    }
+
+
+async def render_chat(request: web.Request) -> web.Response:
+    sim = request.app[APP_KEY]
+    body = await _json(request)
+    sim.engine.lora_for(str(body.get("model", sim.cfg.model_name)))
+    ids = await _prompt(sim, body, chat=True)
+    return web.json_response(_rendered(sim, body, ids, chat=True))
+
+
+async def render_completion(request: web.Request) -> web.Response:
+    sim = request.app[APP_KEY]
+    body = await _json(request)
+    sim.engine.lora_for(str(body.get("model", sim.cfg.model_name)))
+    prompts = await sim.tok.prompt_ids(body.get("prompt"))
+    return web.json_response([_rendered(sim, body, ids, chat=False) for ids in prompts])
+
+
+async def metrics(request: web.Request) -> web.Response:
+    sim = request.app[APP_KEY]
+    return web.Response(body=sim.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    sim = request.app[APP_KEY]
+    if not sim.engine.reset_prefix_cache():
+        return error_response(409, "Failed to reset prefix cache because some blocks are in use.", "ConflictError")
+    return web.Response(status=200)
+
+
+# --- admin / failure injection ---------------------------------------------------------------------------
+async def admin_state(request: web.Request) -> web.Response:
+    sim = request.app[APP_KEY]
+    kv = sim.engine.kv
+    pub = sim.publisher
+    return web.json_response(
+        {
+            "running": len(sim.engine.running),
+            "waiting": len(sim.engine.waiting),
+            "kv": {"num_blocks": kv.num_blocks, "used": kv.used_blocks, "cached": kv.cached_blocks},
+            "events": None
+            if pub is None
+            else {
+                "endpoint": pub.endpoint,
+                "replay_endpoint": pub.replay_endpoint,
+                "topic": pub.topic.decode(),
+                "next_seq": pub.seq,
+                "mode": pub.mode,
+            },
+            "config": {k: getattr(sim.cfg, k) for k in sorted(RUNTIME_SETTABLE)},
+        }
+    )
+
+
+async def admin_config(request: web.Request) -> web.Response:
+    """Change latency / failure parameters at run time: {"failure_rate": 0.5, "inter_token_latency": 0.01, ...}."""
+    sim = request.app[APP_KEY]
+    body = await _json(request)
+    types = {f.name: f.type for f in fields(SimConfig)}
+    for key, value in body.items():
+        if key not in RUNTIME_SETTABLE:
+            raise EngineError(400, f"`{key}` cannot be changed at run time (allowed: {sorted(RUNTIME_SETTABLE)}).")
+        want = int if types[key] in (int, "int") else float
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or (want is int and not isinstance(value, int))
+        ):
+            raise EngineError(400, f"`{key}` must be a number.")
+        setattr(sim.cfg, key, want(value))
+    sim.engine._schedule()
+    return await admin_state(request)
+
+
+async def admin_events(request: web.Request) -> web.Response:
+    """{"mode": "on"|"off"|"lossy"} and/or {"restart": true} (publisher restarts, sequence back at 0)."""
+    sim = request.app[APP_KEY]
+    body = await _json(request)
+    if sim.publisher is None:
+        raise EngineError(400, "KV events are not enabled (--kv-events-endpoint).")
+    mode = body.get("mode")
+    if mode is not None:
+        if mode not in ("on", "off", "lossy"):
+            raise EngineError(400, "`mode` must be on, off or lossy.")
+        sim.publisher.mode = mode
+    if body.get("restart"):
+        await sim.publisher.restart()
+    return await admin_state(request)
+
+
+async def admin_unready(request: web.Request) -> web.Response:
+    """{"seconds": S}: answer 503 (health and requests) for S seconds, like a slow (re)start."""
+    sim = request.app[APP_KEY]
+    body = await _json(request)
+    seconds = body.get("seconds", 0)
+    if not isinstance(seconds, int | float) or seconds < 0:
+        raise EngineError(400, "`seconds` must be a non-negative number.")
+    sim.ready_at = time.monotonic() + float(seconds)
+    return web.json_response({"ready_in": float(seconds)})
+
+
+async def admin_crash(request: web.Request) -> web.Response:
+    """Exit the process abruptly (exit code 1, no cleanup), shortly after answering."""
+    log.warning("crash requested via /admin/crash")
+    asyncio.get_running_loop().call_later(0.05, os._exit, 1)
+    return web.json_response({"crashing": True})
+
+
+def build_app(sim: Simulator, manage_events: bool = True) -> web.Application:
+    """The app; with `manage_events` its startup/cleanup also starts/stops the KV-event publisher."""
+    app = web.Application(middlewares=[errors_middleware], client_max_size=64 * 1024 * 1024)
+    app[APP_KEY] = sim
+    r = app.router
+    r.add_post("/v1/completions", completions)
+    r.add_post("/v1/chat/completions", chat_completions)
+    r.add_post("/v1/completions/render", render_completion)
+    r.add_post("/v1/chat/completions/render", render_chat)
+    r.add_get("/v1/models", models)
+    r.add_get("/health", health)
+    r.add_get("/health/ready", health)
+    r.add_post("/tokenize", tokenize)
+    r.add_post("/detokenize", detokenize)
+    r.add_get("/metrics", metrics)
+    r.add_post("/reset_prefix_cache", reset_prefix_cache)
+    r.add_get("/admin/state", admin_state)
+    r.add_post("/admin/config", admin_config)
+    r.add_post("/admin/events", admin_events)
+    r.add_post("/admin/unready", admin_unready)
+    r.add_post("/admin/crash", admin_crash)
+
+    async def on_startup(app: web.Application) -> None:
+        await sim.start_events()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await sim.stop_events()
+
+    if manage_events:
+        app.on_startup.append(on_startup)
+        app.on_cleanup.append(on_cleanup)
+    return app

@@ -1,0 +1,3 @@
+from e2e.sim.fixtures import sim, sim_factory
+
+__all__ = ["sim", "sim_factory"]
