@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 import time
@@ -115,15 +116,24 @@ class Progress:
         sys.stderr.flush()
 
 
+def warm_up(url: str, model: str) -> None:
+    """One request through the whole path, so one-time costs (tokenizer load, connections) are not measured."""
+    body = json.dumps({"model": model, "prompt": "warm up", "max_tokens": 1}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        r.read()
+
+
 def run_strategy(
     strategy: str, sims: Sequence[SimProcess], workload: Workload, ns: argparse.Namespace, workdir: Path
 ) -> tuple[list[loadgen.Result], float]:
-    reset_caches(sims)
     text = config_text(strategy, sims, block_size=ns.block_size)
     (workdir / strategy).mkdir(parents=True, exist_ok=True)
     stack = start_stack(workdir / strategy, backends=[], config=text, epp_args=["--log-level", "warning"])
     try:
-        time.sleep(0.5)  # let the EPP scrape metrics and subscribe to events before traffic
+        warm_up(stack.url, str(workload.requests[0].body["model"]))
+        reset_caches(sims)
+        time.sleep(0.5)  # the EPP sees the caches cleared (events) and fresh metrics before traffic
         results, duration = asyncio.run(
             loadgen.run(
                 stack.url, workload.requests, served_header=SERVED_HEADER,

@@ -16,7 +16,7 @@ def table(summaries: Sequence[RunSummary], baseline: str | None = None) -> str:
         f"{'req/s':>8}{'tok/s':>8}{'load CV':>9}"
     )
     if baseline:
-        head += f"{'p90 vs ' + baseline:>16}"
+        head += f"{'gain vs ' + baseline:>17}"
     lines = [head, "-" * len(head)]
     base = next((s for s in summaries if s.label == baseline), None)
     for s in summaries:
@@ -25,7 +25,7 @@ def table(summaries: Sequence[RunSummary], baseline: str | None = None) -> str:
             f"{_ms(s.ttft_p99):>9}{s.throughput_rps:>8.2f}{s.output_tok_s:>8.0f}{s.load_cv:>9.2f}"
         )
         if base is not None:
-            ratio = base.ttft_p90 / s.ttft_p90 if s.ttft_p90 else float("nan")
+            ratio = s.ttft_p90 / base.ttft_p90 if base.ttft_p90 else float("nan")
             row += f"{ratio:>15.1f}x"
         lines.append(row)
     return "\n".join(lines)
