@@ -37,6 +37,6 @@ USER 10001:10001
 # 9002 ext_proc gRPC, 9003 gRPC health, 9090 Prometheus metrics
 EXPOSE 9002 9003 9090
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-m", "epp.healthcheck", "--port", "9003"]
+    CMD ["python", "-m", "epp.healthcheck", "--port", "9003", "--service", "readiness"]
 ENTRYPOINT ["epp"]
 CMD ["serve", "--config-file=/config/default-plugins.yaml"]

@@ -198,3 +198,14 @@ async def test_pod_writes_through_the_core_api(kube: FakeKube, api: client.ApiCl
     assert kube.get(PODS, "default", "a")["metadata"]["deletionTimestamp"]
     await core.delete_namespaced_pod("a", "default", grace_period_seconds=0)
     assert kube.objects(PODS) == []
+
+
+async def test_requests_need_the_bearer_token(kube: FakeKube, tmp_path: Path) -> None:
+    c = await api_client(write_kubeconfig(kube, tmp_path))  # carries the old token
+    kube.token = "rotated-token"
+    try:
+        with pytest.raises(ApiException) as err:
+            await client.CoreV1Api(c).list_namespaced_pod("default")
+        assert err.value.status == 401
+    finally:
+        await c.close()

@@ -12,6 +12,10 @@ import pytest
 import yaml
 
 from epp.config import parse_config
+from epp.config.builder import build_pipeline
+from epp.datastore import Datastore
+from epp.framework import PluginContext
+from epp.server.health import INFERENCE_EXTENSION, LIVENESS
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "pyepp"
@@ -128,7 +132,11 @@ def test_deployment_args_ports_probes_and_security() -> None:
         assert arg in c["args"]
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": 9002, "grpc-health": 9003, "metrics": 9090}
     assert c["readinessProbe"]["grpc"] == {"port": 9003, "service": "inference-extension"}
-    assert c["livenessProbe"]["grpc"] == {"port": 9003}
+    assert c["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
+    assert {c["livenessProbe"]["grpc"]["service"], c["readinessProbe"]["grpc"]["service"]} <= {
+        LIVENESS,
+        INFERENCE_EXTENSION,
+    }
     assert pod["securityContext"]["runAsNonRoot"] is True
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
@@ -238,4 +246,22 @@ def test_sample_kv_events_values_render() -> None:
     dep = one(docs, "Deployment")
     assert dep["spec"]["replicas"] >= 2  # active-active
     cfg = parse_config(one(docs, "ConfigMap")["data"]["default-plugins.yaml"]).raw
-    assert cfg["schedulingProfiles"][0]["plugins"]
+    # Same pipeline as the project's precise-prefix sample config, only with vLLM's event port 5557.
+    sample = yaml.safe_load((ROOT / "config" / "llm-d-precise-prefix.yaml").read_text())
+    assert sorted(p["type"] for p in cfg["plugins"]) == sorted(p["type"] for p in sample["plugins"])
+    refs = [p["pluginRef"] for p in cfg["schedulingProfiles"][0]["plugins"]]
+    assert refs == [p["pluginRef"] for p in sample["schedulingProfiles"][0]["plugins"]]
+    assert cfg["dataLayer"] == sample["dataLayer"]
+    producer = next(p for p in cfg["plugins"] if p["type"] == "precise-prefix-cache-producer")
+    assert producer["parameters"]["kvEventsConfig"]["podDiscoveryConfig"]["socketPort"] == 5557
+
+
+def test_default_config_builds_with_the_plugin_registry() -> None:
+    """The chart's default EndpointPickerConfig is one the EPP accepts (same path as `epp validate`)."""
+    cm = one(render(), "ConfigMap")
+    config = parse_config(cm["data"]["default-plugins.yaml"])
+    pipeline = build_pipeline(config, PluginContext(endpoints=Datastore(), pool_name="qwen-pool"))
+    assert list(pipeline.scheduler.profiles) == ["default"]
+    assert {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer", "max-score-picker"} <= {
+        p.get("type") for p in config.raw["plugins"]
+    }

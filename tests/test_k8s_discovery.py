@@ -322,3 +322,33 @@ async def test_a_failing_handler_does_not_stop_the_watch(kube: FakeKube, tmp_pat
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await api.close()
+
+
+def test_serve_rejects_inconsistent_discovery_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from epp.cli import main
+
+    cfg = tmp_path / "epp.yaml"
+    cfg.write_text("endpoints: []\n")
+    rc = main(["serve", "--config-file", str(cfg), "--endpoint-selector", "app=vllm"])
+    assert rc == 1 and "--endpoint-target-ports needs 1 to 8 ports" in capsys.readouterr().err
+    rc = main(["serve", "--config", str(cfg), "--pool-name", "p", "--endpoint-selector", "a=b"])
+    assert rc == 1 and "exactly one of --pool-name and --endpoint-selector" in capsys.readouterr().err
+
+
+async def test_streams_closed_at_once_do_not_spin(tmp_path: Path) -> None:
+    kube = FakeKube(max_watch_seconds=0)
+    await kube.start()
+    try:
+        cfg = KubernetesDiscoveryConfig(
+            endpoint_selector=APP, target_ports=[8000], kubeconfig=write_kubeconfig(kube, tmp_path)
+        )
+        kube.create(PODS, pod("a", "10.0.0.1", APP))
+        async with running_source(cfg) as (_, ds):
+            await eventually(lambda: names(ds) == {"a-rank-0"})
+            await asyncio.sleep(1.0)
+            # Backoff 0.05 .. 0.4 s: about five watches in the first second (20+ without it, even here).
+            assert 2 <= len(kube.watch_requests("pods")) <= 10
+            kube.create(PODS, pod("b", "10.0.0.2", APP))  # still converges through the short streams
+            await eventually(lambda: names(ds) == {"a-rank-0", "b-rank-0"})
+    finally:
+        await kube.stop()

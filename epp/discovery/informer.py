@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -134,7 +135,9 @@ class Informer:
                 if need_list:
                     await self._list()
                     need_list = False
-                await self._watch()
+                if not await self._watch():
+                    # Ended at once with nothing in it: don't spin on a server that keeps closing streams.
+                    await asyncio.sleep(self.backoff.next())
             except ApiException as e:
                 if e.status == 410:
                     self.stats.relists_after_gone += 1
@@ -170,8 +173,10 @@ class Informer:
         self.handler.on_replace(items)
         self.synced.set()
 
-    async def _watch(self) -> None:
+    async def _watch(self) -> bool:
+        """One watch request until the server ends it; False if it ended at once without any event."""
         self.stats.watches += 1
+        started, events = time.monotonic(), 0
         timeout = int(random.uniform(self.watch_timeout, 2 * self.watch_timeout)) or 1
         w = watch.Watch(return_type="object")
         async with w:
@@ -186,7 +191,9 @@ class Informer:
                 _request_timeout=aiohttp.ClientTimeout(sock_connect=10, sock_read=timeout + 30),
             )
             async for event in stream:
+                events += 1
                 self._apply(event)
+        return events > 0 or time.monotonic() - started >= 1.0
 
     def _selectors(self) -> dict[str, str]:
         out: dict[str, str] = {}

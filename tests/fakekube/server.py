@@ -123,11 +123,19 @@ def merge_patch(target: Any, patch: Any) -> Any:
 class FakeKube:
     """The store plus its HTTP front end. Start with `await start()`; `url` is then `http://127.0.0.1:<port>`."""
 
-    def __init__(self, *, bookmark_interval: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        bookmark_interval: float | None = None,
+        token: str | None = "fake-token",
+        max_watch_seconds: float | None = None,
+    ) -> None:
         self.resources: dict[tuple[str, str, str], Resource] = {}
         for r in (PODS, INFERENCE_POOLS, INFERENCE_OBJECTIVES):
             self.register(r)
         self.bookmark_interval = bookmark_interval
+        self.token = token  # required as `Authorization: Bearer <token>` unless None
+        self.max_watch_seconds = max_watch_seconds  # the apiserver's own cap on a watch (min-request-timeout)
         self.requests: list[RequestRecord] = []
         self._rv = 100
         self._objects: dict[Resource, dict[tuple[str, str], dict[str, Any]]] = {}
@@ -171,7 +179,7 @@ class FakeKube:
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+            "users": [{"name": "fake", "user": {"token": self.token or "unused"}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
             "current-context": "fake",
         }
@@ -315,6 +323,8 @@ class FakeKube:
     def _record(self, request: web.Request) -> RequestRecord:
         rec = RequestRecord(request.method, request.path, dict(request.query), time.monotonic())
         self.requests.append(rec)
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            raise KubeError(401, "Unauthorized", "Unauthorized")
         for entry in self._fail:
             if entry[0] > 0 and entry[2](rec):
                 entry[0] -= 1
@@ -422,6 +432,8 @@ class FakeKube:
         try:
             start_rv = int(rv_param) if rv_param not in ("", "0") else None
             timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else None
+            if self.max_watch_seconds is not None:
+                timeout = min(timeout, self.max_watch_seconds) if timeout is not None else self.max_watch_seconds
         except ValueError:
             raise KubeError(400, "BadRequest", "resourceVersion and timeoutSeconds must be integers") from None
         bookmarks = q.get("allowWatchBookmarks", "").lower() in ("true", "1")

@@ -47,6 +47,10 @@ app.kubernetes.io/component: endpoint-picker
 {{- $s := .Values.inferenceExtension.scheduling -}}
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
+{{- with $s.featureGates }}
+featureGates:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 plugins:
 {{- range $s.extraPlugins }}
 - type: {{ required "scheduling.extraPlugins[].type is required" .type }}
@@ -76,9 +80,16 @@ plugins:
 schedulingProfiles:
 - name: default
   plugins:
+  {{- range $s.profileFilters }}
+  - pluginRef: {{ . }}
+  {{- end }}
   {{- range $s.scorers }}
   - pluginRef: {{ default .type .name }}
     weight: {{ .weight | default 1 }}
   {{- end }}
   - pluginRef: {{ default $s.picker.type $s.picker.name }}
+{{- with $s.dataLayer }}
+dataLayer:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
