@@ -22,11 +22,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--bind-address", default="0.0.0.0")
     s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to let in-flight streams finish")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--workers", type=int, default=1, help="EPP processes sharing the ports (SO_REUSEPORT)")
+    s.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     from epp.discovery.kubernetes import add_kubernetes_args
 
     add_kubernetes_args(s)
     args = parser.parse_args(argv)
     if args.command == "serve":
+        if args.workers > 1 and args.worker_index is None:
+            from epp.server.workers import run_workers
+
+            return run_workers(sys.argv[1:] if argv is None else argv, args.workers)
         return _serve(args)
     if args.command == "validate":
         from epp.config import ConfigError, load_config
@@ -80,6 +86,9 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_health_port=args.grpc_health_port,
         metrics_port=args.metrics_port,
         drain_timeout=args.drain_timeout,
+        reuse_port=args.worker_index is not None,
     )
+    if args.worker_index is not None and options.metrics_port:
+        options.metrics_port += args.worker_index
     asyncio.run(serve(runtime, options))
     return 0

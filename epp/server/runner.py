@@ -30,8 +30,12 @@ _MAX_MESSAGE = 64 * 1024 * 1024
 _GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE),
     ("grpc.max_send_message_length", _MAX_MESSAGE),
-    ("grpc.so_reuseport", 0),
 ]
+
+
+def _grpc_options(reuse_port: bool) -> list[tuple[str, int]]:
+    """SO_REUSEPORT only for `--workers`: otherwise a second EPP on the same port must fail to bind."""
+    return [*_GRPC_OPTIONS, ("grpc.so_reuseport", 1 if reuse_port else 0)]
 
 
 @dataclass
@@ -41,6 +45,7 @@ class ServeOptions:
     grpc_health_port: int = 9003
     metrics_port: int = 9090
     drain_timeout: float = 30.0
+    reuse_port: bool = False
 
 
 class EppServer:
@@ -60,8 +65,8 @@ class EppServer:
         self.state = ServerState(
             runtime.director, runtime.datastore, self.metrics, model_rewrites=runtime.config.model_rewrites
         )
-        self._grpc = grpc.aio.server(options=_GRPC_OPTIONS)
-        self._health_grpc = grpc.aio.server(options=_GRPC_OPTIONS)
+        self._grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
+        self._health_grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
         self._metrics_http = MetricsHTTP(registry, options.bind_address, options.metrics_port)
         self._tasks: list[asyncio.Task[None]] = []
         self.ports: dict[str, int] = {}
