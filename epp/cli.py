@@ -23,11 +23,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to let in-flight streams finish")
     s.add_argument("--max-request-body-bytes", type=int, default=128 * 1024 * 1024, help="larger bodies get 413")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--workers", type=int, default=1, help="EPP processes sharing the ports (SO_REUSEPORT)")
+    s.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     from epp.discovery.kubernetes import add_kubernetes_args
 
     add_kubernetes_args(s)
     args = parser.parse_args(argv)
     if args.command == "serve":
+        if args.workers > 1 and args.worker_index is None:
+            from epp.server.workers import run_workers
+
+            return run_workers(sys.argv[1:] if argv is None else argv, args.workers)
         return _serve(args)
     if args.command == "validate":
         from epp.config import ConfigError, load_config
@@ -82,7 +88,10 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         drain_timeout=args.drain_timeout,
         max_body_bytes=args.max_request_body_bytes,
+        reuse_port=args.worker_index is not None,
     )
+    if args.worker_index is not None and options.metrics_port:
+        options.metrics_port += args.worker_index
     try:
         asyncio.run(serve(runtime, options))
     except BindError as e:
