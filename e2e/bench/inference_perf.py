@@ -78,3 +78,48 @@ def run(config_path: Path, report_dir: Path, *, timeout: float = 900) -> dict[st
     if not reports:
         raise RuntimeError(f"inference-perf wrote no summary under {report_dir}: {proc.stdout[-1000:]}")
     return dict(json.loads(reports[-1].read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start 4 simulators and the gateway with one strategy, drive it with inference-perf, print its summary."""
+    import argparse
+    import tempfile
+
+    from e2e.harness.stack import start_stack
+    from e2e.sim.launch import start_simulators
+    from e2e.strategies import config_text
+
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.inference_perf")
+    p.add_argument("--strategies", default="precise,random")
+    p.add_argument("--rate", type=float, default=8.0)
+    p.add_argument("--duration", type=int, default=20)
+    ns = p.parse_args(argv)
+    if not binary().exists():
+        raise SystemExit(f"{binary()} not found: run `make inference-perf-venv` (or set INFERENCE_PERF)")
+    sim_args = ["--num-gpu-blocks", "512", "--max-num-seqs", "4", "--prefill-time-per-token", "0.0005",
+                "--inter-token-latency", "0.005", "--time-factor-under-load", "2"]  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="pyepp-ip-") as tmp, start_simulators(4, base_args=sim_args) as sims:
+        for strategy in ns.strategies.split(","):
+            work = Path(tmp) / strategy
+            work.mkdir()
+            stack = start_stack(
+                work, backends=[], config=config_text(strategy, sims), epp_args=["--log-level", "warning"]
+            )
+            try:
+                cfg = work / "inference-perf.yaml"
+                write_config(
+                    cfg, base_url=stack.url, report_dir=work / "reports", num_groups=16, num_prompts_per_group=8,
+                    system_prompt_len=1024, question_len=64, output_len=16, stages=[(ns.rate, ns.duration)],
+                )  # fmt: skip
+                summary = run(cfg, work / "reports")
+            finally:
+                stack.close()
+            succ = summary.get("successes", {})
+            ttft = (succ.get("latency") or {}).get("time_to_first_token") or {}
+            print(f"{strategy:<12} requests ok={succ.get('count')} failures={summary.get('failures', {}).get('count')} "
+                  f"TTFT p50={ttft.get('median')} p90={ttft.get('p90')} (s)", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
