@@ -123,7 +123,7 @@ class Simulator:
         return time.monotonic() >= self.ready_at
 
     # --- request parsing --------------------------------------------------------------------------------
-    def _sim_request(self, body: dict[str, Any], ids: list[int], lora: LoraRef | None, chat: bool) -> SimRequest:
+    def sim_request(self, body: dict[str, Any], ids: list[int], lora: LoraRef | None, chat: bool) -> SimRequest:
         max_tokens = body.get("max_completion_tokens") if chat else None
         if max_tokens is None:
             max_tokens = body.get("max_tokens")
@@ -217,8 +217,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     if body.get("n", 1) != 1:
         raise EngineError(400, "The simulator supports only n=1.")
     ids = await _prompt(sim, body, chat)
-    req = sim._sim_request(body, ids, lora, chat)
-    engine.check(req)
+    req = sim.sim_request(body, ids, lora, chat)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     if body.get("stream"):
@@ -471,7 +470,7 @@ async def admin_config(request: web.Request) -> web.Response:
             raise EngineError(400, f"`{key}` must be a number.")
         setattr(sim.cfg, key, want(value))
     for e in sim.engines:
-        e._schedule()
+        e.schedule()
     return await admin_state(request)
 
 

@@ -140,3 +140,14 @@ def test_decode_blocks_extend_the_chain() -> None:
     assert second.block_hashes == [kv.ext(kv.block_hashes(all_ids)[1])]
     # the next turn's prompt that contains the answer reuses both blocks
     assert run(kv, [*all_ids, 9, 9, 9]) == 8
+
+
+def test_cache_salt_keys_the_first_block_only() -> None:
+    kv, events = make()
+    toks = list(range(8))
+    salted = kv.block_hashes(toks, cache_salt="tenant-a")
+    assert salted[0] != kv.block_hashes(toks)[0] and salted != kv.block_hashes(toks, cache_salt="tenant-b")
+    alloc = kv.allocate(salted, 8, 8)
+    kv.register(alloc, toks, None, "tenant-a")
+    (ev,) = events
+    assert isinstance(ev, BlockStored) and ev.extra_keys == [("tenant-a",), None]
