@@ -178,6 +178,11 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
         return error_response(e.status, e.message, e.err_type)
     except RenderError as e:
         return error_response(400, str(e))
+    except web.HTTPException:
+        raise
+    except Exception as e:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return error_response(500, f"Internal error: {type(e).__name__}: {e}", "InternalServerError")
 
 
 # --- generation ------------------------------------------------------------------------------------------
@@ -222,6 +227,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     created = int(time.time())
     if body.get("stream"):
         opts = body.get("stream_options") or {}
+        if not isinstance(opts, dict):
+            raise EngineError(400, "`stream_options` must be an object.")
         return await _stream(request, sim, engine, req, rid, created, model, chat, bool(opts.get("include_usage")))
     out: list[int] = []
     async with contextlib.aclosing(engine.generate(req)) as gen:
