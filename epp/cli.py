@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import sys
 
 
@@ -11,15 +13,79 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("validate", help="check a config file and exit")
     v.add_argument("file")
+    s = sub.add_parser("serve", help="run the ext_proc server (with gRPC health and /metrics)")
+    s.add_argument("--config", "--config-file", dest="config", help="EPP config file (YAML); default: GIE defaults")
+    s.add_argument("--config-text", help="EPP config as inline YAML (instead of --config)")
+    s.add_argument("--grpc-port", type=int, default=9002)
+    s.add_argument("--grpc-health-port", type=int, default=9003)
+    s.add_argument("--metrics-port", type=int, default=9090)
+    s.add_argument("--bind-address", default="0.0.0.0")
+    s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to let in-flight streams finish")
+    s.add_argument("--max-request-body-bytes", type=int, default=128 * 1024 * 1024, help="larger bodies get 413")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from epp.discovery.kubernetes import add_kubernetes_args
+
+    add_kubernetes_args(s)
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
     if args.command == "validate":
         from epp.config import ConfigError, load_config
+        from epp.config.builder import build_pipeline
+        from epp.datastore import Datastore
+        from epp.framework import PluginContext
 
         try:
-            load_config(args.file)
+            config = load_config(args.file)
+            pipeline = build_pipeline(config, PluginContext(endpoints=Datastore(), pool_name=config.pool_name))
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        print(f"{args.file}: ok")
+        for w in config.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        profiles = ", ".join(pipeline.scheduler.profiles)
+        print(f"{args.file}: ok ({len(pipeline.plugins)} plugins; profiles: {profiles})")
         return 0
     return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from epp.app import build_runtime
+    from epp.config import ConfigError, load_config, parse_config
+    from epp.discovery.kubernetes import kubernetes_source_from_args
+    from epp.server.runner import BindError, ServeOptions, serve
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.config and args.config_text:
+        print("error: give --config or --config-text, not both", file=sys.stderr)
+        return 1
+    try:
+        if args.config:
+            config = load_config(args.config)
+        else:
+            config = parse_config(args.config_text or "", source="--config-text")
+        if args.pool_name:
+            config.pool_name = args.pool_name
+        runtime = build_runtime(config)
+        k8s = kubernetes_source_from_args(args, objectives=runtime.objectives)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if k8s is not None:
+        runtime.sources = [k8s]
+    options = ServeOptions(
+        bind_address=args.bind_address,
+        grpc_port=args.grpc_port,
+        grpc_health_port=args.grpc_health_port,
+        metrics_port=args.metrics_port,
+        drain_timeout=args.drain_timeout,
+        max_body_bytes=args.max_request_body_bytes,
+    )
+    try:
+        asyncio.run(serve(runtime, options))
+    except BindError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

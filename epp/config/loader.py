@@ -1,12 +1,78 @@
-"""Load the config file: GIE's EndpointPickerConfig plus `endpoints` (static discovery) and `modelRewrites`."""
+"""Load the config file: GIE/llm-d's EndpointPickerConfig plus our extension keys.
+
+Extension keys: `endpoints` (static discovery), `modelRewrites`, `objectives` ([{name, priority}]),
+`refreshMetricsInterval`, `metricsStalenessThreshold`, `refreshPrometheusMetricsInterval`, `poolName`.
+This module checks structure and references and fills in GIE's defaults; plugin types and parameters are
+checked when the plugins are built (epp.config.builder), with the same key-and-line error messages.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from epp.config.yamlmarks import line_of, load_marked
+from epp.framework.params import parse_duration
+
+log = logging.getLogger(__name__)
+
+API_VERSIONS = (
+    "inference.networking.x-k8s.io/v1alpha1",
+    "llm-d.ai/v1alpha1",
+    "config.x-k8s.io/v1alpha1",
+)
+KIND = "EndpointPickerConfig"
+FEATURE_GATES = ("dataLayer", "enableLegacyMetrics", "flowControl", "prepareDataPlugins")
+GIE_KEYS = (
+    "apiVersion",
+    "kind",
+    "featureGates",
+    "plugins",
+    "schedulingProfiles",
+    "saturationDetector",
+    "dataLayer",
+    "data",
+    "flowControl",
+    "parser",
+)
+# Our keys; other parts of the EPP may append theirs (unknown top-level keys are warnings, not errors).
+EXTENSION_KEYS: list[str] = [
+    "endpoints",
+    "modelRewrites",
+    "objectives",
+    "refreshMetricsInterval",
+    "metricsStalenessThreshold",
+    "refreshPrometheusMetricsInterval",
+    "poolName",
+]
+
+# GIE's built-in default (pkg/epp/config/loader/defaults.go), used when the file configures no plugins at all.
+DEFAULT_PLUGINS_YAML = """
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: metrics-data-source
+- type: core-metrics-extractor
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+"""
+DEFAULT_DATA_LAYER = [
+    {"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]},
+]
+DEFAULT_PRIORITY_BAND_MAX_BYTES = 1_000_000_000
 
 
 class ConfigError(ValueError):
@@ -22,6 +88,55 @@ class StaticEndpointSpec:
     metrics_port: int | None = None
 
 
+@dataclass(slots=True)
+class PluginSpec:
+    name: str
+    type: str
+    parameters: dict[str, Any]
+    line: int = 0
+
+
+@dataclass(slots=True)
+class ProfilePluginRef:
+    ref: str
+    weight: float | None
+    line: int = 0
+
+
+@dataclass(slots=True)
+class ProfileSpec:
+    name: str
+    plugins: list[ProfilePluginRef]
+    line: int = 0
+
+
+@dataclass(slots=True)
+class DataSourceSpec:
+    ref: str
+    extractors: list[str]
+    line: int = 0
+
+
+@dataclass(slots=True)
+class PriorityBandSpec:
+    priority: int
+    name: str = ""
+    max_bytes: int = DEFAULT_PRIORITY_BAND_MAX_BYTES
+    max_requests: int | None = None
+    fairness_policy_ref: str | None = None
+    ordering_policy_ref: str | None = None
+
+
+@dataclass(slots=True)
+class FlowControlSpec:
+    max_bytes: int | None = None
+    max_requests: int | None = None
+    default_request_ttl: float | None = None
+    default_priority_band: PriorityBandSpec | None = None
+    priority_bands: list[PriorityBandSpec] = field(default_factory=list)
+    usage_limit_policy_ref: str | None = None
+
+
 @dataclass
 class EppConfig:
     raw: dict[str, Any]
@@ -29,53 +144,421 @@ class EppConfig:
     # incoming model name -> target model name (applied unless the rewrite header is set)
     model_rewrites: dict[str, str] = field(default_factory=dict)
     source: str = "<text>"
+    api_version: str = ""
+    kind: str = ""
+    plugins: list[PluginSpec] = field(default_factory=list)
+    profiles: list[ProfileSpec] = field(default_factory=list)
+    saturation_detector: str | None = None
+    feature_gates: list[str] = field(default_factory=list)
+    data_sources: list[DataSourceSpec] = field(default_factory=list)
+    flow_control: FlowControlSpec | None = None
+    parser: str | None = None
+    objectives: dict[str, int] = field(default_factory=dict)
+    refresh_metrics_interval: float = 0.05
+    metrics_staleness_threshold: float = 2.0
+    refresh_prometheus_metrics_interval: float = 5.0
+    pool_name: str = "default"
+    # True when the file had no plugins and GIE's built-in default plugin set was used.
+    default_plugins: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    def gate(self, name: str) -> bool:
+        return name in self.feature_gates
+
+    def plugin(self, name: str) -> PluginSpec | None:
+        return next((p for p in self.plugins if p.name == name), None)
 
 
-def _endpoint(i: int, item: Any) -> StaticEndpointSpec:
-    where = f"endpoints[{i}]"
-    if not isinstance(item, dict):
-        raise ConfigError(f"{where}: expected a mapping with address and port")
+class _Ctx:
+    """Formats errors as `<source>:<line>: <key path>: <message>`."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def err(self, container: Any, key: str | int, path: str, message: str) -> ConfigError:
+        line = line_of(container, key)
+        where = f"{self.source}:{line}" if line else self.source
+        return ConfigError(f"{where}: {path}: {message}")
+
+
+def _mapping(
+    ctx: _Ctx, parent: Any, key: str | int, path: str, value: Any, allowed: tuple[str, ...]
+) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ctx.err(parent, key, path, f"expected a mapping, got {_kind(value)}")
+    for k in value:
+        if k not in allowed:
+            raise ctx.err(value, k, f"{path}.{k}", f"unknown field (allowed: {', '.join(allowed)})")
+    return value
+
+
+def _list(ctx: _Ctx, parent: Any, key: str | int, path: str, value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ctx.err(parent, key, path, f"expected a list, got {_kind(value)}")
+    return value
+
+
+def _str(ctx: _Ctx, parent: Any, key: str, path: str, required: bool = True) -> str | None:
+    v = parent.get(key) if isinstance(parent, Mapping) else None
+    if v is None:
+        if required:
+            raise ctx.err(parent, key, f"{path}.{key}", "required")
+        return None
+    if not isinstance(v, str) or not v:
+        raise ctx.err(parent, key, f"{path}.{key}", f"expected a non-empty string, got {v!r}")
+    return v
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a string"
+    return type(value).__name__
+
+
+def parse_quantity(value: Any) -> int:
+    """An integer or a Kubernetes quantity string ("1G", "512Mi") → int."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, str):
+        raise ValueError(f"expected a size like 1000000 or '1Gi', got {value!r}")
+    suffixes = {
+        "Ki": 1 << 10,
+        "Mi": 1 << 20,
+        "Gi": 1 << 30,
+        "Ti": 1 << 40,
+        "k": 10**3,
+        "K": 10**3,
+        "M": 10**6,
+        "G": 10**9,
+        "T": 10**12,
+    }
+    s = value.strip()
+    for suf, mult in sorted(suffixes.items(), key=lambda kv: -len(kv[0])):
+        if s.endswith(suf):
+            num = s[: -len(suf)]
+            try:
+                return int(float(num) * mult)
+            except ValueError:
+                break
     try:
-        address = str(item["address"])
+        return int(s)
+    except ValueError:
+        raise ValueError(f"expected a size like 1000000 or '1Gi', got {value!r}") from None
+
+
+def _endpoint(i: int, item: Any, ctx: _Ctx | None = None, parent: Any = None) -> StaticEndpointSpec:
+    where = f"endpoints[{i}]"
+    ctx = ctx or _Ctx("<config>")
+
+    def fail(key: str | None, msg: str) -> ConfigError:
+        if key is None or not isinstance(item, Mapping):
+            return ctx.err(parent, i, where, msg)
+        return ctx.err(item, key, f"{where}.{key}", msg)
+
+    if not isinstance(item, dict):
+        raise fail(None, "expected a mapping with address and port")
+    for k in ("address", "port"):
+        if k not in item:
+            raise ctx.err(parent, i, f"{where}.{k}", "required")
+    address = str(item["address"])
+    try:
+        if isinstance(item["port"], bool):
+            raise TypeError
         port = int(item["port"])
-    except KeyError as e:
-        raise ConfigError(f"{where}.{e.args[0]}: required") from None
     except (TypeError, ValueError):
-        raise ConfigError(f"{where}.port: must be an integer, got {item.get('port')!r}") from None
+        raise fail("port", f"must be an integer, got {item.get('port')!r}") from None
     if not 0 < port < 65536:
-        raise ConfigError(f"{where}.port: {port} is out of range")
+        raise fail("port", f"{port} is out of range")
     labels = item.get("labels") or {}
     if not isinstance(labels, dict):
-        raise ConfigError(f"{where}.labels: expected a mapping")
+        raise fail("labels", "expected a mapping")
     mp = item.get("metricsPort")
+    try:
+        metrics_port = int(mp) if mp is not None else None
+    except (TypeError, ValueError):
+        raise fail("metricsPort", f"must be an integer, got {mp!r}") from None
     return StaticEndpointSpec(
         address=address,
         port=port,
         labels={str(k): str(v) for k, v in labels.items()},
         name=item.get("name"),
-        metrics_port=int(mp) if mp is not None else None,
+        metrics_port=metrics_port,
     )
+
+
+def _plugins(ctx: _Ctx, raw: Mapping[str, Any]) -> list[PluginSpec]:
+    items = _list(ctx, raw, "plugins", "plugins", raw.get("plugins"))
+    out: list[PluginSpec] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        path = f"plugins[{i}]"
+        m = _mapping(ctx, items, i, path, item, ("name", "type", "parameters"))
+        type_ = _str(ctx, m, "type", path)
+        assert type_ is not None
+        name = _str(ctx, m, "name", path, required=False) or type_
+        params = m.get("parameters")
+        if params is None:
+            params = {}
+        elif not isinstance(params, dict):
+            raise ctx.err(m, "parameters", f"{path}.parameters", f"expected a mapping, got {_kind(params)}")
+        if name in seen:
+            raise ctx.err(m, "name" if "name" in m else "type", f"{path}.name", f"duplicate plugin name {name!r}")
+        seen[name] = i
+        # the parameters keep their line marks (MarkedDict) for the builder's error messages
+        out.append(PluginSpec(name=name, type=type_, parameters=params, line=line_of(items, i)))
+    return out
+
+
+def _profiles(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> list[ProfileSpec]:
+    items = _list(ctx, raw, "schedulingProfiles", "schedulingProfiles", raw.get("schedulingProfiles"))
+    out: list[ProfileSpec] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        path = f"schedulingProfiles[{i}]"
+        m = _mapping(ctx, items, i, path, item, ("name", "plugins"))
+        pname = _str(ctx, m, "name", path)
+        assert pname is not None
+        if pname in seen:
+            raise ctx.err(m, "name", f"{path}.name", f"duplicate profile name {pname!r}")
+        seen.add(pname)
+        refs = _list(ctx, m, "plugins", f"{path}.plugins", m.get("plugins"))
+        prefs: list[ProfilePluginRef] = []
+        for j, ref in enumerate(refs):
+            rpath = f"{path}.plugins[{j}]"
+            r = _mapping(ctx, refs, j, rpath, ref, ("pluginRef", "weight"))
+            name = _str(ctx, r, "pluginRef", rpath)
+            assert name is not None
+            if name not in names:
+                raise ctx.err(r, "pluginRef", f"{rpath}.pluginRef", f"no plugin named {name!r} in plugins")
+            w = r.get("weight")
+            if w is not None and (isinstance(w, bool) or not isinstance(w, int | float)):
+                raise ctx.err(r, "weight", f"{rpath}.weight", f"expected a number, got {w!r}")
+            if w is not None and w < 0:
+                raise ctx.err(r, "weight", f"{rpath}.weight", f"must not be negative, got {w!r}")
+            prefs.append(ProfilePluginRef(ref=name, weight=None if w is None else float(w), line=line_of(refs, j)))
+        out.append(ProfileSpec(name=pname, plugins=prefs, line=line_of(items, i)))
+    return out
+
+
+def _ref(ctx: _Ctx, raw: Mapping[str, Any], key: str, names: set[str]) -> str | None:
+    v = raw.get(key)
+    if v is None:
+        return None
+    m = _mapping(ctx, raw, key, key, v, ("pluginRef",))
+    ref = _str(ctx, m, "pluginRef", key)
+    assert ref is not None
+    if ref not in names:
+        raise ctx.err(m, "pluginRef", f"{key}.pluginRef", f"no plugin named {ref!r} in plugins")
+    return ref
+
+
+def _data_layer(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> list[DataSourceSpec]:
+    key = "dataLayer" if "dataLayer" in raw else "data"
+    v = raw.get(key)
+    if v is None:
+        return []
+    m = _mapping(ctx, raw, key, key, v, ("sources",))
+    sources = _list(ctx, m, "sources", f"{key}.sources", m.get("sources"))
+    out = []
+    for i, s in enumerate(sources):
+        path = f"{key}.sources[{i}]"
+        sm = _mapping(ctx, sources, i, path, s, ("pluginRef", "extractors"))
+        ref = _str(ctx, sm, "pluginRef", path)
+        assert ref is not None
+        if ref not in names:
+            raise ctx.err(sm, "pluginRef", f"{path}.pluginRef", f"no plugin named {ref!r} in plugins")
+        exs = _list(ctx, sm, "extractors", f"{path}.extractors", sm.get("extractors"))
+        ex_refs = []
+        for j, e in enumerate(exs):
+            epath = f"{path}.extractors[{j}]"
+            em = _mapping(ctx, exs, j, epath, e, ("pluginRef",))
+            eref = _str(ctx, em, "pluginRef", epath)
+            assert eref is not None
+            if eref not in names:
+                raise ctx.err(em, "pluginRef", f"{epath}.pluginRef", f"no plugin named {eref!r} in plugins")
+            ex_refs.append(eref)
+        out.append(DataSourceSpec(ref=ref, extractors=ex_refs, line=line_of(sources, i)))
+    return out
+
+
+_BAND_KEYS = ("priority", "priorityName", "maxBytes", "maxRequests", "fairnessPolicyRef", "orderingPolicyRef")
+
+
+def _band(ctx: _Ctx, parent: Any, key: str | int, path: str, v: Any, default_priority: int | None) -> PriorityBandSpec:
+    m = _mapping(ctx, parent, key, path, v, _BAND_KEYS)
+    prio = m.get("priority", default_priority)
+    if isinstance(prio, bool) or not isinstance(prio, int):
+        raise ctx.err(m, "priority", f"{path}.priority", f"expected an integer, got {prio!r}")
+    band = PriorityBandSpec(priority=prio, name=str(m.get("priorityName") or ""))
+    if m.get("maxBytes") is not None:
+        band.max_bytes = _size(ctx, m, "maxBytes", f"{path}.maxBytes")
+    if m.get("maxRequests") is not None:
+        band.max_requests = _size(ctx, m, "maxRequests", f"{path}.maxRequests")
+    band.fairness_policy_ref = m.get("fairnessPolicyRef")
+    band.ordering_policy_ref = m.get("orderingPolicyRef")
+    return band
+
+
+def _size(ctx: _Ctx, m: Mapping[str, Any], key: str, path: str) -> int:
+    try:
+        n = parse_quantity(m[key])
+    except ValueError as e:
+        raise ctx.err(m, key, path, str(e)) from None
+    if n < 0:
+        raise ctx.err(m, key, path, f"must not be negative, got {m[key]!r}")
+    return n
+
+
+def _flow_control(ctx: _Ctx, raw: Mapping[str, Any]) -> FlowControlSpec | None:
+    v = raw.get("flowControl")
+    if v is None:
+        return None
+    keys = (
+        "maxBytes",
+        "maxRequests",
+        "defaultRequestTTL",
+        "defaultPriorityBand",
+        "priorityBands",
+        "usageLimitPolicyPluginRef",
+    )
+    m = _mapping(ctx, raw, "flowControl", "flowControl", v, keys)
+    fc = FlowControlSpec()
+    if m.get("maxBytes") is not None:
+        fc.max_bytes = _size(ctx, m, "maxBytes", "flowControl.maxBytes")
+    if m.get("maxRequests") is not None:
+        fc.max_requests = _size(ctx, m, "maxRequests", "flowControl.maxRequests")
+    if m.get("defaultRequestTTL") is not None:
+        try:
+            fc.default_request_ttl = parse_duration(m["defaultRequestTTL"])
+        except ValueError as e:
+            raise ctx.err(m, "defaultRequestTTL", "flowControl.defaultRequestTTL", str(e)) from None
+    if m.get("defaultPriorityBand") is not None:
+        fc.default_priority_band = _band(
+            ctx, m, "defaultPriorityBand", "flowControl.defaultPriorityBand", m["defaultPriorityBand"], 0
+        )
+    bands = _list(ctx, m, "priorityBands", "flowControl.priorityBands", m.get("priorityBands"))
+    seen: set[int] = set()
+    for i, b in enumerate(bands):
+        path = f"flowControl.priorityBands[{i}]"
+        band = _band(ctx, bands, i, path, b, None)
+        if band.priority in seen:
+            raise ctx.err(bands, i, f"{path}.priority", f"duplicate priority {band.priority}")
+        seen.add(band.priority)
+        fc.priority_bands.append(band)
+    fc.usage_limit_policy_ref = m.get("usageLimitPolicyPluginRef")
+    return fc
+
+
+def _objectives(ctx: _Ctx, raw: Mapping[str, Any]) -> dict[str, int]:
+    items = _list(ctx, raw, "objectives", "objectives", raw.get("objectives"))
+    out: dict[str, int] = {}
+    for i, item in enumerate(items):
+        path = f"objectives[{i}]"
+        m = _mapping(ctx, items, i, path, item, ("name", "priority"))
+        name = _str(ctx, m, "name", path)
+        assert name is not None
+        prio = m.get("priority", 0)
+        if isinstance(prio, bool) or not isinstance(prio, int):
+            raise ctx.err(m, "priority", f"{path}.priority", f"expected an integer, got {prio!r}")
+        if name in out:
+            raise ctx.err(m, "name", f"{path}.name", f"duplicate objective {name!r}")
+        out[name] = prio
+    return out
+
+
+def _duration_key(ctx: _Ctx, raw: Mapping[str, Any], key: str, default: float, positive: bool = True) -> float:
+    if raw.get(key) is None:
+        return default
+    try:
+        d = parse_duration(raw[key])
+    except ValueError as e:
+        raise ctx.err(raw, key, key, str(e)) from None
+    if positive and d <= 0:
+        raise ctx.err(raw, key, key, f"must be positive, got {raw[key]!r}")
+    return d
 
 
 def parse_config(text: str, source: str = "<text>") -> EppConfig:
+    ctx = _Ctx(source)
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = load_marked(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: invalid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        raise ConfigError(f"{where}: invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    if raw is None:
+        raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: top level must be a mapping")
-    eps = raw.get("endpoints") or []
-    if not isinstance(eps, list):
-        raise ConfigError(f"{source}: endpoints: expected a list")
+    warnings = []
+    for k in raw:
+        if k not in GIE_KEYS and k not in EXTENSION_KEYS:
+            warnings.append(f"{source}:{line_of(raw, k)}: {k}: unknown top-level key (ignored)")
+    api_version = raw.get("apiVersion")
+    if api_version is not None and api_version not in API_VERSIONS:
+        supported = ", ".join(API_VERSIONS)
+        raise ctx.err(raw, "apiVersion", "apiVersion", f"unsupported {api_version!r} (supported: {supported})")
+    kind = raw.get("kind")
+    if kind is not None and kind != KIND:
+        raise ctx.err(raw, "kind", "kind", f"expected {KIND}, got {kind!r}")
+
+    gates = _list(ctx, raw, "featureGates", "featureGates", raw.get("featureGates"))
+    for i, g in enumerate(gates):
+        if g not in FEATURE_GATES:
+            known = ", ".join(FEATURE_GATES)
+            raise ctx.err(gates, i, f"featureGates[{i}]", f"unknown feature gate {g!r} (known: {known})")
+
+    eps = _list(ctx, raw, "endpoints", "endpoints", raw.get("endpoints"))
     rewrites = raw.get("modelRewrites") or {}
     if not isinstance(rewrites, dict):
-        raise ConfigError(f"{source}: modelRewrites: expected a mapping of model -> target")
-    return EppConfig(
+        raise ctx.err(raw, "modelRewrites", "modelRewrites", "expected a mapping of model -> target")
+
+    default_plugins = not raw.get("plugins") and not raw.get("schedulingProfiles")
+    plugin_src: Mapping[str, Any] = load_marked(DEFAULT_PLUGINS_YAML) if default_plugins else raw
+    plugins = _plugins(ctx if not default_plugins else _Ctx("<default config>"), plugin_src)
+    names = {p.name for p in plugins}
+    profiles = _profiles(ctx if not default_plugins else _Ctx("<default config>"), plugin_src, names)
+    data_sources = _data_layer(ctx, raw, names)
+    if not data_sources and default_plugins and raw.get("dataLayer") is None:
+        data_sources = [DataSourceSpec("metrics-data-source", ["core-metrics-extractor"])]
+
+    cfg = EppConfig(
         raw=raw,
-        endpoints=[_endpoint(i, e) for i, e in enumerate(eps)],
+        endpoints=[_endpoint(i, e, ctx, eps) for i, e in enumerate(eps)],
         model_rewrites={str(k): str(v) for k, v in rewrites.items()},
         source=source,
+        api_version=api_version or "",
+        kind=kind or "",
+        plugins=plugins,
+        profiles=profiles,
+        saturation_detector=_ref(ctx, raw, "saturationDetector", names),
+        feature_gates=[str(g) for g in gates],
+        data_sources=data_sources,
+        flow_control=_flow_control(ctx, raw),
+        parser=_ref(ctx, raw, "parser", names),
+        objectives=_objectives(ctx, raw),
+        refresh_metrics_interval=_duration_key(ctx, raw, "refreshMetricsInterval", 0.05),
+        metrics_staleness_threshold=_duration_key(ctx, raw, "metricsStalenessThreshold", 2.0),
+        refresh_prometheus_metrics_interval=_duration_key(ctx, raw, "refreshPrometheusMetricsInterval", 5.0),
+        pool_name=str(raw.get("poolName") or "default"),
+        default_plugins=default_plugins,
+        warnings=warnings,
     )
+    for w in warnings:
+        log.warning("%s", w)
+    return cfg
 
 
 def load_config(path: str | Path) -> EppConfig:

@@ -1,7 +1,8 @@
 """The framework: the only module plugins import (types, interfaces, registry, errors)."""
 
-from epp.framework.context import EndpointListener, EndpointView, PluginContext
+from epp.framework.context import EndpointListener, EndpointView, PluginContext, PluginRequirement
 from epp.framework.errors import BadRequest, InternalError, RequestError, ServiceUnavailable, TooManyRequests
+from epp.framework.params import Params, PluginConfigError, parse_duration
 from epp.framework.plugins import (
     DataProducer,
     Filter,
@@ -10,21 +11,27 @@ from epp.framework.plugins import (
     PreRequest,
     ProfileHandler,
     ResponseComplete,
+    ResponseReceived,
+    SaturationDetector,
     Scorer,
 )
 from epp.framework.registry import get_factory, known_types, register
 from epp.framework.types import (
+    PREFIX_MATCH_INFO_KEY,
     CycleState,
     Endpoint,
     InferenceRequest,
     Metrics,
+    PrefixCacheMatchInfo,
     ProfileResult,
     SchedulingResult,
     Usage,
     join_host_port,
+    prefix_match_key,
 )
 
 __all__ = [
+    "PREFIX_MATCH_INFO_KEY",
     "BadRequest",
     "CycleState",
     "DataProducer",
@@ -35,14 +42,20 @@ __all__ = [
     "InferenceRequest",
     "InternalError",
     "Metrics",
+    "Params",
     "Picker",
     "Plugin",
+    "PluginConfigError",
     "PluginContext",
+    "PluginRequirement",
     "PreRequest",
+    "PrefixCacheMatchInfo",
     "ProfileHandler",
     "ProfileResult",
     "RequestError",
     "ResponseComplete",
+    "ResponseReceived",
+    "SaturationDetector",
     "SchedulingResult",
     "Scorer",
     "ServiceUnavailable",
@@ -51,5 +64,7 @@ __all__ = [
     "get_factory",
     "join_host_port",
     "known_types",
+    "parse_duration",
+    "prefix_match_key",
     "register",
 ]

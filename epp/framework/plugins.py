@@ -102,3 +102,21 @@ class ResponseComplete(Protocol):
     name: str
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None: ...
+
+
+@runtime_checkable
+class ResponseReceived(Protocol):
+    """Runs when the response headers arrive (`status` is the HTTP status of the model server)."""
+
+    name: str
+
+    def response_received(self, request: InferenceRequest, endpoint: Endpoint | None, status: int) -> None: ...
+
+
+@runtime_checkable
+class SaturationDetector(Protocol):
+    """Admission's view of load: 0 = idle, >= 1.0 = saturated (sheddable requests are then rejected)."""
+
+    name: str
+
+    def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...

@@ -119,3 +119,24 @@ class Usage:
     completion_tokens: int = 0
     total_tokens: int = 0
     cached_tokens: int = 0
+
+
+# request.data key prefix under which a producer publishes its PrefixCacheMatchInfo (see prefix_match_key).
+PREFIX_MATCH_INFO_KEY = "prefix-cache-match-info"
+
+
+def prefix_match_key(producer_name: str) -> str:
+    """The request.data key where the producer named `producer_name` stores its PrefixCacheMatchInfo."""
+    return f"{PREFIX_MATCH_INFO_KEY}/{producer_name}"
+
+
+@dataclass(slots=True)
+class PrefixCacheMatchInfo:
+    """How much of this request's prompt each endpoint already caches (written by a prefix producer).
+
+    `matches` maps endpoint name → matched (possibly tier-weighted) blocks; absent means 0.
+    """
+
+    total_blocks: int
+    block_size_tokens: int
+    matches: dict[str, float] = field(default_factory=dict)

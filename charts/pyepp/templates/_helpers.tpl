@@ -1,0 +1,95 @@
+{{/* Names: the InferencePool is the release name; the EPP objects are <release>-epp. */}}
+{{- define "pyepp.poolName" -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "pyepp.eppName" -}}
+{{- printf "%s-epp" (include "pyepp.poolName" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "pyepp.serviceAccountName" -}}
+{{- if .Values.inferenceExtension.serviceAccount.create -}}
+{{- default (include "pyepp.eppName" .) .Values.inferenceExtension.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.inferenceExtension.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pyepp.labels" -}}
+app.kubernetes.io/name: pyepp
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "pyepp.selectorLabels" -}}
+app.kubernetes.io/name: pyepp
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: endpoint-picker
+{{- end -}}
+
+{{- define "pyepp.image" -}}
+{{- $img := .Values.inferenceExtension.image -}}
+{{- if $img.registry -}}
+{{- printf "%s/%s:%s" $img.registry $img.repository (toString $img.tag) -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository (toString $img.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pyepp.appProtocol" -}}
+{{- if eq .Values.inferencePool.modelServerProtocol "grpc" -}}kubernetes.io/h2c{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{/* The default EndpointPickerConfig: every scorer in one profile with its weight, then the picker. */}}
+{{- define "pyepp.defaultPluginsConfig" -}}
+{{- $s := .Values.inferenceExtension.scheduling -}}
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+{{- with $s.featureGates }}
+featureGates:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+plugins:
+{{- range $s.extraPlugins }}
+- type: {{ required "scheduling.extraPlugins[].type is required" .type }}
+  {{- with .name }}
+  name: {{ . }}
+  {{- end }}
+  {{- with .parameters }}
+  parameters:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- range $s.scorers }}
+- type: {{ required "scheduling.scorers[].type is required" .type }}
+  {{- with .name }}
+  name: {{ . }}
+  {{- end }}
+  {{- with .parameters }}
+  parameters:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+- type: {{ $s.picker.type }}
+  {{- with $s.picker.parameters }}
+  parameters:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+schedulingProfiles:
+- name: default
+  plugins:
+  {{- range $s.profileFilters }}
+  - pluginRef: {{ . }}
+  {{- end }}
+  {{- range $s.scorers }}
+  - pluginRef: {{ default .type .name }}
+    weight: {{ .weight | default 1 }}
+  {{- end }}
+  - pluginRef: {{ default $s.picker.type $s.picker.name }}
+{{- with $s.dataLayer }}
+dataLayer:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}

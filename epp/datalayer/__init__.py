@@ -1,0 +1,1 @@
+"""The data layer: per-endpoint scrapers of model-server metrics that keep Endpoint.metrics current."""

@@ -1,0 +1,44 @@
+"""Build the data layer from the config: one MetricsScraper (per-endpoint loops) and the pool gauges."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from epp.config.loader import EppConfig
+from epp.datalayer.metrics import PoolMetricsReporter
+from epp.datalayer.plugins import CoreMetricsExtractorPlugin, MetricsDataSource
+from epp.datalayer.scraper import MetricsScraper
+from epp.framework import EndpointView
+
+
+def _pick(config: EppConfig, plugins: Mapping[str, Any], cls: type, extractor: bool) -> Any:
+    """The plugin of `cls` named in dataLayer.sources (else any configured one)."""
+    for src in config.data_sources:
+        refs = src.extractors if extractor else [src.ref]
+        for ref in refs:
+            if isinstance(plugins.get(ref), cls):
+                return plugins[ref]
+    return next((p for p in plugins.values() if isinstance(p, cls)), None)
+
+
+def build_scraper(config: EppConfig, plugins: Mapping[str, Any], view: EndpointView) -> MetricsScraper:
+    source: MetricsDataSource | None = _pick(config, plugins, MetricsDataSource, extractor=False)
+    ext: CoreMetricsExtractorPlugin | None = _pick(config, plugins, CoreMetricsExtractorPlugin, extractor=True)
+    return MetricsScraper(
+        view,
+        interval=config.refresh_metrics_interval,
+        scheme=source.scheme if source else "http",
+        path=source.path if source else "/metrics",
+        insecure_skip_verify=source.insecure_skip_verify if source else True,
+        extractor=ext.extractor if ext else None,
+    )
+
+
+def build_pool_reporter(config: EppConfig, view: EndpointView) -> PoolMetricsReporter:
+    return PoolMetricsReporter(
+        view,
+        config.pool_name,
+        staleness=config.metrics_staleness_threshold,
+        interval=config.refresh_prometheus_metrics_interval,
+    )

@@ -1,0 +1,144 @@
+"""One scrape loop per endpoint, following the Datastore (start on add, stop on remove).
+
+Each loop GETs the endpoint's metrics page every `interval` (GIE: --refresh-metrics-interval, 50 ms) over one
+shared aiohttp session, and swaps a fresh Metrics object into the Endpoint (a single attribute store, so the
+scheduler never sees a half-updated one). A failed scrape keeps the old Metrics, which then goes stale;
+staleness is judged by readers (the utilization detector treats stale as saturated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import aiohttp
+
+from epp.datalayer.extractor import CoreMetricsExtractor
+from epp.framework import Endpoint, EndpointView
+
+log = logging.getLogger(__name__)
+
+
+class MetricsScraper:
+    def __init__(
+        self,
+        view: EndpointView,
+        *,
+        interval: float = 0.05,
+        timeout: float = 1.0,
+        scheme: str = "http",
+        path: str = "/metrics",
+        insecure_skip_verify: bool = True,
+        extractor: CoreMetricsExtractor | None = None,
+        max_backoff: float = 1.0,
+    ) -> None:
+        self.view = view
+        self.max_backoff = max_backoff
+        self.interval = interval
+        self.timeout = timeout
+        self.scheme = scheme
+        self.path = path if path.startswith("/") else "/" + path
+        self.insecure_skip_verify = insecure_skip_verify
+        self.extractor = extractor or CoreMetricsExtractor()
+        self._tasks: dict[str, tuple[Endpoint, asyncio.Task[None]]] = {}
+        self._pending: dict[str, Endpoint] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._subscribed = False
+        self.scrapes = 0
+        self.failures = 0
+
+    def url(self, endpoint: Endpoint) -> str:
+        return f"{self.scheme}://{endpoint.metrics_hostport}{self.path}"
+
+    # EndpointListener
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        if self._session is None:
+            self._pending[endpoint.name] = endpoint
+            return
+        self._start(endpoint)
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        self._pending.pop(endpoint.name, None)
+        entry = self._tasks.get(endpoint.name)
+        if entry is not None and entry[0] is endpoint:
+            del self._tasks[endpoint.name]
+            entry[1].cancel()
+
+    def running(self) -> list[str]:
+        return sorted(self._tasks)
+
+    def _start(self, endpoint: Endpoint) -> None:
+        old = self._tasks.pop(endpoint.name, None)
+        if old is not None:
+            old[1].cancel()
+        task = asyncio.get_running_loop().create_task(self._loop(endpoint), name=f"scrape {endpoint.name}")
+        self._tasks[endpoint.name] = (endpoint, task)
+
+    async def run(self) -> None:
+        """Scrape until cancelled (a Runtime background coroutine)."""
+        connector = aiohttp.TCPConnector(limit=0, ssl=not self.insecure_skip_verify)
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        try:
+            if not self._subscribed:
+                self._subscribed = True
+                self.view.subscribe(self)
+            for ep in list(self._pending.values()):
+                self._start(ep)
+            self._pending.clear()
+            await asyncio.Event().wait()
+        finally:
+            tasks = [t for _, t in self._tasks.values()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for ep, _ in self._tasks.values():
+                self._pending[ep.name] = ep
+            self._tasks.clear()
+            await self._session.close()
+            self._session = None
+
+    async def _loop(self, endpoint: Endpoint) -> None:
+        url = self.url(endpoint)
+        healthy = True
+        backoff = self.interval
+        while True:
+            t0 = time.monotonic()
+            ok, why = await self.scrape_once(endpoint, url)
+            if ok != healthy:
+                healthy = ok
+                if ok:
+                    log.info("endpoint %s: metrics scrape recovered", endpoint.name)
+                else:
+                    log.warning("endpoint %s: metrics scrape of %s failed: %s", endpoint.name, url, why)
+            # Failing endpoints are retried with exponential backoff (capped): their metrics are stale either way.
+            backoff = self.interval if ok else min(backoff * 2, max(self.interval, self.max_backoff))
+            delay = backoff - (time.monotonic() - t0)
+            await asyncio.sleep(delay if delay > 0 else 0)
+
+    async def scrape_once(self, endpoint: Endpoint, url: str | None = None) -> tuple[bool, str]:
+        """One scrape; on success the endpoint's Metrics object is replaced. Returns (ok, reason)."""
+        session = self._session
+        if session is None:
+            return False, "scraper not running"
+        self.scrapes += 1
+        try:
+            async with session.get(url or self.url(endpoint)) as resp:
+                if resp.status != 200:
+                    self.failures += 1
+                    return False, f"HTTP {resp.status}"
+                text = await resp.text(errors="replace")
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            self.failures += 1
+            return False, f"{type(e).__name__}: {e}"
+        try:
+            endpoint.metrics = self.extractor.extract(text, endpoint)
+        except Exception as e:  # a malformed page must not kill the loop
+            self.failures += 1
+            return False, f"cannot parse metrics: {e}"
+        return True, ""
+
+    def stats(self) -> dict[str, Any]:
+        return {"endpoints": len(self._tasks), "scrapes": self.scrapes, "failures": self.failures}

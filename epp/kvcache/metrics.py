@@ -1,0 +1,42 @@
+"""Prometheus metrics of the KV-event pool (llm-d router names where they exist)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from epp.metrics import REGISTRY  # the EPP's own registry (served on its metrics port)
+
+_default: PoolMetrics | None = None
+
+
+class PoolMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry if registry is not None else REGISTRY
+        p = "kv_cache_events_"
+        self.queue_depth = Gauge(p + "pool_queue_depth", "Messages waiting in the pool's shard queues", registry=r)
+        self.capacity = Gauge(p + "pool_capacity", "Total capacity of the pool's shard queues", registry=r)
+        self.messages = Counter(p + "messages_received", "ZMQ messages received (live and replayed)", registry=r)
+        self.zmq_errors = Counter(p + "zmq_errors", "ZMQ socket errors and malformed frames", ["kind"], registry=r)
+        self.reconnections = Counter(
+            p + "subscriber_reconnections", "Subscriber (re)connections after the first", registry=r
+        )
+        self.active = Gauge(p + "active_subscribers", "Subscribers currently running", registry=r)
+        self.replays = Counter(p + "replays", "Replay requests to a publisher's ROUTER socket", ["result"], registry=r)
+        self.dropped = Counter(p + "dropped", "Messages dropped before reaching the index", ["reason"], registry=r)
+        self.decode_errors = Counter(p + "decode_errors", "Payloads that failed to decode", registry=r)
+        self.blocks = Counter(p + "blocks", "Block events applied to the index", ["op"], registry=r)
+        self.skipped = Counter(p + "skipped", "Events skipped by the applier", ["reason"], registry=r)
+        self.sequence = Counter(p + "sequence", "Sequence checks by verdict", ["verdict"], registry=r)
+        for op in ("stored", "removed", "cleared"):  # exported at 0 from the start
+            self.blocks.labels(op)
+        for result in ("ok", "timeout", "error"):
+            self.replays.labels(result)
+        self.dropped.labels("queue_full")
+
+
+def default_metrics() -> PoolMetrics:
+    """One set on the global registry per process (pools share it)."""
+    global _default
+    if _default is None:
+        _default = PoolMetrics()
+    return _default

@@ -1,0 +1,179 @@
+"""Flow control (featureGates: [flowControl]): queue requests instead of overloading the pool.
+
+Dispatch order: strict priority across bands (higher first), round-robin across fairness ids
+(`x-gateway-inference-fairness-id`) within a band, FCFS within a flow. Before each dispatch the saturation
+detector is asked about the head request's candidates; while saturated, dispatch is held. Outcomes: dispatched →
+proceed; over capacity → 429; TTL expired in the queue → 503; client gone → the queue slot is freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from epp.config.loader import DEFAULT_PRIORITY_BAND_MAX_BYTES, FlowControlSpec, PriorityBandSpec
+from epp.framework import Endpoint, InferenceRequest, SaturationDetector, ServiceUnavailable, TooManyRequests
+from epp.requestcontrol import flowcontrol_metrics as m
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False, slots=True)
+class _Item:
+    request: InferenceRequest
+    candidates: Sequence[Endpoint]
+    size: int
+    enqueued: float
+    future: asyncio.Future[None]
+    band: _Band
+    done: bool = False
+
+
+@dataclass(eq=False)
+class _Band:
+    priority: int
+    max_bytes: int | None
+    max_requests: int | None
+    flows: OrderedDict[str, deque[_Item]] = field(default_factory=OrderedDict)
+    count: int = 0
+    bytes: int = 0
+
+    def head(self) -> _Item | None:
+        """The next item by round-robin over flows (dropping finished items lazily)."""
+        while self.flows:
+            fid, q = next(iter(self.flows.items()))
+            while q and q[0].done:
+                q.popleft()
+            if q:
+                return q[0]
+            del self.flows[fid]
+        return None
+
+    def pop_head(self, item: _Item) -> None:
+        fid = item.request.fairness_id
+        q = self.flows[fid]
+        q.popleft()
+        if q:
+            self.flows.move_to_end(fid)  # the next dispatch in this band goes to the next flow
+        else:
+            del self.flows[fid]
+
+
+class FlowController:
+    def __init__(
+        self,
+        spec: FlowControlSpec,
+        detector: SaturationDetector,
+        pool_name: str = "default",
+        *,
+        poll_interval: float = 0.005,
+    ) -> None:
+        self.spec = spec
+        self.detector = detector
+        self.pool = pool_name
+        self.poll_interval = poll_interval
+        self._bands: dict[int, _Band] = {}
+        self._order: list[int] = []  # band priorities, highest first
+        self._templates = {b.priority: b for b in spec.priority_bands}
+        self.count = 0
+        self.bytes = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def _band(self, priority: int) -> _Band:
+        band = self._bands.get(priority)
+        if band is None:
+            t = self._templates.get(priority) or self.spec.default_priority_band or PriorityBandSpec(priority=priority)
+            max_bytes = t.max_bytes if t.max_bytes else DEFAULT_PRIORITY_BAND_MAX_BYTES
+            band = self._bands[priority] = _Band(priority, max_bytes, t.max_requests)
+            self._order = sorted(self._bands, reverse=True)
+        return band
+
+    def _labels(self, r: InferenceRequest) -> tuple[str, str, str, str, str]:
+        return (r.fairness_id, str(r.priority), self.pool, r.model, r.target_model)
+
+    async def enqueue_and_wait(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
+        """Returns when the request may be scheduled; raises TooManyRequests / ServiceUnavailable otherwise."""
+        if self.count == 0:
+            sat = self.detector.saturation(candidates)
+            m.FC_POOL_SATURATION.labels(self.pool).set(sat)
+            if sat < 1.0:
+                return  # nothing queued and capacity available: dispatch at once
+        size = request.body_size
+        band = self._band(request.priority)
+        spec = self.spec
+        if (
+            (spec.max_requests is not None and self.count + 1 > spec.max_requests)
+            or (spec.max_bytes is not None and self.bytes + size > spec.max_bytes)
+            or (band.max_requests is not None and band.count + 1 > band.max_requests)
+            or (band.max_bytes is not None and band.bytes + size > band.max_bytes)
+        ):
+            m.FC_QUEUE_DURATION.labels(*self._labels(request), "RejectedCapacity").observe(0)
+            raise TooManyRequests("flow control queue is at capacity")
+        loop = asyncio.get_running_loop()
+        item = _Item(request, candidates, size, time.monotonic(), loop.create_future(), band)
+        band.flows.setdefault(request.fairness_id, deque()).append(item)
+        self._account(item, +1)
+        if self._task is None:
+            self._task = loop.create_task(self._dispatch_loop(), name="flow-control dispatcher")
+        outcome = "Dispatched"
+        try:
+            ttl = spec.default_request_ttl
+            if ttl:
+                async with asyncio.timeout(ttl):
+                    await item.future
+            else:
+                await item.future
+        except TimeoutError:
+            outcome = "EvictedTTL"
+            raise ServiceUnavailable("request timed out in queue") from None
+        except asyncio.CancelledError:
+            outcome = "EvictedContextCancelled"
+            raise
+        finally:
+            if not item.done:
+                item.done = True
+                self._account(item, -1)
+            m.FC_QUEUE_DURATION.labels(*self._labels(request), outcome).observe(time.monotonic() - item.enqueued)
+
+    def _account(self, item: _Item, sign: int) -> None:
+        self.count += sign
+        self.bytes += sign * item.size
+        item.band.count += sign
+        item.band.bytes += sign * item.size
+        labels = self._labels(item.request)
+        m.FC_QUEUE_SIZE.labels(*labels).inc(sign)
+        m.FC_QUEUE_BYTES.labels(*labels).inc(sign * item.size)
+
+    def _head(self) -> _Item | None:
+        for prio in self._order:
+            item = self._bands[prio].head()
+            if item is not None:
+                return item
+        return None
+
+    async def _dispatch_loop(self) -> None:
+        try:
+            while self.count > 0:
+                item = self._head()
+                if item is None:
+                    break
+                sat = self.detector.saturation(item.candidates)
+                m.FC_POOL_SATURATION.labels(self.pool).set(sat)
+                if sat >= 1.0:
+                    await asyncio.sleep(self.poll_interval)  # held: wait for fresher metrics
+                    continue
+                item.band.pop_head(item)
+                item.done = True
+                self._account(item, -1)
+                if not item.future.done():
+                    item.future.set_result(None)
+                await asyncio.sleep(0)
+        finally:
+            self._task = None
+
+    def queued(self) -> int:
+        return self.count

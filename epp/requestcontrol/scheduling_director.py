@@ -1,0 +1,158 @@
+"""The real Director: objective → priority, admission, candidates, data producers, scheduling, hooks.
+
+Order follows GIE's director: the protocol layer has already applied model rewrites; then priority from the
+InferenceObjective named by `x-gateway-inference-objective`; candidates (subset hint; none → 503); admission
+(legacy: sheddable + saturated → 429; or the flow-control queue); DataProducers within one 400 ms budget (a
+failure never fails the request); Schedule (failure → 429); PreRequest hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from epp.config.builder import Pipeline
+from epp.framework import (
+    Endpoint,
+    EndpointView,
+    InferenceRequest,
+    ServiceUnavailable,
+    TooManyRequests,
+    Usage,
+)
+from epp.requestcontrol.director import RoutingDecision, locate_candidates
+from epp.requestcontrol.flowcontrol import FlowController
+from epp.requestcontrol.objectives import ObjectiveStore
+from epp.scheduling import SchedulingFailed
+from epp.scheduling.metrics import SCHEDULER_ATTEMPTS
+
+log = logging.getLogger(__name__)
+
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+PRODUCER_BUDGET_SECONDS = 0.4
+RESULT_KEY = "scheduling-result"
+SERVED_KEY = "served-endpoint"
+
+
+class SchedulingDirector:
+    def __init__(
+        self,
+        endpoints: EndpointView,
+        pipeline: Pipeline,
+        objectives: ObjectiveStore | None = None,
+        *,
+        flow_controller: FlowController | None = None,
+        producer_budget: float = PRODUCER_BUDGET_SECONDS,
+    ) -> None:
+        self.view = endpoints
+        self.pipeline = pipeline
+        self.scheduler = pipeline.scheduler
+        self.detector = pipeline.saturation_detector
+        self.objectives = objectives or ObjectiveStore()
+        self.flow_controller = flow_controller
+        self.producer_budget = producer_budget
+        self._producers = list(pipeline.producers)
+        self._pre_request = list(pipeline.pre_request)
+        self._received = list(pipeline.response_received)
+        self._complete = list(pipeline.response_complete)
+
+    async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
+        headers = request.headers
+        if request.objective is None:
+            request.objective = headers.get(OBJECTIVE_HEADER) or None
+        request.priority = self.objectives.priority(request.objective)
+        fid = headers.get(FAIRNESS_HEADER)
+        if fid:
+            request.fairness_id = fid
+
+        candidates = locate_candidates(self.view.endpoints(), request.subset)
+        if not candidates:
+            raise ServiceUnavailable("failed to find candidate endpoints for serving the request")
+
+        if self.flow_controller is not None:
+            await self.flow_controller.enqueue_and_wait(request, candidates)
+        elif request.sheddable and self.detector.saturation(candidates) >= 1.0:
+            raise TooManyRequests("system saturated, sheddable request dropped")
+
+        if self._producers:
+            await self._prepare(request, candidates)
+
+        try:
+            result = self.scheduler.schedule(request, candidates)
+        except SchedulingFailed as e:
+            SCHEDULER_ATTEMPTS.labels("failure", request.target_model, "", "", "").inc()
+            raise TooManyRequests(f"failed to find target endpoint: {e}") from None
+        primary = result.targets[0]
+        SCHEDULER_ATTEMPTS.labels(
+            "success", request.target_model, primary.pod_name, primary.namespace, str(primary.port)
+        ).inc()
+        request.data[RESULT_KEY] = result
+        for hook in self._pre_request:
+            try:
+                hook.pre_request(request, result)
+            except Exception:
+                log.exception("PreRequest plugin %s failed for request %s", hook.name, request.request_id)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "request %s model %s priority %d → %s",
+                request.request_id,
+                request.target_model,
+                request.priority,
+                ",".join(ep.hostport for ep in result.targets),
+            )
+        return RoutingDecision(endpoints=list(result.targets))
+
+    async def _prepare(self, request: InferenceRequest, candidates: list[Endpoint]) -> None:
+        """Run DataProducers in config order (later ones may consume earlier ones' data) within one budget."""
+        current = ""
+        try:
+            async with asyncio.timeout(self.producer_budget):
+                for producer in self._producers:
+                    current = producer.name
+                    try:
+                        await producer.prepare(request, candidates)
+                    except Exception:
+                        log.exception("DataProducer %s failed for request %s", producer.name, request.request_id)
+        except TimeoutError:
+            log.warning(
+                "data producers exceeded the %.0f ms budget (at %s) for request %s; scheduling without their data",
+                self.producer_budget * 1000,
+                current,
+                request.request_id,
+            )
+
+    def _endpoint_for(self, request: InferenceRequest, decision: RoutingDecision | None) -> Endpoint | None:
+        ep = request.data.get(SERVED_KEY)
+        if ep is not None:
+            return ep
+        return decision.endpoints[0] if decision is not None and decision.endpoints else None
+
+    def handle_response_headers(
+        self, request: InferenceRequest, decision: RoutingDecision, status: int, served: str | None
+    ) -> None:
+        endpoint = None
+        if served:
+            by_hostport = getattr(self.view, "get_by_hostport", None)
+            endpoint = by_hostport(served) if by_hostport is not None else None
+            if endpoint is None:
+                endpoint = next((ep for ep in decision.endpoints if ep.hostport == served), None)
+        if endpoint is not None:
+            request.data[SERVED_KEY] = endpoint
+        else:
+            endpoint = self._endpoint_for(request, decision)
+        for hook in self._received:
+            try:
+                hook.response_received(request, endpoint, status)
+            except Exception:
+                log.exception("ResponseReceived plugin %s failed for request %s", hook.name, request.request_id)
+
+    def handle_response_complete(
+        self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
+    ) -> None:
+        endpoint = self._endpoint_for(request, decision)
+        for hook in self._complete:
+            try:
+                hook.response_complete(request, endpoint, usage)
+            except Exception:
+                log.exception("ResponseComplete plugin %s failed for request %s", hook.name, request.request_id)

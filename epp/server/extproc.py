@@ -1,0 +1,444 @@
+"""The Envoy ext_proc servicer: one `RequestStream` state machine per gRPC stream (= one HTTP request).
+
+Request path, FULL_DUPLEX_STREAMED (GIE's default): headers are held, body chunks are gathered until end of
+stream, the request is parsed and the `Director` decides; then the headers phase is answered (destination header
+OVERWRITE, content-length, clear_route_cache, `envoy.lb` dynamic metadata) and the (possibly rewritten) body is
+streamed back in chunks of at most 62,000 bytes. BUFFERED: the headers phase is answered at once (stripping any
+client-sent destination), and the decision rides on the body response's header mutation.
+
+Response path: status and content type from the headers, the body is passed back chunk by chunk (model name
+rewritten back to the client's), usage read from JSON or SSE, and `handle_response_complete` runs exactly once,
+also when the stream dies early. Every failure becomes an ImmediateResponse with a JSON error body.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from envoy.type.v3 import http_status_pb2
+
+from epp.datastore import Datastore
+from epp.framework.errors import InternalError, RequestError, ServiceUnavailable
+from epp.framework.types import InferenceRequest, Usage
+from epp.metrics import RequestMetrics
+from epp.protocol.openai import bodyless_request, parse_request
+from epp.protocol.rewrite import ModelNameRewriter
+from epp.protocol.usage import MAX_JSON_USAGE_BYTES, SSEUsageReader, usage_from_json
+from epp.requestcontrol.director import Director, RoutingDecision, locate_candidates
+
+log = logging.getLogger(__name__)
+
+
+class PayloadTooLarge(RequestError):
+    status = 413
+    code = "PayloadTooLarge"
+
+
+DESTINATION_KEY = "x-gateway-destination-endpoint"
+DESTINATION_NAMESPACE = "envoy.lb"
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+BODY_CHUNK_LIMIT = 62_000  # GIE's BodyByteLimit: Envoy takes at most 64 KiB per streamed chunk
+DEFAULT_MAX_BODY_BYTES = 128 * 1024 * 1024  # a gathered request body beyond this is refused with 413
+
+_Mode = processing_mode_pb2.ProcessingMode
+FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
+BUFFERED = _Mode.BUFFERED
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_JSON_CT = base_pb2.HeaderValueOption(
+    header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"), append_action=_OVERWRITE
+)
+
+# Request states, as in GIE's handlers/server.go.
+_RECEIVED, _HEADERS_DONE, _BODY_DONE, _RESPONSE, _RESPONSE_HEADERS_DONE, _COMPLETE = range(6)
+
+
+def _set(key: str, value: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE
+    )
+
+
+def _headers(msg: pb.HttpHeaders) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for h in msg.headers.headers:
+        out[h.key] = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+    return out
+
+
+def _subset_hint(md: base_pb2.Metadata) -> list[str] | None:
+    fm = md.filter_metadata
+    if SUBSET_NAMESPACE not in fm:
+        return None
+    fields = fm[SUBSET_NAMESPACE].fields
+    if SUBSET_KEY not in fields:
+        return None
+    value = fields[SUBSET_KEY]
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        return [v.string_value for v in value.list_value.values if v.string_value]
+    if kind == "string_value":  # tolerate a single comma list
+        return [s for s in value.string_value.split(",") if s]
+    return []
+
+
+def _served(md: base_pb2.Metadata) -> str | None:
+    fm = md.filter_metadata
+    if DESTINATION_NAMESPACE in fm:
+        fields = fm[DESTINATION_NAMESPACE].fields
+        if SERVED_KEY in fields:
+            return fields[SERVED_KEY].string_value or None
+    return None
+
+
+def immediate(err: RequestError) -> pb.ProcessingResponse:
+    """An ImmediateResponse with the OpenAI-style JSON error body."""
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=err.status),
+            headers=pb.HeaderMutation(set_headers=[_JSON_CT], remove_headers=[DESTINATION_KEY]),
+            body=err.body(),
+            details=f"epp_{err.code}",
+        )
+    )
+
+
+def _chunks(parts: list[bytes], limit: int = BODY_CHUNK_LIMIT) -> list[bytes]:
+    """Split into pieces of at most `limit` bytes, reusing parts that already fit (no copies for them)."""
+    out: list[bytes] = []
+    for part in parts:
+        if len(part) <= limit:
+            if part:
+                out.append(part)
+            continue
+        mv = memoryview(part)
+        out.extend(bytes(mv[i : i + limit]) for i in range(0, len(part), limit))
+    return out
+
+
+class ServerState:
+    """What every stream shares: the director, the datastore, metrics, rewrites and mode defaults."""
+
+    def __init__(
+        self,
+        director: Director,
+        datastore: Datastore,
+        metrics: RequestMetrics,
+        model_rewrites: Mapping[str, str] | None = None,
+        request_body_mode: int = FULL_DUPLEX,
+        response_body_mode: int = FULL_DUPLEX,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        self.director = director
+        self.datastore = datastore
+        self.metrics = metrics
+        self.model_rewrites = dict(model_rewrites or {})
+        self.request_body_mode = request_body_mode
+        self.response_body_mode = response_body_mode
+        self.max_body_bytes = max_body_bytes
+        self.active_streams = 0
+        self._bodyless_next = 0
+
+    def pick_bodyless(self, subset: list[str] | None) -> RoutingDecision:
+        """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
+        candidates = locate_candidates(self.datastore.endpoints(), subset)
+        if not candidates:
+            raise ServiceUnavailable("no ready endpoints in the pool")
+        self._bodyless_next += 1
+        return RoutingDecision(endpoints=[candidates[self._bodyless_next % len(candidates)]])
+
+
+class RequestStream:
+    """The state of one HTTP request as seen over one ext_proc stream."""
+
+    __slots__ = (
+        "_body",
+        "_body_size",
+        "_resp_json",
+        "_rewriter",
+        "_sse",
+        "decision",
+        "headers",
+        "model_routed",
+        "request",
+        "request_mode",
+        "response_mode",
+        "response_size",
+        "s",
+        "started",
+        "state",
+        "status",
+        "subset",
+    )
+
+    def __init__(self, state: ServerState) -> None:
+        self.s = state
+        self.state = _RECEIVED
+        self.request_mode = state.request_body_mode
+        self.response_mode = state.response_body_mode
+        self.headers: dict[str, str] = {}
+        self.subset: list[str] | None = None
+        self._body: list[bytes] = []
+        self._body_size = 0
+        self.request: InferenceRequest | None = None
+        self.decision: RoutingDecision | None = None
+        self.model_routed = False  # True once the director accepted the request (it must see completion)
+        self.started = 0.0
+        self.status = 0
+        self.response_size = 0
+        self._rewriter: ModelNameRewriter | None = None
+        self._sse: SSEUsageReader | None = None
+        self._resp_json: list[bytes] | None = None
+
+    # -- dispatch ---------------------------------------------------------------------------------------------
+
+    async def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        kind = msg.WhichOneof("request")
+        try:
+            if kind == "request_body":
+                return await self._request_body(msg.request_body)
+            if kind == "response_body":
+                return self._response_body(msg.response_body)
+            if kind == "request_headers":
+                return await self._request_headers(msg)
+            if kind == "response_headers":
+                return self._response_headers(msg)
+            if kind == "request_trailers":
+                return await self._request_trailers()
+            if kind == "response_trailers":
+                self.complete()
+                return [pb.ProcessingResponse(response_trailers=pb.TrailersResponse())]
+            return []
+        except RequestError as e:
+            return [self._reject(e)]
+        except Exception as e:
+            log.exception("internal error handling %s (request %s)", kind, self._request_id())
+            return [self._reject(InternalError(f"internal error: {type(e).__name__}: {e}"))]
+
+    def _request_id(self) -> str:
+        if self.request is not None:
+            return self.request.request_id
+        return self.headers.get("x-request-id", "?")
+
+    def _reject(self, err: RequestError) -> pb.ProcessingResponse:
+        req = self.request
+        level = logging.WARNING if err.status >= 500 else logging.INFO
+        log.log(level, "request %s rejected with %d: %s", self._request_id(), err.status, err.message)
+        if req is not None and req.model:
+            self.s.metrics.request_error(req.model, req.target_model, err.code)
+        self.state = _COMPLETE
+        return immediate(err)
+
+    # -- request path -----------------------------------------------------------------------------------------
+
+    async def _request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        if msg.HasField("protocol_config"):
+            pc = msg.protocol_config
+            self.request_mode = pc.request_body_mode
+            self.response_mode = pc.response_body_mode
+        self.headers = _headers(msg.request_headers)
+        if msg.HasField("metadata_context"):
+            self.subset = _subset_hint(msg.metadata_context)
+        self.started = time.monotonic()
+        self.state = _HEADERS_DONE
+        if msg.request_headers.end_of_stream or self.request_mode not in (FULL_DUPLEX, BUFFERED):
+            # No body will reach us before the headers must be answered: route without scheduling.
+            self.request = bodyless_request(self.headers)
+            self.request.subset = self.subset
+            self.decision = self.s.pick_bodyless(self.subset)
+            self.state = _BODY_DONE
+            resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=self._routing_common(None)))
+            resp.dynamic_metadata.update(self.dynamic_metadata())
+            return [resp]
+        if self.request_mode == BUFFERED:
+            strip = pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=[DESTINATION_KEY]))
+            return [pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=strip))]
+        return []  # FULL_DUPLEX: hold the headers until the body is complete
+
+    async def _request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        if self.state >= _BODY_DONE:  # STREAMED / BUFFERED_PARTIAL after a headers-time decision: pass through
+            return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
+        chunk = body.body
+        if chunk:
+            self._body.append(chunk)
+            self._body_size += len(chunk)
+            if self._body_size > self.s.max_body_bytes:
+                self._body = []
+                raise PayloadTooLarge(f"request body exceeds {self.s.max_body_bytes} bytes")
+        if not body.end_of_stream:
+            return []
+        return await self._decide(end_of_stream=True)
+
+    async def _request_trailers(self) -> list[pb.ProcessingResponse]:
+        """Trailers end a body that had no end_of_stream: decide now, the body chunks stay without EOS."""
+        out = await self._decide(end_of_stream=False) if self.state < _BODY_DONE else []
+        out.append(pb.ProcessingResponse(request_trailers=pb.TrailersResponse()))
+        return out
+
+    async def _decide(self, end_of_stream: bool) -> list[pb.ProcessingResponse]:
+        parts = self._body
+        raw = parts[0] if len(parts) == 1 else b"".join(parts)
+        request, forward = parse_request(self.headers, raw, self.s.model_rewrites)
+        request.subset = self.subset
+        self.request = request
+        decision = await self.s.director.handle_request(request)
+        if not decision.endpoints:
+            raise ServiceUnavailable("failed to find target endpoint")
+        self.decision = decision
+        self.model_routed = True
+        self.state = _BODY_DONE
+        self.s.metrics.request_started(request.model, request.target_model, request.priority, len(forward))
+        if request.target_model != request.model:
+            self._rewriter = ModelNameRewriter(request.target_model, request.model)
+        self._body = []
+        if self.request_mode == BUFFERED:
+            common = self._routing_common(len(forward))
+            if forward is not raw:
+                common.body_mutation.body = forward
+            resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+            resp.dynamic_metadata.update(self.dynamic_metadata())
+            return [resp]
+        resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=self._routing_common(len(forward))))
+        resp.dynamic_metadata.update(self.dynamic_metadata())
+        out = [resp]
+        pieces = _chunks(parts if forward is raw else [forward])
+        last = len(pieces) - 1
+        for i, piece in enumerate(pieces):
+            common = pb.CommonResponse()
+            common.body_mutation.streamed_response.body = piece
+            common.body_mutation.streamed_response.end_of_stream = end_of_stream and i == last
+            out.append(pb.ProcessingResponse(request_body=pb.BodyResponse(response=common)))
+        return out
+
+    def _routing_common(self, content_length: int | None) -> pb.CommonResponse:
+        """The header mutation (and the dynamic metadata, set by the caller's response) for the decision."""
+        assert self.decision is not None
+        destination = self.decision.destination
+        set_headers = [_set(DESTINATION_KEY, destination)]
+        if content_length is not None:
+            set_headers.append(_set("content-length", str(content_length)))
+        for k, v in self.decision.headers.items():
+            set_headers.append(_set(k, v))
+        return pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=set_headers), clear_route_cache=True)
+
+    def dynamic_metadata(self) -> dict[str, Any]:
+        assert self.decision is not None
+        lb: dict[str, Any] = dict(self.decision.metadata)
+        lb[DESTINATION_KEY] = self.decision.destination
+        return {DESTINATION_NAMESPACE: lb}
+
+    # -- response path ----------------------------------------------------------------------------------------
+
+    def _response_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        headers = _headers(msg.response_headers)
+        try:
+            self.status = int(headers.get(":status", "0"))
+        except ValueError:
+            self.status = 0
+        self.state = _RESPONSE_HEADERS_DONE
+        req = self.request
+        if req is not None and self.model_routed:
+            if not 200 <= self.status < 300:
+                self.s.metrics.request_error(req.model, req.target_model, "ModelServerError")
+            served = _served(msg.metadata_context) if msg.HasField("metadata_context") else None
+            assert self.decision is not None
+            try:
+                self.s.director.handle_response_headers(req, self.decision, self.status, served)
+            except Exception:  # a plugin bug must not turn a good response into an error
+                log.exception("director.handle_response_headers failed for request %s", req.request_id)
+            if "text/event-stream" in headers.get("content-type", ""):
+                self._sse = SSEUsageReader()
+            else:
+                self._resp_json = []
+        if msg.response_headers.end_of_stream:
+            self.complete()
+        return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
+
+    def _response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        chunk = body.body
+        eos = body.end_of_stream
+        self.response_size += len(chunk)
+        if self._sse is not None:
+            self._sse.feed(chunk)
+        elif self._resp_json is not None:
+            if self.response_size <= MAX_JSON_USAGE_BYTES:
+                self._resp_json.append(chunk)
+            else:  # too big to parse for usage: stop holding it
+                self._resp_json = None
+        out_chunk = self._rewriter.feed(chunk, eos) if self._rewriter is not None else chunk
+        if eos:
+            self.complete()
+        if self.response_mode == FULL_DUPLEX:
+            if len(out_chunk) <= BODY_CHUNK_LIMIT:  # the common case (an SSE event): one response, no lists
+                resp = pb.ProcessingResponse()
+                sr = resp.response_body.response.body_mutation.streamed_response
+                sr.body = out_chunk
+                sr.end_of_stream = eos
+                return [resp]
+            pieces = _chunks([out_chunk])
+            out = []
+            last = len(pieces) - 1
+            for i, piece in enumerate(pieces):
+                common = pb.CommonResponse()
+                common.body_mutation.streamed_response.body = piece
+                common.body_mutation.streamed_response.end_of_stream = eos and i == last
+                out.append(pb.ProcessingResponse(response_body=pb.BodyResponse(response=common)))
+            return out
+        common = pb.CommonResponse()
+        if out_chunk is not chunk:
+            common.body_mutation.body = out_chunk
+        return [pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))]
+
+    def complete(self) -> None:
+        """Record usage and tell the director, exactly once per routed request (also on early stream end)."""
+        self.state = _COMPLETE
+        if not self.model_routed:
+            return
+        self.model_routed = False
+        req = self.request
+        assert req is not None
+        usage: Usage | None = None
+        if self._sse is not None:
+            self._sse.close()
+            usage = self._sse.usage
+        elif self._resp_json:
+            usage = usage_from_json(b"".join(self._resp_json))
+            self._resp_json = None
+        elapsed = time.monotonic() - self.started
+        self.s.metrics.request_finished(req.model, req.target_model, elapsed, self.response_size, usage)
+        try:
+            self.s.director.handle_response_complete(req, self.decision, usage)
+        except Exception:
+            log.exception("director.handle_response_complete failed for request %s", req.request_id)
+
+
+class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
+    """`envoy.service.ext_proc.v3.ExternalProcessor/Process`: one RequestStream per call."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def Process(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        """Read/write on the context rather than an async generator: measurably fewer hops per message."""
+        stream = RequestStream(self.state)
+        self.state.active_streams += 1
+        read, write, eof = context.read, context.write, grpc.aio.EOF
+        try:
+            while True:
+                msg = await read()
+                if msg is eof:
+                    break
+                for resp in await stream.handle(msg):
+                    await write(resp)
+        finally:
+            self.state.active_streams -= 1
+            stream.complete()

@@ -1,0 +1,34 @@
+"""The Prometheus endpoint (`/metrics`) as an aiohttp app on the server's event loop (non-blocking I/O)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+
+class MetricsHTTP:
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        self._registry = registry
+        self._host = host
+        self._port = port
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self._registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self._port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

@@ -1,0 +1,221 @@
+"""Tokenize an OpenAI request the way vLLM does, with an in-process Hugging Face tokenizer or the model
+server's `/tokenize` endpoint, behind a bounded cache; big prompts are tokenized off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class TokenizationError(Exception):
+    """The prompt could not be tokenized (unknown model, bad messages, server error)."""
+
+
+def _flatten_content(content: Any) -> Any:
+    """Text parts joined with newlines, as vLLM does for string-content chat templates."""
+    if isinstance(content, list):
+        texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") in ("text", None)]
+        return "\n".join(t for t in texts if isinstance(t, str))
+    return content
+
+
+def normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m:
+            raise TokenizationError(f"messages[{i}] must be an object with a role")
+        d = dict(m)
+        d["content"] = _flatten_content(d.get("content")) if d.get("content") is not None else ""
+        out.append(d)
+    return out
+
+
+class Backend(Protocol):
+    async def completion(self, model: str, prompt: str) -> list[int]: ...
+
+    async def chat(self, model: str, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> list[int]: ...
+
+
+class HFBackend:
+    """transformers AutoTokenizer per model, loaded from a local directory (offline; one load per directory
+    per process, shared by every backend)."""
+
+    _loaded: dict[str, Any] = {}
+
+    def __init__(
+        self,
+        model_dirs: Mapping[str, str | Path],
+        default_dir: str | Path | None = None,
+        offload_chars: int = 4096,
+        executor: ThreadPoolExecutor | None = None,
+    ) -> None:
+        self.model_dirs = {k: str(v) for k, v in model_dirs.items()}
+        self.default_dir = str(default_dir) if default_dir else None
+        self.offload_chars = offload_chars
+        self._tok: dict[str, Any] = {}
+        # One thread: a fast tokenizer must not be used from two threads at once ("Already borrowed").
+        self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        self._offloaded = 0
+
+    def tokenizer(self, model: str) -> Any:
+        tok = self._tok.get(model)
+        if tok is None:
+            d = self.model_dirs.get(model, self.default_dir)
+            if d is None:
+                raise TokenizationError(f"no tokenizer configured for model {model!r}")
+            tok = HFBackend._loaded.get(d)
+            if tok is None:
+                from transformers import AutoTokenizer
+
+                try:
+                    tok = AutoTokenizer.from_pretrained(d, local_files_only=True)
+                except Exception as e:
+                    raise TokenizationError(f"cannot load tokenizer for {model!r} from {d}: {e}") from None
+                HFBackend._loaded[d] = tok
+            self._tok[model] = tok
+        return tok
+
+    async def _run(self, size: int, fn: Any, *args: Any) -> Any:
+        """Small prompts inline (cheaper than a thread hop), big ones on the tokenizer thread; while that
+        thread is busy everything queues behind it, so the tokenizer is never used concurrently."""
+        if size < self.offload_chars and not self._offloaded:
+            return fn(*args)
+        self._offloaded += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        finally:
+            self._offloaded -= 1
+
+    async def completion(self, model: str, prompt: str) -> list[int]:
+        tok = self.tokenizer(model)
+        # vLLM's completions API encodes with add_special_tokens=True
+        ids = await self._run(len(prompt), lambda: tok(prompt, add_special_tokens=True)["input_ids"])
+        return list(ids)
+
+    async def chat(self, model: str, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> list[int]:
+        tok = self.tokenizer(model)
+        size = sum(len(str(m.get("content", ""))) for m in messages)
+
+        def render() -> list[int]:
+            # vLLM renders the template to text, then encodes it without adding special tokens
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+
+        try:
+            return list(await self._run(size, render))
+        except TokenizationError:
+            raise
+        except Exception as e:
+            raise TokenizationError(f"chat template failed for {model!r}: {e}") from None
+
+
+class HTTPBackend:
+    """The model server's `POST /tokenize` (vLLM): `{"model", "prompt"}` or `{"model", "messages", ...}`."""
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        self.url = url.rstrip("/") + "/tokenize"
+        self.timeout = timeout
+        self._session: Any = None
+
+    async def _post(self, body: dict[str, Any]) -> list[int]:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        try:
+            async with self._session.post(self.url, json=body) as r:
+                data = await r.json(content_type=None)
+                if r.status != 200:
+                    raise TokenizationError(f"{self.url}: HTTP {r.status}: {str(data)[:200]}")
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
+            raise TokenizationError(f"{self.url}: {e or type(e).__name__}") from None
+        toks = data.get("tokens") if isinstance(data, dict) else None
+        if not isinstance(toks, list):
+            raise TokenizationError(f"{self.url}: response has no token list")
+        return toks
+
+    async def completion(self, model: str, prompt: str) -> list[int]:
+        return await self._post({"model": model, "prompt": prompt, "add_special_tokens": True})
+
+    async def chat(self, model: str, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> list[int]:
+        body: dict[str, Any] = {"model": model, "messages": messages, "add_generation_prompt": True}
+        if kwargs:
+            body["chat_template_kwargs"] = dict(kwargs)
+        return await self._post(body)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class PromptTokenizer:
+    """Request → token ids, cached (LRU by model + content digest)."""
+
+    def __init__(self, backend: Backend, cache_size: int = 1024) -> None:
+        self.backend = backend
+        self.cache_size = cache_size
+        self._cache: OrderedDict[bytes, list[int]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    async def tokenize(
+        self,
+        model: str,
+        prompt: Any = None,
+        messages: Sequence[Any] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        if messages is not None:
+            msgs = normalize_messages(messages)
+            kw = dict(chat_template_kwargs or {})
+            key = self._key(model, "chat", [msgs, kw])
+            got = self._get(key)
+            if got is None:
+                got = await self.backend.chat(model, msgs, kw)
+                self._put(key, got)
+            return got
+        if isinstance(prompt, list):
+            if all(type(t) is int for t in prompt):
+                return list(prompt)  # already token ids
+            if len(prompt) == 1 and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            else:
+                raise TokenizationError("only a single prompt (string or token ids) can be routed by prefix")
+        if not isinstance(prompt, str):
+            raise TokenizationError("the request has neither a prompt string nor messages")
+        key = self._key(model, "completion", prompt)
+        got = self._get(key)
+        if got is None:
+            got = await self.backend.completion(model, prompt)
+            self._put(key, got)
+        return got
+
+    @staticmethod
+    def _key(model: str, kind: str, content: Any) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(model.encode() + b"\0" + kind.encode() + b"\0")
+        h.update(content.encode() if isinstance(content, str) else json.dumps(content, sort_keys=True).encode())
+        return h.digest()
+
+    def _get(self, key: bytes) -> list[int] | None:
+        v = self._cache.get(key)
+        if v is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._cache.move_to_end(key)
+        return v
+
+    def _put(self, key: bytes, v: list[int]) -> None:
+        self._cache[key] = v
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)

@@ -1,0 +1,205 @@
+"""vLLM's own ZmqEventPublisher and event structs → our pool → index; replay through vLLM's ROUTER."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import zmq
+from prometheus_client import CollectorRegistry
+
+from epp.framework.types import Endpoint
+from epp.kvcache.index import MemoryIndex
+from epp.kvcache.ingest import EventApplier
+from epp.kvcache.metrics import PoolMetrics
+from epp.kvcache.pool import EVENTS_ENDPOINT_ATTR, REPLAY_ENDPOINT_ATTR, EventPool, PoolConfig
+from epp.kvcache.tokens import TokenProcessor
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+BS = 16
+
+
+def stored(kv: Any, hashes: list[int], parent: int | None, tokens: list[int], medium: str = "GPU") -> Any:
+    return kv.BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=parent,
+        token_ids=tokens,
+        block_size=BS,
+        lora_id=None,
+        medium=medium,
+        lora_name=None,
+    )
+
+
+def batch(kv: Any, *events: Any) -> Any:
+    return kv.KVEventBatch(ts=time.time(), events=list(events))
+
+
+async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+class Rig:
+    def __init__(self, cfg: PoolConfig) -> None:
+        self.tp = TokenProcessor(BS, hash_seed="42")
+        self.index = MemoryIndex()
+        self.applier = EventApplier(self.index, self.tp)
+        self.registry = CollectorRegistry()
+        self.pool = EventPool(self.applier, cfg, PoolMetrics(self.registry))
+
+    def keys(self, tokens: list[int]) -> list[int]:
+        return self.tp.block_keys(tokens, MODEL)
+
+    def blocks(self, tokens: list[int], pod: str) -> int:
+        m = self.index.lookup_now(self.keys(tokens)).get(pod)
+        return m.blocks if m else 0
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    r = Rig(PoolConfig(concurrency=2, topic_filter="kv@", default_model=MODEL, replay_idle_timeout=1.0))
+    task = asyncio.create_task(r.pool.run())
+    await r.pool.started()
+    yield r
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def endpoint(name: str, port: int, pub: Any) -> Endpoint:
+    return Endpoint(
+        name=name,
+        address="127.0.0.1",
+        port=port,
+        attributes={EVENTS_ENDPOINT_ATTR: pub.endpoint, REPLAY_ENDPOINT_ATTR: pub.replay},
+    )
+
+
+TOKENS = list(range(1000, 1000 + 8 * BS))  # 8 blocks
+
+
+async def test_stores_removals_clears_from_real_vllm(rig: Rig, publishers: Any, vllm_kv: Any) -> None:
+    kv = vllm_kv
+    a = publishers.start(topic=f"kv@127.0.0.1:8000@{MODEL}")
+    b = publishers.start(topic=f"kv@127.0.0.1:8001@{MODEL}")
+    rig.pool.endpoint_added(endpoint("a", 8000, a))
+    rig.pool.endpoint_added(endpoint("b", 8001, b))
+    # a holds all 8 blocks (two chained events), b only the first 3
+    a.publish(batch(kv, stored(kv, [101, 102, 103, 104], None, TOKENS[: 4 * BS])))
+    a.publish(batch(kv, stored(kv, [105, 106, 107, 108], 104, TOKENS[4 * BS :])))
+    b.publish(batch(kv, stored(kv, [201, 202, 203], None, TOKENS[: 3 * BS])))
+    await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 8 and rig.blocks(TOKENS, "127.0.0.1:8001") == 3)
+    # a removal in the middle breaks a's consecutive prefix at block 5
+    a.publish(batch(kv, kv.BlockRemoved(block_hashes=[106], medium="GPU")))
+    await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 5)
+    # AllBlocksCleared (vLLM's reset_prefix_cache) empties a, leaves b
+    a.publish(batch(kv, kv.AllBlocksCleared()))
+    await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 0)
+    assert rig.blocks(TOKENS, "127.0.0.1:8001") == 3
+    assert rig.metric("kv_cache_events_blocks_total", op="stored") == 11
+
+
+async def test_mid_stream_join_replays_through_vllm_router(rig: Rig, publishers: Any, vllm_kv: Any) -> None:
+    kv = vllm_kv
+    a = publishers.start(topic=f"kv@x@{MODEL}")
+    # published before anyone subscribed: lost on the PUB socket, kept in vLLM's replay buffer
+    a.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
+    a.publish(batch(kv, stored(kv, [5, 6], 4, TOKENS[4 * BS : 6 * BS])))
+    await asyncio.sleep(0.2)
+    rig.pool.endpoint_added(endpoint("a", 8000, a))
+    await asyncio.sleep(0.3)  # let the SUB connect
+    a.publish(batch(kv, stored(kv, [7, 8], 6, TOKENS[6 * BS :])))
+    await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 8)
+    assert rig.metric("kv_cache_events_replays_total", result="ok") >= 1
+    assert rig.pool.stats.skipped_parent == 0
+
+
+async def test_gap_replays_missing_batch(
+    rig: Rig, publishers: Any, vllm_kv: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kv = vllm_kv
+    a = publishers.start(topic=f"kv@x@{MODEL}")
+    rig.pool.endpoint_added(endpoint("a", 8000, a))
+    a.publish(batch(kv, stored(kv, [1, 2], None, TOKENS[: 2 * BS])))
+    await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 2)
+    # lose the next live message (as a full queue or HWM would); the one after reveals the gap
+    real_submit = rig.pool.submit
+    lost: list[int] = []
+
+    def lossy(frames: list[bytes], source: str | None, replay: str | None = None) -> bool:
+        if not lost:
+            lost.append(int.from_bytes(frames[1], "big"))
+            return False
+        return real_submit(frames, source, replay)
+
+    monkeypatch.setattr(rig.pool, "submit", lossy)
+    a.publish(batch(kv, stored(kv, [3, 4], 2, TOKENS[2 * BS : 4 * BS])))
+    await until(lambda: bool(lost))
+    a.publish(batch(kv, stored(kv, [5, 6, 7, 8], 4, TOKENS[4 * BS :])))
+    await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 8)
+    assert rig.metric("kv_cache_events_sequence_total", verdict="gap") == 1
+    assert rig.metric("kv_cache_events_replays_total", result="ok") >= 1
+
+
+async def test_publisher_restart_clears_pod(rig: Rig, publishers: Any, vllm_kv: Any) -> None:
+    kv = vllm_kv
+    a = publishers.start(topic=f"kv@x@{MODEL}")
+    rig.pool.endpoint_added(endpoint("a", 8000, a))
+    a.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
+    a.publish(batch(kv, stored(kv, [5, 6, 7, 8], 4, TOKENS[4 * BS :])))
+    await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 8)
+    ep, rp = a.endpoint, a.replay
+    publishers.stop(a)
+    # a new engine process on the same endpoints: its seq starts again at 0 and its cache is empty
+    a2 = None
+    for _ in range(40):  # libzmq closes the old ROUTER asynchronously; the port frees up shortly
+        try:
+            a2 = publishers.start(topic=f"kv@x@{MODEL}", endpoint=ep, replay=rp)
+            break
+        except zmq.ZMQError:
+            await asyncio.sleep(0.05)
+    assert a2 is not None
+    other = list(range(5000, 5000 + 2 * BS))
+    for _ in range(50):  # until the SUB has reconnected and sees the new stream
+        a2.publish(batch(kv, stored(kv, [901, 902], None, other)))
+        await asyncio.sleep(0.05)
+        if rig.blocks(other, "127.0.0.1:8000") == 2:
+            break
+    await until(lambda: rig.blocks(other, "127.0.0.1:8000") == 2)
+    assert rig.blocks(TOKENS, "127.0.0.1:8000") == 0
+    assert rig.metric("kv_cache_events_sequence_total", verdict="restart") >= 1
+
+
+async def test_central_bind_mode_takes_pod_from_topic(publishers: Any, vllm_kv: Any) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kv = vllm_kv
+    r = Rig(PoolConfig(zmq_endpoint=f"tcp://127.0.0.1:{port}", discover_pods=False, default_model=MODEL))
+    task = asyncio.create_task(r.pool.run())
+    try:
+        await r.pool.started()
+        # vLLM connects its PUB (no '*' in the endpoint) to our bound SUB
+        a = publishers.start(topic=f"kv@10.0.0.7:8000@{MODEL}", endpoint=f"tcp://127.0.0.1:{port}")
+        # discovery still tells the pool where this pod's replay socket is
+        r.pool.endpoint_added(Endpoint("p", "10.0.0.7", 8000, attributes={REPLAY_ENDPOINT_ATTR: a.replay}))
+        await asyncio.sleep(0.3)
+        a.publish(batch(kv, stored(kv, [1, 2, 3], None, TOKENS[: 3 * BS])))
+        await until(lambda: r.blocks(TOKENS, "10.0.0.7:8000") == 3)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
