@@ -177,7 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in summaries:
             if s.label != baseline and base.ttft_p90 > 0:
                 print(f"  TTFT p90: precise is {s.ttft_p90 / base.ttft_p90:.1f}x better than {s.label}")
-    meta = {"args": vars(ns), "workload": workload.params, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    meta: dict[str, object] = {
+        "args": vars(ns),
+        "workload": workload.params,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     report.write_json(out / "demo-results.json", summaries, raw, meta)
     report.plot_ttft(out / "demo-ttft.png", raw, f"TTFT by routing strategy ({workload.name}, {ns.pods} pods)")
     print(f"\nwrote {out / 'demo-results.json'} and {out / 'demo-ttft.png'}")
