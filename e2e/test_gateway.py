@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from e2e.harness.backends import CACHED_TOKENS, PROMPT_TOKENS, BackendPool
-from e2e.harness.http import metric_value, post_json, request, sse_events
+from e2e.harness.http import metric_value, post_json, post_json_lines, request, sse_events
 from e2e.harness.stack import Stack, endpoints_yaml, start_stack
 
 pytestmark = pytest.mark.e2e
@@ -151,6 +152,16 @@ def test_sse_streaming_through_proxy_with_usage_on_metrics(duplex: Stack) -> Non
     assert metric_value(text, "inference_objective_running_requests", {"model_name": "sse-model"}) == 0
 
 
+def test_sse_chunks_arrive_as_they_are_produced(duplex: Stack) -> None:
+    """The proxy path does not buffer SSE: the first event arrives well before the last (backend: 5 ms per chunk)."""
+    body = {"model": "m1", "messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 60}
+    status, lines = post_json_lines(duplex.url + "/v1/chat/completions", body)
+    assert status == 200
+    data = [(t, line) for t, line in lines if line.startswith(b"data: ")]
+    assert len(data) == 61
+    assert data[-1][0] - data[0][0] > 0.15  # 60 chunks x 5 ms, spread out on arrival
+
+
 def test_json_usage_counted(duplex: Stack) -> None:
     for _ in range(2):
         r = post_json(duplex.url + "/v1/completions", {"model": "json-model", "prompt": "x", "max_tokens": 4})
@@ -219,9 +230,90 @@ def test_buffered_mode(stack_factory: Callable[..., Stack]) -> None:
     assert metric_value(text, "inference_objective_output_tokens_count", {"model_name": "m1"}) == 3
 
 
-def test_epp_drains_and_reports_not_serving_on_sigterm(stack_factory: Callable[..., Stack], tmp_path: Path) -> None:
+def test_sigterm_mid_stream_lets_the_sse_response_finish(stack_factory: Callable[..., Stack]) -> None:
+    """A streaming response in flight when the EPP gets SIGTERM still completes; then the EPP exits 0."""
     s = stack_factory(backends=1)
-    assert post_json(s.url + "/v1/completions", {"model": "m1", "prompt": "x"}).status == 200
+    body = {"model": "m1", "messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 120}
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        result["r"] = post_json(s.url + "/v1/chat/completions", body)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # wait until the request is in flight (the backend needs ~0.6 s in all)
+        try:
+            if metric_value(s.epp.metrics_text(), "inference_objective_running_requests", {"model_name": "m1"}) == 1:
+                break
+        except KeyError:
+            pass
+        time.sleep(0.01)
     s.epp.terminate()
+    t.join(timeout=20)
+    r = result["r"]
+    assert r.status == 200  # type: ignore[attr-defined]
+    events = sse_events(r.body)  # type: ignore[attr-defined]
+    assert len(events) == 121 and events[-1] == "[DONE]"
     assert s.epp.wait(10) == 0
-    assert "shutting down" in s.epp.log_text()
+    log_text = s.epp.log_text()
+    assert "draining 1 streams" in log_text
+
+
+def test_concurrent_mixed_requests_all_complete(duplex: Stack) -> None:
+    """64 concurrent requests (JSON, SSE, bad bodies) through one Envoy: right answers, no leaked running count."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> tuple[int, int]:
+        if i % 8 == 7:
+            r = request(duplex.url + "/v1/completions", "POST", b"{", {"content-type": "application/json"})
+            return i, r.status
+        if i % 2:
+            body = {"model": "conc", "messages": [{"role": "user", "content": str(i)}], "stream": True, "max_tokens": 4}
+            r = post_json(duplex.url + "/v1/chat/completions", body)
+            assert len([e for e in sse_events(r.body) if e != "[DONE]"]) == 4
+            return i, r.status
+        r = post_json(duplex.url + "/v1/completions", {"model": "conc", "prompt": "p" * (i * 1000 + 1)})
+        assert r.status == 200, (r.status, r.body[:300])
+        assert r.json()["echo"]["body_len"] > i * 1000
+        return i, r.status
+
+    with ThreadPoolExecutor(max_workers=16) as ex:
+        results = list(ex.map(one, range(64)))
+    for i, status in results:
+        assert status == (400 if i % 8 == 7 else 200), i
+    text = duplex.epp.metrics_text()
+    assert metric_value(text, "inference_objective_request_total", {"model_name": "conc"}) == 56
+    assert metric_value(text, "inference_objective_running_requests", {"model_name": "conc"}) == 0
+    assert metric_value(text, "inference_objective_request_duration_seconds_count", {"model_name": "conc"}) == 56
+
+
+def test_metrics_endpoint_serves_every_part_of_the_epp(duplex: Stack) -> None:
+    """Request metrics and the scheduler's / data layer's metrics (module-level, default registry) on one /metrics."""
+    assert post_json(duplex.url + "/v1/completions", {"model": "m1", "prompt": "x"}).status == 200
+    text = duplex.epp.metrics_text()
+    for name in (
+        "inference_objective_request_total",
+        "inference_extension_scheduler_e2e_duration_seconds_count",
+        "inference_extension_info",
+        "process_cpu_seconds_total",
+    ):
+        assert metric_value(text, name) > 0, name
+
+
+def test_buffered_request_with_streamed_response(stack_factory: Callable[..., Stack]) -> None:
+    """Modes are per direction: BUFFERED request body, FULL_DUPLEX_STREAMED response (SSE + usage still work)."""
+    s = stack_factory(backends=1, mode="BUFFERED", response_mode="FULL_DUPLEX_STREAMED")
+    body = {
+        "model": "mixed",
+        "messages": [{"role": "user", "content": "x"}],
+        "stream": True,
+        "max_tokens": 6,
+        "stream_options": {"include_usage": True},
+    }
+    r = post_json(s.url + "/v1/chat/completions", body)
+    assert r.status == 200
+    events = sse_events(r.body)
+    assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 6
+    text = s.epp.metrics_text()
+    assert metric_value(text, "inference_objective_output_tokens_sum", {"model_name": "mixed"}) == 6

@@ -21,12 +21,19 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--metrics-port", type=int, default=9090)
     s.add_argument("--bind-address", default="0.0.0.0")
     s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to let in-flight streams finish")
+    s.add_argument("--max-request-body-bytes", type=int, default=128 * 1024 * 1024, help="larger bodies get 413")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--workers", type=int, default=1, help="EPP processes sharing the ports (SO_REUSEPORT)")
+    s.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     from epp.discovery.kubernetes import add_kubernetes_args
 
     add_kubernetes_args(s)
     args = parser.parse_args(argv)
     if args.command == "serve":
+        if args.workers > 1 and args.worker_index is None:
+            from epp.server.workers import run_workers
+
+            return run_workers(sys.argv[1:] if argv is None else argv, args.workers)
         return _serve(args)
     if args.command == "validate":
         from epp.config import ConfigError, load_config
@@ -52,7 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
     from epp.app import build_runtime
     from epp.config import ConfigError, load_config, parse_config
     from epp.discovery.kubernetes import kubernetes_source_from_args
-    from epp.server.runner import ServeOptions, serve
+    from epp.server.runner import BindError, ServeOptions, serve
 
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -80,6 +87,14 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_health_port=args.grpc_health_port,
         metrics_port=args.metrics_port,
         drain_timeout=args.drain_timeout,
+        max_body_bytes=args.max_request_body_bytes,
+        reuse_port=args.worker_index is not None,
     )
-    asyncio.run(serve(runtime, options))
+    if args.worker_index is not None and options.metrics_port:
+        options.metrics_port += args.worker_index
+    try:
+        asyncio.run(serve(runtime, options))
+    except BindError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0

@@ -1,16 +1,25 @@
 """Request-level Prometheus metrics with GIE's names (`inference_objective_*`).
 
-One registry per process (`REGISTRY`); tests and embedded servers may build their own `RequestMetrics`.
+`REGISTRY` is prometheus_client's default registry (process/GC collectors, `inference_extension_info`, and every
+module-level metric of the EPP); tests and embedded servers may build their own `RequestMetrics` on a private one.
 Label sets follow GIE: model = (model_name, target_model_name); the request counter adds `priority`.
 """
 
 from __future__ import annotations
 
+import os
+
+import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from epp import __version__
 from epp.framework.types import Usage
 
-REGISTRY = CollectorRegistry(auto_describe=True)
+# The registry /metrics serves: prometheus_client's default one (with its process/GC collectors), so metrics that
+# other parts of the EPP declare the usual way (scheduler, data layer, KV events) are served too.
+REGISTRY: CollectorRegistry = prometheus_client.REGISTRY
+Gauge("inference_extension_info", "General information of the current build.", ["commit", "build_ref"],
+      registry=REGISTRY).labels(os.environ.get("PYEPP_COMMIT", "unknown"), __version__).set(1)  # fmt: skip
 
 _DURATION_BUCKETS = (
     0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60, 120, 180,
@@ -139,3 +148,14 @@ class _ModelSeries:
         self.cached_tokens = m.cached_tokens.labels(model, target)
         self.ntpot = m.ntpot.labels(model, target)
         self.running = m.running.labels(model)
+
+
+_BY_REGISTRY: dict[int, RequestMetrics] = {}
+
+
+def request_metrics(registry: CollectorRegistry = REGISTRY) -> RequestMetrics:
+    """The RequestMetrics of a registry, created once (registering the same names twice is an error)."""
+    m = _BY_REGISTRY.get(id(registry))
+    if m is None:
+        m = _BY_REGISTRY[id(registry)] = RequestMetrics(registry)
+    return m

@@ -37,6 +37,8 @@ class RecordingDirector:
 
     inner: RoundRobinDirector
     fail: BaseException | None = None
+    fail_response_headers: bool = False
+    fallbacks: bool = False
     metadata: dict[str, object] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     requests: list[InferenceRequest] = field(default_factory=list)
@@ -48,6 +50,8 @@ class RecordingDirector:
         if self.fail is not None:
             raise self.fail
         d = await self.inner.handle_request(request)
+        if self.fallbacks:
+            d.endpoints = list(self.inner._view.endpoints())[::-1]
         d.metadata.update(self.metadata)
         d.headers.update(self.headers)
         return d
@@ -56,6 +60,8 @@ class RecordingDirector:
         self, request: InferenceRequest, decision: RoutingDecision, status: int, served: str | None
     ) -> None:
         self.response_headers.append((status, served))
+        if self.fail_response_headers:
+            raise RuntimeError("plugin bug")
 
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
@@ -381,3 +387,65 @@ async def test_graceful_stop_drains_in_flight_stream(epp: Harness) -> None:
     assert await call.read() is grpc.aio.EOF
     await asyncio.wait_for(stopping, 5)
     assert epp.director.completed[0][1] == Usage(prompt_tokens=1, total_tokens=1)
+
+
+async def test_request_trailers_end_the_body(epp: Harness) -> None:
+    call = epp.stub.Process()
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    rs = await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', False), trailers], 3)
+    assert set_headers(rs[0])[DEST].startswith("10.0.0.1:")
+    sr = rs[1].request_body.response.body_mutation.streamed_response
+    assert (sr.body, sr.end_of_stream) == (b'{"model":"m","prompt":"x"}', False)
+    assert rs[2].HasField("request_trailers")
+    call.cancel()
+
+
+async def test_oversized_body_gets_413(epp: Harness) -> None:
+    epp.server.state.max_body_bytes = 100_000
+    call = epp.stub.Process()
+    (resp,) = await exchange(call, [headers_msg(), body_msg(b"x" * 60_000, False), body_msg(b"x" * 60_000, False)], 1)
+    assert resp.immediate_response.status.code == 413
+    assert "exceeds 100000 bytes" in json.loads(resp.immediate_response.body)["error"]["message"]
+    call.cancel()
+
+
+async def test_response_hook_failure_does_not_break_the_response(epp: Harness) -> None:
+    epp.director.fail_response_headers = True
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 2)
+    rs = await exchange(call, [resp_headers_msg(), resp_body_msg(b'{"ok":1}', True)], 2)
+    assert rs[0].HasField("response_headers")
+    assert rs[1].response_body.response.body_mutation.streamed_response.body == b'{"ok":1}'
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    assert len(epp.director.completed) == 1
+
+
+async def test_port_in_use_is_a_clear_bind_error() -> None:
+    import socket
+
+    from epp.server.runner import BindError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ds = Datastore()
+        runtime = Runtime(config=parse_config(""), datastore=ds, director=RoundRobinDirector(ds), sources=[])
+        registry = CollectorRegistry()
+        opts = ServeOptions(bind_address="127.0.0.1", grpc_port=port, grpc_health_port=0, metrics_port=0)
+        server = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
+        with pytest.raises(BindError, match=f"grpc port 127.0.0.1:{port}"):
+            await server.start()
+
+
+async def test_fallback_list_in_header_and_metadata(epp: Harness) -> None:
+    epp.director.fallbacks = True
+    call = epp.stub.Process()
+    first, _ = await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 2)
+    assert set_headers(first)[DEST] == "10.0.0.1:8001,10.0.0.1:8000"
+    assert (
+        first.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DEST].string_value
+        == "10.0.0.1:8001,10.0.0.1:8000"
+    )
+    call.cancel()

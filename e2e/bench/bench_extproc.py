@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from epp.datastore import Datastore
 from epp.framework.types import Endpoint
 from epp.metrics import RequestMetrics
+from epp.protocol.usage import SSEUsageReader
 from epp.requestcontrol.director import RoundRobinDirector
 from epp.server.extproc import RequestStream, ServerState
 
@@ -146,6 +147,35 @@ def main() -> None:
         f = bench(lambda w=wire: floor_once(w), args.n, args.repeats)
         p = bench_async(loop, state, wire, args.n, args.repeats)
         print(f"{'headers + ' + str(size // 1024) + ' KiB chat body':34} {f:10.1f} {p:10.1f} {p / f:7.2f}")
+    # One SSE event on the response path (the most frequent message of a streaming request).
+    event = (
+        b'data: {"id":"c","object":"chat.completion.chunk","model":"qwen","choices":[{"delta":{"content":"tok "}}]}\n\n'
+    )
+    chunk_wire = pb.ProcessingRequest(response_body=pb.HttpBody(body=event)).SerializeToString()
+
+    def floor_chunk() -> None:
+        body = pb.ProcessingRequest.FromString(chunk_wire).response_body.body
+        r = pb.ProcessingResponse()
+        r.response_body.response.body_mutation.streamed_response.body = body
+        r.SerializeToString()
+
+    stream = RequestStream(state)
+    loop.run_until_complete(stream.handle(pb.ProcessingRequest.FromString(wire_messages(chat_body(1024))[0])))
+    stream._sse = SSEUsageReader()
+
+    async def pyepp_chunks(n: int) -> None:
+        for _ in range(n):
+            for r in await stream.handle(pb.ProcessingRequest.FromString(chunk_wire)):
+                r.SerializeToString()
+
+    f = bench(floor_chunk, args.n, args.repeats)
+    runs = []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        loop.run_until_complete(pyepp_chunks(args.n))
+        runs.append((time.perf_counter() - t) / args.n * 1e6)
+    p = statistics.median(runs)
+    print(f"{'SSE response chunk (usage reader on)':34} {f:10.1f} {p:10.1f} {p / f:7.2f}")
     small = wire_messages(chat_body(2 * 1024 * 1024))
     big = wire_messages(chat_body(8 * 1024 * 1024))
     n = max(5, args.n // 300)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,6 +41,24 @@ def request(
 def post_json(url: str, obj: Any, headers: dict[str, str] | None = None, timeout: float = 30.0) -> Response:
     h = {"content-type": "application/json", **(headers or {})}
     return request(url, "POST", json.dumps(obj).encode(), h, timeout)
+
+
+def post_json_lines(url: str, obj: Any, timeout: float = 30.0) -> tuple[int, list[tuple[float, bytes]]]:
+    """POST and read the response line by line: (status, [(monotonic arrival time, line)]) — shows streaming."""
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=timeout)
+    try:
+        conn.request("POST", u.path or "/", body=json.dumps(obj).encode(), headers={"content-type": "application/json"})
+        r = conn.getresponse()
+        lines = []
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            lines.append((time.monotonic(), line))
+        return r.status, lines
+    finally:
+        conn.close()
 
 
 def sse_events(body: bytes) -> list[Any]:

@@ -22,7 +22,7 @@ from typing import Any
 from e2e.harness.backends import Backend, BackendPool
 from e2e.harness.envoy_config import EnvoyOptions
 from e2e.harness.ports import free_ports
-from e2e.harness.procs import EnvoyProcess, EppProcess, StartError
+from e2e.harness.procs import EnvoyProcess, EppPorts, EppProcess, StartError
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +105,11 @@ def _start_stack(
             n += 1
             cfg = workdir / f"epp-config-{n}.yaml"
         cfg.write_text(text)
-        epp = EppProcess(cfg, workdir, extra_args=epp_args)
         names = list((subset_hints or {}).keys())
-        ports = free_ports(2 + len(names))
+        # All ports in one call, so none of them repeats before the children have bound theirs.
+        picked = free_ports(3 + 2 + len(names))
+        epp_ports, ports = picked[:3], picked[3:]
+        epp = EppProcess(cfg, workdir, ports=EppPorts(*epp_ports), extra_args=epp_args)
         opts = EnvoyOptions(
             listener_port=ports[0],
             admin_port=ports[1],

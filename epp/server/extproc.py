@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -36,12 +36,19 @@ from epp.requestcontrol.director import Director, RoutingDecision, locate_candid
 
 log = logging.getLogger(__name__)
 
+
+class PayloadTooLarge(RequestError):
+    status = 413
+    code = "PayloadTooLarge"
+
+
 DESTINATION_KEY = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE = "envoy.lb"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 BODY_CHUNK_LIMIT = 62_000  # GIE's BodyByteLimit: Envoy takes at most 64 KiB per streamed chunk
+DEFAULT_MAX_BODY_BYTES = 128 * 1024 * 1024  # a gathered request body beyond this is refused with 413
 
 _Mode = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
@@ -129,6 +136,7 @@ class ServerState:
         model_rewrites: Mapping[str, str] | None = None,
         request_body_mode: int = FULL_DUPLEX,
         response_body_mode: int = FULL_DUPLEX,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         self.director = director
         self.datastore = datastore
@@ -136,6 +144,7 @@ class ServerState:
         self.model_rewrites = dict(model_rewrites or {})
         self.request_body_mode = request_body_mode
         self.response_body_mode = response_body_mode
+        self.max_body_bytes = max_body_bytes
         self.active_streams = 0
         self._bodyless_next = 0
 
@@ -262,16 +271,16 @@ class RequestStream:
         if chunk:
             self._body.append(chunk)
             self._body_size += len(chunk)
+            if self._body_size > self.s.max_body_bytes:
+                self._body = []
+                raise PayloadTooLarge(f"request body exceeds {self.s.max_body_bytes} bytes")
         if not body.end_of_stream:
             return []
         return await self._decide(end_of_stream=True)
 
     async def _request_trailers(self) -> list[pb.ProcessingResponse]:
-        out: list[pb.ProcessingResponse] = []
-        if self.state < _BODY_DONE:
-            out = await self._decide(end_of_stream=False)
-            if out and out[0].HasField("immediate_response"):
-                return out
+        """Trailers end a body that had no end_of_stream: decide now, the body chunks stay without EOS."""
+        out = await self._decide(end_of_stream=False) if self.state < _BODY_DONE else []
         out.append(pb.ProcessingResponse(request_trailers=pb.TrailersResponse()))
         return out
 
@@ -342,7 +351,10 @@ class RequestStream:
                 self.s.metrics.request_error(req.model, req.target_model, "ModelServerError")
             served = _served(msg.metadata_context) if msg.HasField("metadata_context") else None
             assert self.decision is not None
-            self.s.director.handle_response_headers(req, self.decision, self.status, served)
+            try:
+                self.s.director.handle_response_headers(req, self.decision, self.status, served)
+            except Exception:  # a plugin bug must not turn a good response into an error
+                log.exception("director.handle_response_headers failed for request %s", req.request_id)
             if "text/event-stream" in headers.get("content-type", ""):
                 self._sse = SSEUsageReader()
             else:
@@ -357,13 +369,22 @@ class RequestStream:
         self.response_size += len(chunk)
         if self._sse is not None:
             self._sse.feed(chunk)
-        elif self._resp_json is not None and self.response_size <= MAX_JSON_USAGE_BYTES:
-            self._resp_json.append(chunk)
+        elif self._resp_json is not None:
+            if self.response_size <= MAX_JSON_USAGE_BYTES:
+                self._resp_json.append(chunk)
+            else:  # too big to parse for usage: stop holding it
+                self._resp_json = None
         out_chunk = self._rewriter.feed(chunk, eos) if self._rewriter is not None else chunk
         if eos:
             self.complete()
         if self.response_mode == FULL_DUPLEX:
-            pieces = _chunks([out_chunk]) or [b""]
+            if len(out_chunk) <= BODY_CHUNK_LIMIT:  # the common case (an SSE event): one response, no lists
+                resp = pb.ProcessingResponse()
+                sr = resp.response_body.response.body_mutation.streamed_response
+                sr.body = out_chunk
+                sr.end_of_stream = eos
+                return [resp]
+            pieces = _chunks([out_chunk])
             out = []
             last = len(pieces) - 1
             for i, piece in enumerate(pieces):
@@ -406,15 +427,18 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def Process(
-        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    async def Process(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        """Read/write on the context rather than an async generator: measurably fewer hops per message."""
         stream = RequestStream(self.state)
         self.state.active_streams += 1
+        read, write, eof = context.read, context.write, grpc.aio.EOF
         try:
-            async for msg in request_iterator:
+            while True:
+                msg = await read()
+                if msg is eof:
+                    break
                 for resp in await stream.handle(msg):
-                    yield resp
+                    await write(resp)
         finally:
             self.state.active_streams -= 1
             stream.complete()

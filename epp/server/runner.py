@@ -18,20 +18,28 @@ from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from epp.app import Runtime
-from epp.metrics import REGISTRY, RequestMetrics
-from epp.server.extproc import ExtProcServicer, ServerState
+from epp.metrics import REGISTRY, RequestMetrics, request_metrics
+from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, ExtProcServicer, ServerState
 from epp.server.health import Health
 from epp.server.metrics_http import MetricsHTTP
 
 log = logging.getLogger(__name__)
 
 # Bodies arrive whole in BUFFERED mode; allow large prompts (the Envoy listener limit is the real cap).
-_MAX_MESSAGE = 64 * 1024 * 1024
+_MAX_MESSAGE = DEFAULT_MAX_BODY_BYTES + 1024 * 1024
 _GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE),
     ("grpc.max_send_message_length", _MAX_MESSAGE),
-    ("grpc.so_reuseport", 0),
 ]
+
+
+class BindError(RuntimeError):
+    """A listener could not bind its address (port in use, bad address)."""
+
+
+def _grpc_options(reuse_port: bool) -> list[tuple[str, int]]:
+    """SO_REUSEPORT only for `--workers`: otherwise a second EPP on the same port must fail to bind."""
+    return [*_GRPC_OPTIONS, ("grpc.so_reuseport", 1 if reuse_port else 0)]
 
 
 @dataclass
@@ -41,6 +49,8 @@ class ServeOptions:
     grpc_health_port: int = 9003
     metrics_port: int = 9090
     drain_timeout: float = 30.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    reuse_port: bool = False
 
 
 class EppServer:
@@ -56,12 +66,16 @@ class EppServer:
         self.runtime = runtime
         self.options = options
         self.health = Health()
-        self.metrics = metrics if metrics is not None else RequestMetrics(registry)
+        self.metrics = metrics if metrics is not None else request_metrics(registry)
         self.state = ServerState(
-            runtime.director, runtime.datastore, self.metrics, model_rewrites=runtime.config.model_rewrites
+            runtime.director,
+            runtime.datastore,
+            self.metrics,
+            model_rewrites=runtime.config.model_rewrites,
+            max_body_bytes=options.max_body_bytes,
         )
-        self._grpc = grpc.aio.server(options=_GRPC_OPTIONS)
-        self._health_grpc = grpc.aio.server(options=_GRPC_OPTIONS)
+        self._grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
+        self._health_grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
         self._metrics_http = MetricsHTTP(registry, options.bind_address, options.metrics_port)
         self._tasks: list[asyncio.Task[None]] = []
         self.ports: dict[str, int] = {}
@@ -71,12 +85,24 @@ class EppServer:
         pb_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(self.state), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._health_grpc)
-        self.ports["grpc"] = self._grpc.add_insecure_port(f"{opts.bind_address}:{opts.grpc_port}")
-        self.ports["health"] = self._health_grpc.add_insecure_port(f"{opts.bind_address}:{opts.grpc_health_port}")
+        for key, server, port in (
+            ("grpc", self._grpc, opts.grpc_port),
+            ("health", self._health_grpc, opts.grpc_health_port),
+        ):
+            address = f"{opts.bind_address}:{port}"
+            try:
+                self.ports[key] = server.add_insecure_port(address)
+            except RuntimeError as e:
+                raise BindError(f"cannot bind {key} port {address}: {e}") from None
         await self.health.start()
         await self._grpc.start()
         await self._health_grpc.start()
-        await self._metrics_http.start()
+        try:
+            await self._metrics_http.start()
+        except OSError as e:
+            await self._grpc.stop(0)
+            await self._health_grpc.stop(0)
+            raise BindError(f"cannot bind metrics port {opts.bind_address}:{opts.metrics_port}: {e}") from None
         self.ports["metrics"] = self._metrics_http.port
         for source in self.runtime.sources:
             self._spawn(source.run(self.runtime.datastore), f"discovery {type(source).__name__}")
