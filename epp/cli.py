@@ -27,11 +27,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     s.add_argument("--cert-path", help="directory with tls.crt and tls.key for the ext_proc port (implies TLS)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--workers", type=int, default=1, help="EPP processes sharing the ports (SO_REUSEPORT)")
+    s.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     from epp.discovery.kubernetes import add_kubernetes_args
 
     add_kubernetes_args(s)
     args = parser.parse_args(argv)
     if args.command == "serve":
+        if args.workers > 1 and args.worker_index is None:
+            from epp.server.workers import run_workers
+
+            return run_workers(sys.argv[1:] if argv is None else argv, args.workers)
         return _serve(args)
     if args.command == "validate":
         from epp.config import ConfigError, load_config
@@ -87,9 +93,12 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         drain_timeout=args.drain_timeout,
         max_body_bytes=args.max_request_body_bytes,
+        reuse_port=args.worker_index is not None,
         cert_path=args.cert_path,
         secure_serving=args.secure_serving,
     )
+    if args.worker_index is not None and options.metrics_port:
+        options.metrics_port += args.worker_index
     try:
         asyncio.run(serve(runtime, options))
     except (BindError, TLSError) as e:

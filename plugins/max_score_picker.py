@@ -1,4 +1,9 @@
-"""max-score-picker: the top `maxNumOfEndpoints` by total score, ties broken at random (GIE)."""
+"""max-score-picker: the top `maxNumOfEndpoints` by total score (GIE).
+
+Ties: `tieBreak: roundRobin` (default) rotates through the tied endpoints; `random` is GIE's shuffle. Rotation
+spreads a burst that arrives between two metric scrapes (when every idle pod scores the same) exactly evenly,
+where random choice piles some of it onto one pod.
+"""
 
 from __future__ import annotations
 
@@ -14,25 +19,33 @@ _SCORE = itemgetter(1)
 
 @register("max-score-picker")
 class MaxScorePicker(Plugin):
-    def __init__(self, name: str | None = None, max_num: int = 1) -> None:
+    def __init__(self, name: str | None = None, max_num: int = 1, tie_break: str = "roundRobin") -> None:
         super().__init__(name)
         self.max_num = max_num
+        self.random_ties = tie_break == "random"
+        self._turn = 0
 
     @classmethod
     def from_config(cls, name: str, parameters: dict[str, Any], context: Any) -> MaxScorePicker:
-        return cls(name, max_endpoints(Params(name, parameters)))
+        p = Params(name, parameters)
+        return cls(name, max_endpoints(p), p.str("tieBreak", "roundRobin", choices=("roundRobin", "random")))
+
+    def _tie(self, n: int) -> int:
+        """Index of the tied endpoint to prefer."""
+        if self.random_ties:
+            return PICKER_RANDOM.randrange(n)
+        self._turn += 1
+        return self._turn % n
 
     def pick(
         self, state: CycleState, request: InferenceRequest, scored: Sequence[tuple[Endpoint, float]]
     ) -> ProfileResult:
         if not scored:
             return ProfileResult(targets=[])
-        rnd = PICKER_RANDOM
         if self.max_num == 1:
-            # Same distribution as GIE's shuffle + stable sort, without shuffling every candidate.
             best = max(scored, key=_SCORE)[1]
             ties = [ep for ep, s in scored if s == best]
-            chosen = ties[0] if len(ties) == 1 else ties[rnd.randrange(len(ties))]
+            chosen = ties[0] if len(ties) == 1 else ties[self._tie(len(ties))]
             return ProfileResult(targets=[chosen], scores={chosen.name: best})
         ranked = sorted(scored, key=_SCORE, reverse=True)
         out: list[tuple[Endpoint, float]] = []
@@ -43,6 +56,12 @@ class MaxScorePicker(Plugin):
                 j += 1
             run = ranked[i:j]
             want = min(len(run), self.max_num - len(out))
-            out.extend(run if len(run) == 1 else rnd.sample(run, want))
+            if len(run) > 1:
+                if self.random_ties:
+                    run = PICKER_RANDOM.sample(run, want)
+                else:
+                    k = self._tie(len(run))
+                    run = run[k:] + run[:k]
+            out.extend(run[:want])
             i = j
         return ProfileResult(targets=[ep for ep, _ in out], scores={ep.name: s for ep, s in out})

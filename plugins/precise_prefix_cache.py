@@ -2,8 +2,10 @@
 holds, as reported by the engines' KV events (llm-d's precise-prefix-cache-scorer / -producer).
 
 `tokenizer` (a DataProducer) puts the prompt's token ids in `request.data["tokens"]`;
-`precise-prefix-cache-producer` (DataProducer + PreRequest) looks the blocks up and records
-`request.data["prefix-cache-match"]`, then writes speculative entries for the pick;
+`precise-prefix-cache-producer` (DataProducer + PreRequest) looks the blocks up and publishes the
+framework's PrefixCacheMatchInfo under `prefix_match_key(<its name>)` (so the generic
+`prefix-cache-scorer` with `prefixMatchInfoProducerName` scores it, as in llm-d's current pipeline),
+then writes speculative entries for the pick;
 `precise-prefix-cache-scorer` is both in one plugin plus the Scorer: matched/total, tier-weighted.
 They share one KV-cache service (index + event pool) and one tokenizer through the PluginContext.
 """
@@ -17,7 +19,14 @@ from typing import Any
 
 from epp.framework import registry
 from epp.framework.plugins import Plugin
-from epp.framework.types import CycleState, Endpoint, InferenceRequest, SchedulingResult
+from epp.framework.types import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    PrefixCacheMatchInfo,
+    SchedulingResult,
+    prefix_match_key,
+)
 from epp.kvcache.service import SERVICE_KEY, KVCacheService, KVCacheSettings, parse_duration
 from epp.tokenization.prompt import HFBackend, HTTPBackend, PromptTokenizer, TokenizationError
 
@@ -29,7 +38,7 @@ TOKENIZER_SERVICE = "tokenizer"
 
 
 @dataclass(slots=True)
-class PrefixCacheMatchInfo:
+class PreciseMatch:
     """Per endpoint hostport: consecutive cached blocks from block 0 and their tier-weighted sum."""
 
     total_blocks: int
@@ -142,6 +151,7 @@ class PrecisePrefixCacheProducer(Plugin):
 
     async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
         request.data.pop(MATCH_KEY, None)
+        request.data.pop(prefix_match_key(self.name), None)
         toks = await request_tokens(self.tokenizer, request)
         if not toks:
             return
@@ -151,17 +161,24 @@ class PrecisePrefixCacheProducer(Plugin):
         if not keys:
             return
         matches = await svc.match(keys, [ep.hostport for ep in endpoints])
-        request.data[MATCH_KEY] = PrefixCacheMatchInfo(
+        bs = svc.block_size_for(request.target_model, endpoints) or 0
+        info = PreciseMatch(
             total_blocks=len(keys),
-            block_size=svc.block_size_for(request.target_model, endpoints) or 0,
+            block_size=bs,
             blocks={k: m.blocks for k, m in matches.items()},
             weighted={k: m.weighted for k, m in matches.items()},
             keys=keys,
         )
+        request.data[MATCH_KEY] = info
+        request.data[prefix_match_key(self.name)] = PrefixCacheMatchInfo(
+            total_blocks=len(keys),
+            block_size_tokens=bs,
+            matches={ep.name: info.weighted[ep.hostport] for ep in endpoints if ep.hostport in info.weighted},
+        )
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         info = request.data.get(MATCH_KEY)
-        if not self.speculative or not isinstance(info, PrefixCacheMatchInfo):
+        if not self.speculative or not isinstance(info, PreciseMatch):
             return
         seen: set[str] = set()
         for pr in result.profile_results.values():  # primary (decode) and, for P/D, the prefill pick
@@ -170,7 +187,7 @@ class PrecisePrefixCacheProducer(Plugin):
                 self.service.speculate(info.keys, pr.targets[0].hostport, self.speculative_ttl)
 
 
-def match_scores(info: PrefixCacheMatchInfo | None, endpoints: Sequence[Endpoint]) -> list[float]:
+def match_scores(info: PreciseMatch | None, endpoints: Sequence[Endpoint]) -> list[float]:
     """matched/total (tier-weighted), clipped to [0, 1]; 0 for endpoints without a cached prefix."""
     if info is None or info.total_blocks == 0:
         return [0.0] * len(endpoints)
@@ -195,4 +212,4 @@ class PrecisePrefixCacheScorer(PrecisePrefixCacheProducer):
 
     def score(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         info = request.data.get(MATCH_KEY)
-        return match_scores(info if isinstance(info, PrefixCacheMatchInfo) else None, endpoints)
+        return match_scores(info if isinstance(info, PreciseMatch) else None, endpoints)

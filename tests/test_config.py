@@ -15,8 +15,8 @@ from epp.framework import PluginContext
 from epp.requestcontrol.scheduling_director import SchedulingDirector
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
-# Samples whose plugin types are all built here; llm-d-precise-prefix.yaml joins once the KV plugins are merged.
-OWN_SAMPLES = [
+SAMPLES = [
+    "llm-d-precise-prefix.yaml",
     "gie-default.yaml",
     "gie-v1-legacy.yaml",
     "llm-d-approx-prefix.yaml",
@@ -34,12 +34,20 @@ def weights(p: Pipeline, profile: str = "default") -> dict[str, float]:
     return {ws.scorer.name: ws.weight for ws in p.scheduler.profiles[profile].scorers}
 
 
-@pytest.mark.parametrize("name", OWN_SAMPLES)
+@pytest.mark.parametrize("name", SAMPLES)
 def test_sample_configs_parse_and_build(name: str) -> None:
     cfg = load_config(CONFIG_DIR / name)
     p = build_pipeline(cfg, PluginContext(endpoints=Datastore()))
     assert p.scheduler.profiles and cfg.warnings == []
     assert main(["validate", str(CONFIG_DIR / name)]) == 0
+
+
+def test_precise_sample_uses_the_kv_producer_not_the_approximate_one() -> None:
+    cfg = load_config(CONFIG_DIR / "llm-d-precise-prefix.yaml")
+    p = build_pipeline(cfg, PluginContext(endpoints=Datastore()))
+    assert "approx-prefix-cache-producer" not in p.plugins
+    assert [x.name for x in p.producers] == ["token-producer", "precise-prefix-cache-producer"]
+    assert weights(p) == {"prefix-cache-scorer": 2.0, "kv-cache-utilization-scorer": 1.0, "queue-scorer": 1.0}
 
 
 def test_no_plugins_means_gie_default() -> None:
@@ -203,3 +211,13 @@ def test_validate_cli_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert f"{bad}:5: plugins[1].type: unknown plugin type 'nope-scorer'" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "missing.yaml")]) == 1
     assert "cannot read config" in capsys.readouterr().err
+
+
+def test_raw_config_round_trips_through_yaml_and_json() -> None:
+    import json
+
+    import yaml
+
+    cfg = parse_config("poolName: p\nendpoints:\n- {address: 10.0.0.1, port: 80, labels: {a: b}}\n")
+    assert yaml.safe_load(yaml.safe_dump(cfg.raw)) == cfg.raw
+    assert json.loads(json.dumps(cfg.raw)) == cfg.raw

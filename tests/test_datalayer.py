@@ -175,7 +175,7 @@ async def test_failed_scrapes_go_stale(metrics_servers: list[FakeVLLMMetrics]) -
     a = Endpoint("a", "127.0.0.1", s0.port)
     dead = Endpoint("dead", "127.0.0.1", 9, metrics_port=1)  # nothing listens there
     ds.replace_all([a, dead])
-    scraper = MetricsScraper(ds, interval=0.02, timeout=0.2)
+    scraper = MetricsScraper(ds, interval=0.02, timeout=0.2, max_backoff=0.16)
     task = asyncio.create_task(scraper.run())
     try:
         await wait_for(lambda: a.metrics.update_time > 0)
@@ -185,6 +185,9 @@ async def test_failed_scrapes_go_stale(metrics_servers: list[FakeVLLMMetrics]) -
         assert a.metrics.update_time == stamp and a.metrics.age() >= 0.15  # kept, but aging → stale
         assert a.metrics.waiting_queue_size == 2
         assert dead.metrics.update_time == 0.0 and scraper.failures > 0
+        hits = s0.hits.get(0, 0)
+        await asyncio.sleep(0.3)
+        assert s0.hits.get(0, 0) - hits <= 6  # failing: exponential backoff instead of 15 tries at 20 ms
         s0.status[0] = 200
         await wait_for(lambda: a.metrics.update_time > stamp)
     finally:
@@ -204,3 +207,46 @@ async def test_pool_gauges_count_fresh_endpoints_only() -> None:
     PoolMetricsReporter(ds, "test-pool", staleness=2.0).refresh()
     assert POOL_READY_PODS.labels("test-pool")._value.get() == 2
     assert POOL_AVG_QUEUE.labels("test-pool")._value.get() == 3.0
+
+
+async def test_runtime_routes_away_from_a_loaded_server(metrics_servers: list[FakeVLLMMetrics]) -> None:
+    """build_runtime end to end in-process: static discovery + background scrapers + the director."""
+    from epp.app import build_runtime
+    from epp.config import parse_config
+    from epp.framework import InferenceRequest
+
+    for s in metrics_servers:
+        s.pages[0] = vllm_page(0, 1, 0.1)
+    metrics_servers[0].pages[0] = vllm_page(20, 5, 0.95)  # loaded
+    eps = "\n".join(f"- {{name: s{i}, address: 127.0.0.1, port: {s.port}}}" for i, s in enumerate(metrics_servers))
+    cfg = parse_config(
+        f"endpoints:\n{eps}\nrefreshMetricsInterval: 20ms\n"
+        "plugins:\n- type: utilization-detector\n- type: queue-scorer\n- type: kv-cache-utilization-scorer\n"
+        "schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: utilization-detector\n"
+        "  - {pluginRef: queue-scorer, weight: 2}\n  - {pluginRef: kv-cache-utilization-scorer, weight: 2}\n"
+    )
+    rt = build_runtime(cfg)
+    tasks = [asyncio.create_task(src.run(rt.datastore)) for src in rt.sources]
+    tasks += [asyncio.create_task(bg()) for bg in rt.background]
+    try:
+        await wait_for(lambda: rt.datastore.synced and all(e.metrics.update_time > 0 for e in rt.datastore.endpoints()))
+
+        async def route(n: int) -> set[str]:
+            seen = set()
+            for i in range(n):
+                r = InferenceRequest(str(i), "/v1/completions", "completions", "m", "m", {"prompt": f"p{i}"})
+                seen.add((await rt.director.handle_request(r)).endpoints[0].name)
+            return seen
+
+        assert await route(30) == {"s1", "s2"}
+        # the load moves: s0 drains, s2 fills up; the scrapers pick it up within a few intervals
+        metrics_servers[0].pages[0] = vllm_page(0, 1, 0.1)
+        metrics_servers[2].pages[0] = vllm_page(30, 5, 0.9)
+        s0, s2 = rt.datastore.get("s0"), rt.datastore.get("s2")
+        assert s0 is not None and s2 is not None
+        await wait_for(lambda: s2.metrics.waiting_queue_size == 30 and s0.metrics.waiting_queue_size == 0)
+        assert await route(30) == {"s0", "s1"}
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -253,3 +253,28 @@ async def test_flow_control_band_limits_and_fast_path() -> None:
         await d.handle_request(chat("x", rid="q2"))
     fresh(ds, waiting_queue_size=0)
     assert (await asyncio.wait_for(t, 1)).endpoints
+
+
+def attempts(status: str) -> float:
+    from epp.scheduling.metrics import SCHEDULER_ATTEMPTS
+
+    return sum(
+        smp.value
+        for metric in SCHEDULER_ATTEMPTS.collect()
+        for smp in metric.samples
+        if smp.name.endswith("_total") and smp.labels["status"] == status
+    )
+
+
+async def test_scheduler_metrics_and_debug_decision_log(caplog: pytest.LogCaptureFixture) -> None:
+    ds = pool(2)
+    d = director(ds)
+    ok0, fail0 = attempts("success"), attempts("failure")
+    with caplog.at_level("DEBUG", logger="epp"):
+        dec = await d.handle_request(chat("hello", rid="logged"))
+    assert attempts("success") == ok0 + 1
+    assert any("logged" in r.getMessage() and dec.destination in r.getMessage() for r in caplog.records)
+    strict = director(ds, "plugins:\n- type: label-selector-filter\n  parameters: {matchLabels: {x: y}}\n")
+    with pytest.raises(TooManyRequests):
+        await strict.handle_request(chat("x"))
+    assert attempts("failure") == fail0 + 1

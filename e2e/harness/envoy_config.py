@@ -97,6 +97,8 @@ class EnvoyOptions:
     ext_proc: bool = True
     # extra listener port -> subset hint list sent as envoy.lb.subset_hint filter metadata
     subset_listeners: dict[int, list[str]] = field(default_factory=dict)
+    # a baseline listener without ext_proc: the client names the destination itself (for overhead benchmarks)
+    direct_port: int | None = None
 
 
 def _addr(host: str, port: int) -> Address:
@@ -134,13 +136,13 @@ def ext_proc_filter(opts: EnvoyOptions) -> ExternalProcessor:
     )
 
 
-def _hcm(opts: EnvoyOptions, subset: list[str] | None) -> HttpConnectionManager:
+def _hcm(opts: EnvoyOptions, subset: list[str] | None, ext_proc: bool = True) -> HttpConnectionManager:
     filters: list[HttpFilter] = []
     if subset is not None:
         value = Struct.from_dict({SUBSET_KEY: list(subset)})
         meta = SetMetadataConfig(metadata=[SetMetadataEntry(metadata_namespace=SUBSET_NAMESPACE, value=value)])
         filters.append(HttpFilter(name="envoy.filters.http.set_metadata", typed_config=_any(meta)))
-    if opts.ext_proc:
+    if opts.ext_proc and ext_proc:
         filters.append(HttpFilter(name="envoy.filters.http.ext_proc", typed_config=_any(ext_proc_filter(opts))))
     filters.append(HttpFilter(name="envoy.filters.http.router", typed_config=_any(Router(suppress_envoy_headers=True))))
     route = Route(
@@ -160,11 +162,11 @@ def _hcm(opts: EnvoyOptions, subset: list[str] | None) -> HttpConnectionManager:
     )
 
 
-def _listener(name: str, opts: EnvoyOptions, port: int, subset: list[str] | None) -> Listener:
+def _listener(name: str, opts: EnvoyOptions, port: int, subset: list[str] | None, ext_proc: bool = True) -> Listener:
     limit = opts.per_connection_buffer_limit
     if limit is None:
         limit = BUFFERED_LIMIT if opts.request_body_mode == "BUFFERED" else 32768
-    hcm = Filter(name="envoy.filters.network.http_connection_manager", typed_config=_any(_hcm(opts, subset)))
+    hcm = Filter(name="envoy.filters.network.http_connection_manager", typed_config=_any(_hcm(opts, subset, ext_proc)))
     return Listener(
         name=name,
         address=_addr(opts.host, port),
@@ -208,6 +210,8 @@ def build_bootstrap(opts: EnvoyOptions) -> Bootstrap:
     listeners = [_listener("gateway", opts, opts.listener_port, None)]
     for port, subset in opts.subset_listeners.items():
         listeners.append(_listener(f"gateway-subset-{port}", opts, port, subset))
+    if opts.direct_port is not None:
+        listeners.append(_listener("direct", opts, opts.direct_port, None, ext_proc=False))
     return Bootstrap(
         admin=Admin(address=_addr(opts.host, opts.admin_port)),
         static_resources=BootstrapStaticResources(listeners=listeners, clusters=[ext_proc, original_dst]),

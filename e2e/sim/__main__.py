@@ -11,45 +11,20 @@ import json
 import logging
 import signal
 import sys
-from typing import Any
-
-from aiohttp import web
 
 from e2e.sim.config import SimConfig, parse_args
-from e2e.sim.server import Simulator, build_app
-
-
-def _bound_port(site: web.TCPSite) -> int:
-    server: Any = site._server
-    return int(server.sockets[0].getsockname()[1])
+from e2e.sim.server import start_server
 
 
 async def serve(cfg: SimConfig) -> None:
-    sim = Simulator(cfg)
-    app = build_app(sim, manage_events=False)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
-    await site.start()
-    if cfg.port == 0:
-        cfg.port = _bound_port(site)
-    await sim.start_events()
-    pub = sim.publisher
-    ready = {
-        "event": "ready",
-        "http_port": cfg.port,
-        "kv_events_endpoint": pub.endpoint if pub else None,
-        "kv_events_replay_endpoint": pub.replay_endpoint if pub else None,
-        "topic": cfg.topic,
-    }
-    print(json.dumps(ready), flush=True)
+    running = await start_server(cfg)
+    print(json.dumps({"event": "ready", **running.ready_info()}), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await sim.stop_events()
-    await runner.cleanup()
+    await running.close()
 
 
 def main(argv: list[str] | None = None) -> int:

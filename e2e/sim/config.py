@@ -22,7 +22,8 @@ class SimConfig:
     max_waiting_queue_length: int = 1000
     max_model_len: int = 32768
     default_max_tokens: int = 16
-    data_parallel_rank: int = 0
+    data_parallel_rank: int = 0  # rank of the first engine; rank r publishes on the endpoint's port + r
+    data_parallel_size: int = 1  # engines behind this one HTTP server (vLLM's internal DP load balancing)
     # KV cache
     block_size: int = 16
     num_gpu_blocks: int = 1024
@@ -32,6 +33,7 @@ class SimConfig:
     # KV events
     kv_events_endpoint: str | None = None  # tcp://*:PORT binds, tcp://host:PORT connects
     kv_events_replay_endpoint: str | None = None
+    kv_events_bind: bool = False  # bind the PUB even without `*` (one IP per simulator on 127.0.0.0/8)
     kv_events_topic: str | None = None  # default kv@<pod_ip>:<port>@<model>
     kv_events_encoding: str = "array"  # "array" (msgspec array_like, older vLLM) | "map" (tagged maps, vLLM #42892)
     kv_events_buffer_steps: int = 10_000
@@ -49,7 +51,13 @@ class SimConfig:
     failure_rate: float = 0.0  # 0..1, fraction of generation requests answered with an error
     failure_status: int = 500
     startup_delay: float = 0.0  # /health answers 503 (and requests 503) this long after start
+    crash_after: float = 0.0  # > 0: the process exits with code 1 this many seconds after start
+    kv_events_mode: str = "on"  # initial publisher mode: on | off (drop events) | lossy (buffer, do not send)
     seed: int = 0
+
+    @property
+    def ranks(self) -> list[int]:
+        return [self.data_parallel_rank + i for i in range(self.data_parallel_size)]
 
     @property
     def model_name(self) -> str:
@@ -87,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     a("--max-model-len", type=int, default=d.max_model_len)
     a("--default-max-tokens", type=int, default=d.default_max_tokens)
     a("--data-parallel-rank", type=int, default=d.data_parallel_rank, help="offsets the event ports like vLLM")
+    a("--data-parallel-size", type=int, default=d.data_parallel_size, help="engines (ranks) behind this server")
     a("--block-size", type=int, default=d.block_size)
     a("--num-gpu-blocks", "--kv-cache-size", type=int, default=d.num_gpu_blocks)
     a("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
@@ -94,6 +103,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     a("--max-loras", type=int, default=d.max_loras)
     a("--kv-events-endpoint", default=None, help="ZMQ PUB endpoint, e.g. tcp://*:5557 (bind) or tcp://host:5557")
     a("--kv-events-replay-endpoint", default=None, help="ZMQ ROUTER replay endpoint, e.g. tcp://*:5558")
+    a("--kv-events-bind", action="store_true", help="bind the PUB even if the endpoint has no `*`")
     a("--kv-events-topic", default=None)
     a("--kv-events-encoding", choices=["array", "map"], default=d.kv_events_encoding)
     a("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps)
@@ -108,11 +118,15 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     a("--failure-rate", type=float, default=d.failure_rate, help="0..1")
     a("--failure-status", type=int, default=d.failure_status)
     a("--startup-delay", type=float, default=d.startup_delay, help="seconds of 503 after start")
+    a("--crash-after", type=float, default=d.crash_after, help="seconds until the process exits with code 1")
+    a("--kv-events-mode", choices=["on", "off", "lossy"], default=d.kv_events_mode)
     a("--seed", type=int, default=d.seed)
     ns = p.parse_args(argv)
     cfg = SimConfig(**{k: v for k, v in vars(ns).items()})
     if cfg.time_factor_under_load < 1.0:
         p.error("--time-factor-under-load must be >= 1.0")
+    if cfg.data_parallel_size < 1:
+        p.error("--data-parallel-size must be >= 1")
     if cfg.block_size <= 0 or cfg.num_gpu_blocks <= 0:
         p.error("--block-size and --num-gpu-blocks must be positive")
     return cfg

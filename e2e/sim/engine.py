@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from e2e.sim.config import SimConfig
 from e2e.sim.events import KVEvent
 from e2e.sim.kvcache import Allocation, KVCache, LoraRef, NoSpace
-from e2e.sim.metrics import SimMetrics
+from e2e.sim.metrics import EngineMetrics
+
+HASH_THREAD_THRESHOLD_TOKENS = 8192
 
 
 class EngineError(Exception):
@@ -52,8 +54,9 @@ class Token:
 
 
 class Engine:
-    def __init__(self, cfg: SimConfig, metrics: SimMetrics, output_ids: list[int]) -> None:
+    def __init__(self, cfg: SimConfig, metrics: EngineMetrics, output_ids: list[int], rank: int = 0) -> None:
         self.cfg = cfg
+        self.rank = rank
         self.metrics = metrics
         self.kv = KVCache(
             num_blocks=cfg.num_gpu_blocks,
@@ -145,7 +148,10 @@ class Engine:
     async def generate(self, req: SimRequest) -> AsyncGenerator[Token, None]:
         """Queue, prefill, then yield output tokens in real time. Cancellation (client gone) frees the slot."""
         self.check(req)
-        req.hashes = self.kv.block_hashes(req.prompt_ids, req.lora, req.cache_salt)
+        if len(req.prompt_ids) > HASH_THREAD_THRESHOLD_TOKENS:  # ~10 us per block: keep long prompts off the loop
+            req.hashes = await asyncio.to_thread(self.kv.block_hashes, req.prompt_ids, req.lora, req.cache_salt)
+        else:
+            req.hashes = self.kv.block_hashes(req.prompt_ids, req.lora, req.cache_salt)
         req.admitted = asyncio.get_running_loop().create_future()
         self.waiting.append(req)
         self._schedule()
@@ -160,13 +166,19 @@ class Engine:
             self.kv.register(req.alloc, req.prompt_ids, req.lora, req.cache_salt)
             self.metrics.on_first_token(time.monotonic() - req.arrival)
             last = time.monotonic()
+            all_ids = list(req.prompt_ids)
             for i in range(req.max_tokens):
                 if i:
                     await asyncio.sleep(self.cfg.inter_token_latency * self.load_factor())
                     now = time.monotonic()
                     self.metrics.on_token(now - last)
                     last = now
-                yield Token(i, self._output_ids[i % len(self._output_ids)], i == 0)
+                    # this step computed the previous token's KV; a block it completed becomes cacheable
+                    if len(all_ids) % self.cfg.block_size == 0:
+                        self.kv.extend(req.alloc, all_ids, req.lora, req.cache_salt)
+                token = self._output_ids[i % len(self._output_ids)]
+                all_ids.append(token)
+                yield Token(i, token, i == 0)
             self.metrics.on_finish(time.monotonic() - req.arrival, req.max_tokens, "length")
         finally:
             if req in self.waiting:
@@ -176,6 +188,10 @@ class Engine:
             if req.alloc is not None:
                 self.kv.release(req.alloc)
             self._schedule()
+
+    def load(self) -> int:
+        """vLLM's DP balancing score: 4 x waiting + running."""
+        return 4 * len(self.waiting) + len(self.running)
 
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset()

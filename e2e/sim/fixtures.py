@@ -3,7 +3,9 @@ or import the names into a conftest.
 
 - `sim_factory`: `sim_factory(*args, events=True, replay=True, wait_healthy=True) -> SimProcess`; every
   simulator it started is stopped when the test ends.
-- `sim`: one default simulator (events + replay on) for the test.
+- `thread_sim_factory`: the same, but simulators run inside the test process (`start_in_thread`): starts in
+  milliseconds; use it unless the test needs a real process (crash, kill, process-wide state).
+- `sim`: one default in-process simulator (events + replay on) for the test.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from e2e.sim.launch import SimProcess, start_simulator
+from e2e.sim.launch import SimProcess, ThreadSim, start_in_thread, start_simulator
 
 SimFactory = Callable[..., SimProcess]
 
@@ -33,5 +35,19 @@ def sim_factory() -> Iterator[SimFactory]:
 
 
 @pytest.fixture
-def sim(sim_factory: SimFactory) -> SimProcess:
-    return sim_factory()
+def thread_sim_factory() -> Iterator[Callable[..., ThreadSim]]:
+    started: list[ThreadSim] = []
+
+    def make(*args: str, **kw: Any) -> ThreadSim:
+        s = start_in_thread(list(args), **kw)
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture
+def sim(thread_sim_factory: Callable[..., ThreadSim]) -> ThreadSim:
+    return thread_sim_factory()

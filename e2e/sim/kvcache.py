@@ -159,9 +159,15 @@ class KVCache:
             self.emit(removed)
 
     def register(
-        self, alloc: Allocation, token_ids: Sequence[int], lora: LoraRef | None, cache_salt: str | None
+        self,
+        alloc: Allocation,
+        token_ids: Sequence[int],
+        lora: LoraRef | None,
+        cache_salt: str | None,
+        start: int | None = None,
     ) -> None:
-        """Prefill done: the request's new full prompt blocks enter the cache (one BlockStored per run)."""
+        """Prefill done: the request's new full blocks (from `start`, default the first uncached one) enter the
+        cache, one BlockStored per run of consecutive new blocks."""
         if not self.enable_prefix_caching or alloc.released:
             return
         events: list[KVEvent] = []
@@ -189,7 +195,7 @@ class KVCache:
             )
             run.clear()
 
-        for i in range(alloc.hit_blocks, len(alloc.hashes)):
+        for i in range(alloc.hit_blocks if start is None else start, len(alloc.hashes)):
             h = alloc.hashes[i]
             if h in self.refs:  # computed concurrently by another request: ours stays a private duplicate
                 flush()
@@ -203,6 +209,21 @@ class KVCache:
         flush()
         if events:
             self.emit(events)
+
+    def extend(
+        self, alloc: Allocation, all_token_ids: Sequence[int], lora: LoraRef | None, cache_salt: str | None
+    ) -> None:
+        """Decode filled the next block (prompt + computed output tokens): it is hashed and cached like vLLM's."""
+        if not self.enable_prefix_caching or alloc.released:
+            return
+        i = len(alloc.hashes)
+        bs = self.block_size
+        if len(all_token_ids) < (i + 1) * bs:
+            return
+        parent = alloc.hashes[-1] if alloc.hashes else self.none_hash
+        h = hash_block_tokens(parent, all_token_ids[i * bs : (i + 1) * bs], self._extra_keys(i, lora, cache_salt))
+        alloc.hashes.append(h)
+        self.register(alloc, all_token_ids, lora, cache_salt, start=i)
 
     def release(self, alloc: Allocation) -> None:
         """Request finished: private blocks are freed, cached ones become evictable (chain tail first)."""

@@ -8,9 +8,10 @@ combination kept forever, as vLLM does; readers (GIE) take the series with the l
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 1.0)
@@ -27,10 +28,10 @@ class SimMetrics:
         max_loras: int,
         enable_prefix_caching: bool,
         legacy_gpu_cache_metric: bool = False,
+        ranks: tuple[int, ...] = (0,),
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.labels = {"model_name": model_name, "engine": "0"}
-        names = list(self.labels)
+        names = ["model_name", "engine"]
         r = self.registry
         self.running = Gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches.", names, registry=r
@@ -91,49 +92,35 @@ class SimMetrics:
             ["block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching", "cache_dtype", "engine"],
             registry=r,
         )  # fmt: skip
-        cache_info.labels(
-            block_size=str(block_size), num_gpu_blocks=str(num_gpu_blocks), num_cpu_blocks="0",
-            enable_prefix_caching=str(enable_prefix_caching), cache_dtype="auto", engine="0",
-        ).set(1)  # fmt: skip
+        for rank in ranks:
+            cache_info.labels(
+                block_size=str(block_size), num_gpu_blocks=str(num_gpu_blocks), num_cpu_blocks="0",
+                enable_prefix_caching=str(enable_prefix_caching), cache_dtype="auto", engine=str(rank),
+            ).set(1)  # fmt: skip
         self.max_loras = max_loras
         self._lora_state: tuple[str, str] | None = None
-        self._state: Callable[[], tuple[int, int, float, list[str], list[str]]] | None = None
+        self._state: Callable[[], EngineStates] | None = None
+        self.model_name = model_name
 
-    def bind(self, state: Callable[[], tuple[int, int, float, list[str], list[str]]]) -> None:
-        """`state()` → (running, waiting, kv usage 0..1, running LoRAs, waiting LoRAs), read at scrape time."""
+    def engine(self, rank: int) -> EngineMetrics:
+        """The recording side for one data-parallel engine (series labelled engine=<rank>)."""
+        return EngineMetrics(self, {"model_name": self.model_name, "engine": str(rank)})
+
+    def bind(self, state: Callable[[], EngineStates]) -> None:
+        """`state()` → ([(rank, running, waiting, kv usage 0..1)], running LoRAs, waiting LoRAs), read per scrape."""
         self._state = state
-
-    def _l(self) -> dict[str, str]:
-        return self.labels
-
-    def on_admit(self, prompt_tokens: int, cached_tokens: int, queued_s: float) -> None:
-        self.prefix_queries.labels(**self.labels).inc(prompt_tokens)
-        self.prefix_hits.labels(**self.labels).inc(cached_tokens)
-        self.prompt_tokens.labels(**self.labels).inc(prompt_tokens)
-        self.queue_time.labels(**self.labels).observe(queued_s)
-
-    def on_first_token(self, ttft_s: float) -> None:
-        self.ttft.labels(**self.labels).observe(ttft_s)
-        self.generation_tokens.labels(**self.labels).inc()
-
-    def on_token(self, itl_s: float) -> None:
-        self.itl.labels(**self.labels).observe(itl_s)
-        self.tpot.labels(**self.labels).observe(itl_s)
-        self.generation_tokens.labels(**self.labels).inc()
-
-    def on_finish(self, e2e_s: float, output_tokens: int, reason: str) -> None:
-        self.e2e.labels(**self.labels).observe(e2e_s)
-        self.success.labels(**self.labels, finished_reason=reason).inc()
 
     def refresh(self) -> None:
         if self._state is None:
             return
-        running, waiting, usage, run_loras, wait_loras = self._state()
-        self.running.labels(**self.labels).set(running)
-        self.waiting.labels(**self.labels).set(waiting)
-        self.kv_usage.labels(**self.labels).set(usage)
-        if self.gpu_usage is not None:
-            self.gpu_usage.labels(**self.labels).set(usage)
+        engines, run_loras, wait_loras = self._state()
+        for rank, running, waiting, usage in engines:
+            labels = {"model_name": self.model_name, "engine": str(rank)}
+            self.running.labels(**labels).set(running)
+            self.waiting.labels(**labels).set(waiting)
+            self.kv_usage.labels(**labels).set(usage)
+            if self.gpu_usage is not None:
+                self.gpu_usage.labels(**labels).set(usage)
         lora = (",".join(run_loras), ",".join(wait_loras))
         if lora != self._lora_state or self._lora_state is None:
             self._lora_state = lora
@@ -143,4 +130,44 @@ class SimMetrics:
 
     def render(self) -> bytes:
         self.refresh()
-        return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))  # type: ignore[arg-type,unused-ignore]
+
+
+EngineStates = tuple[list[tuple[int, int, int, float]], list[str], list[str]]
+
+
+class EngineMetrics:
+    def __init__(self, m: SimMetrics, labels: dict[str, str]) -> None:
+        self.m = m
+        self.labels = labels
+
+    def on_admit(self, prompt_tokens: int, cached_tokens: int, queued_s: float) -> None:
+        self.m.prefix_queries.labels(**self.labels).inc(prompt_tokens)
+        self.m.prefix_hits.labels(**self.labels).inc(cached_tokens)
+        self.m.prompt_tokens.labels(**self.labels).inc(prompt_tokens)
+        self.m.queue_time.labels(**self.labels).observe(queued_s)
+
+    def on_first_token(self, ttft_s: float) -> None:
+        self.m.ttft.labels(**self.labels).observe(ttft_s)
+        self.m.generation_tokens.labels(**self.labels).inc()
+
+    def on_token(self, itl_s: float) -> None:
+        self.m.itl.labels(**self.labels).observe(itl_s)
+        self.m.tpot.labels(**self.labels).observe(itl_s)
+        self.m.generation_tokens.labels(**self.labels).inc()
+
+    def on_finish(self, e2e_s: float, output_tokens: int, reason: str) -> None:
+        self.m.e2e.labels(**self.labels).observe(e2e_s)
+        self.m.success.labels(**self.labels, finished_reason=reason).inc()
+
+
+class _WithoutCreated:
+    """vLLM exports no `*_created` series; drop them per registry (not process-wide like disable_created_metrics)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self.registry.collect():
+            fam.samples = [s for s in fam.samples if not s.name.endswith("_created")]
+            yield fam

@@ -67,7 +67,9 @@ class EventPublisher:
         encoding: str = "array",
         buffer_steps: int = 10_000,
         hwm: int = 100_000,
+        force_bind: bool = False,
     ) -> None:
+        self.force_bind = force_bind
         self.endpoint = offset_endpoint_port(endpoint, data_parallel_rank) or endpoint
         self.replay_endpoint = offset_endpoint_port(replay_endpoint, data_parallel_rank)
         self.topic = topic.encode()
@@ -90,7 +92,7 @@ class EventPublisher:
         pub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)  # PUB never blocks: plain socket
         pub.setsockopt(zmq.SNDHWM, self.hwm)
         pub.setsockopt(zmq.LINGER, 0)
-        if _is_bind(self.endpoint):
+        if self.force_bind or _is_bind(self.endpoint):
             self.endpoint = _bind(pub, self.endpoint)
         else:
             pub.connect(self.endpoint)

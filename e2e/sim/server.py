@@ -14,7 +14,7 @@ import os
 import random
 import time
 import uuid
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from aiohttp import web
@@ -47,8 +47,9 @@ def error_response(
 class Simulator:
     """State of one simulated vLLM server (tokenizer, engine, metrics, event publisher)."""
 
-    def __init__(self, cfg: SimConfig, tokenizer: SimTokenizer | None = None) -> None:
+    def __init__(self, cfg: SimConfig, tokenizer: SimTokenizer | None = None, allow_crash: bool = True) -> None:
         self.cfg = cfg
+        self.allow_crash = allow_crash  # False when running inside a test process
         self.tok = tokenizer or SimTokenizer()
         self.metrics = SimMetrics(
             model_name=cfg.model_name,
@@ -57,40 +58,65 @@ class Simulator:
             max_loras=cfg.max_loras,
             enable_prefix_caching=cfg.enable_prefix_caching,
             legacy_gpu_cache_metric=cfg.legacy_gpu_cache_metric,
+            ranks=tuple(cfg.ranks),
         )
-        self.engine = Engine(cfg, self.metrics, self.tok.encode(OUTPUT_TEXT))
+        output_ids = self.tok.encode(OUTPUT_TEXT)
+        self.pieces = {i: self.tok.decode([i]) for i in output_ids}  # generated text without the tokenizer
+        self.engines = [Engine(cfg, self.metrics.engine(r), output_ids, rank=r) for r in cfg.ranks]
         self.metrics.bind(
             lambda: (
-                len(self.engine.running),
-                len(self.engine.waiting),
-                self.engine.kv.usage(),
-                self.engine.running_loras(),
-                self.engine.waiting_loras(),
+                [(e.rank, len(e.running), len(e.waiting), e.kv.usage()) for e in self.engines],
+                sorted({n for e in self.engines for n in e.running_loras()}),
+                sorted({n for e in self.engines for n in e.waiting_loras()}),
             )
         )
-        self.publisher: EventPublisher | None = None
+        self.publishers: list[EventPublisher] = []
         self.started = time.monotonic()
         self.ready_at = self.started + cfg.startup_delay
         self.rng = random.Random(cfg.seed)
         self.created = int(time.time())
 
+    @property
+    def engine(self) -> Engine:
+        """The first (often only) data-parallel engine."""
+        return self.engines[0]
+
+    @property
+    def publisher(self) -> EventPublisher | None:
+        return self.publishers[0] if self.publishers else None
+
+    def pick_engine(self, request: web.Request) -> Engine:
+        """vLLM's DP routing: the `X-data-parallel-rank` header if given, else the least loaded engine."""
+        want = request.headers.get("X-data-parallel-rank")
+        if want is not None:
+            for e in self.engines:
+                if str(e.rank) == want.strip():
+                    return e
+            raise EngineError(400, f"X-data-parallel-rank {want!r} is not one of {self.cfg.ranks}.")
+        return min(self.engines, key=lambda e: (e.load(), e.rank))
+
     async def start_events(self) -> None:
-        if self.cfg.kv_events_endpoint:
-            self.publisher = EventPublisher(
+        if not self.cfg.kv_events_endpoint:
+            return
+        for engine in self.engines:
+            pub = EventPublisher(
                 endpoint=self.cfg.kv_events_endpoint,
                 replay_endpoint=self.cfg.kv_events_replay_endpoint,
                 topic=self.cfg.topic,
-                data_parallel_rank=self.cfg.data_parallel_rank,
+                data_parallel_rank=engine.rank,
                 encoding=self.cfg.kv_events_encoding,
                 buffer_steps=self.cfg.kv_events_buffer_steps,
                 hwm=self.cfg.kv_events_hwm,
+                force_bind=self.cfg.kv_events_bind,
             )
-            self.publisher.start()
-            self.engine.on_events(self.publisher.publish)
+            pub.mode = self.cfg.kv_events_mode
+            pub.start()
+            engine.on_events(pub.publish)
+            self.publishers.append(pub)
 
     async def stop_events(self) -> None:
-        if self.publisher is not None:
-            await self.publisher.close()
+        for pub in self.publishers:
+            await pub.close()
 
     @property
     def ready(self) -> bool:
@@ -186,22 +212,23 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     model = body.get("model", sim.cfg.model_name)
     if not isinstance(model, str):
         raise EngineError(400, "`model` must be a string.")
-    lora = sim.engine.lora_for(model)
+    engine = sim.pick_engine(request)
+    lora = engine.lora_for(model)
     if body.get("n", 1) != 1:
         raise EngineError(400, "The simulator supports only n=1.")
     ids = await _prompt(sim, body, chat)
     req = sim._sim_request(body, ids, lora, chat)
-    sim.engine.check(req)
+    engine.check(req)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     if body.get("stream"):
         opts = body.get("stream_options") or {}
-        return await _stream(request, sim, req, rid, created, model, chat, bool(opts.get("include_usage")))
+        return await _stream(request, sim, engine, req, rid, created, model, chat, bool(opts.get("include_usage")))
     out: list[int] = []
-    async with contextlib.aclosing(sim.engine.generate(req)) as gen:
+    async with contextlib.aclosing(engine.generate(req)) as gen:
         async for t in gen:
             out.append(t.token_id)
-    text = sim.tok.decode(out)
+    text = "".join(sim.pieces[i] for i in out)
     choice: dict[str, Any]
     if chat:
         choice = {
@@ -225,7 +252,15 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
 
 
 async def _stream(
-    request: web.Request, sim: Simulator, req: SimRequest, rid: str, created: int, model: str, chat: bool, usage: bool
+    request: web.Request,
+    sim: Simulator,
+    engine: Engine,
+    req: SimRequest,
+    rid: str,
+    created: int,
+    model: str,
+    chat: bool,
+    usage: bool,
 ) -> web.StreamResponse:
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **sim.headers()}
@@ -236,9 +271,26 @@ async def _stream(
         data = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **(extra or {})}
         return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
+    try:
+        return await _write_stream(request, resp, sim, engine, req, chunk, chat, usage)
+    except ConnectionResetError:
+        log.info("client went away mid-stream (%s); request cancelled", rid)
+        return resp
+
+
+async def _write_stream(
+    request: web.Request,
+    resp: web.StreamResponse,
+    sim: Simulator,
+    engine: Engine,
+    req: SimRequest,
+    chunk: Any,
+    chat: bool,
+    usage: bool,
+) -> web.StreamResponse:
     n = 0
     prepared = False
-    async with contextlib.aclosing(sim.engine.generate(req)) as gen:
+    async with contextlib.aclosing(engine.generate(req)) as gen:
         async for t in gen:
             if not prepared:
                 await resp.prepare(request)
@@ -258,7 +310,7 @@ async def _stream(
                     )
             n += 1
             last = t.index == req.max_tokens - 1
-            piece = sim.tok.decode([t.token_id])
+            piece = sim.pieces[t.token_id]
             finish = "length" if last else None
             if chat:
                 c = {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": finish}
@@ -302,14 +354,13 @@ async def tokenize(request: web.Request) -> web.Response:
             add_generation_prompt=bool(body.get("add_generation_prompt", True)),
             continue_final_message=bool(body.get("continue_final_message", False)),
             chat_template_kwargs=body.get("chat_template_kwargs") or None,
+            add_special_tokens=bool(body.get("add_special_tokens", False)),
         )
-        if body.get("add_special_tokens", False):
-            ids = sim.tok.encode(sim.tok.decode(ids), add_special_tokens=True)
     elif isinstance(body.get("prompt"), str):
         (ids,) = await sim.tok.prompt_ids(body["prompt"], bool(body.get("add_special_tokens", True)))
     else:
         raise EngineError(400, "/tokenize needs a string `prompt` or `messages`.")
-    strs = sim.tok.token_strs(ids) if body.get("return_token_strs") else None
+    strs = await sim.tok.run(sim.tok.token_strs, ids) if body.get("return_token_strs") else None
     return web.json_response(
         {"count": len(ids), "max_model_len": sim.cfg.max_model_len, "tokens": ids, "token_strs": strs}
     )
@@ -319,7 +370,7 @@ async def detokenize(request: web.Request) -> web.Response:
     sim = request.app[APP_KEY]
     body = await _json(request)
     ids = sim.tok.check_ids(body.get("tokens"))
-    return web.json_response({"prompt": sim.tok.decode(ids)})
+    return web.json_response({"prompt": await sim.tok.run(sim.tok.decode, ids, size=len(ids) * 4)})
 
 
 def _rendered(sim: Simulator, body: dict[str, Any], ids: list[int], chat: bool) -> dict[str, Any]:
@@ -364,7 +415,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
     sim = request.app[APP_KEY]
-    if not sim.engine.reset_prefix_cache():
+    if not all([e.reset_prefix_cache() for e in sim.engines]):
         return error_response(409, "Failed to reset prefix cache because some blocks are in use.", "ConflictError")
     return web.Response(status=200)
 
@@ -372,22 +423,32 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
 # --- admin / failure injection ---------------------------------------------------------------------------
 async def admin_state(request: web.Request) -> web.Response:
     sim = request.app[APP_KEY]
-    kv = sim.engine.kv
-    pub = sim.publisher
+    engines = [
+        {
+            "rank": e.rank,
+            "running": len(e.running),
+            "waiting": len(e.waiting),
+            "kv": {"num_blocks": e.kv.num_blocks, "used": e.kv.used_blocks, "cached": e.kv.cached_blocks},
+        }
+        for e in sim.engines
+    ]
+    events = [
+        {
+            "rank": p.rank,
+            "endpoint": p.endpoint,
+            "replay_endpoint": p.replay_endpoint,
+            "topic": p.topic.decode(),
+            "next_seq": p.seq,
+            "mode": p.mode,
+        }
+        for p in sim.publishers
+    ]
     return web.json_response(
         {
-            "running": len(sim.engine.running),
-            "waiting": len(sim.engine.waiting),
-            "kv": {"num_blocks": kv.num_blocks, "used": kv.used_blocks, "cached": kv.cached_blocks},
-            "events": None
-            if pub is None
-            else {
-                "endpoint": pub.endpoint,
-                "replay_endpoint": pub.replay_endpoint,
-                "topic": pub.topic.decode(),
-                "next_seq": pub.seq,
-                "mode": pub.mode,
-            },
+            **{k: v for k, v in engines[0].items() if k != "rank"},  # rank 0 (the only one without DP)
+            "events": events[0] if events else None,
+            "engines": engines,
+            "publishers": events,
             "config": {k: getattr(sim.cfg, k) for k in sorted(RUNTIME_SETTABLE)},
         }
     )
@@ -409,23 +470,30 @@ async def admin_config(request: web.Request) -> web.Response:
         ):
             raise EngineError(400, f"`{key}` must be a number.")
         setattr(sim.cfg, key, want(value))
-    sim.engine._schedule()
+    for e in sim.engines:
+        e._schedule()
     return await admin_state(request)
 
 
 async def admin_events(request: web.Request) -> web.Response:
-    """{"mode": "on"|"off"|"lossy"} and/or {"restart": true} (publisher restarts, sequence back at 0)."""
+    """{"mode": "on"|"off"|"lossy"} and/or {"restart": true} (publisher restarts, sequence back at 0), for every
+    rank or only `"rank": r`."""
     sim = request.app[APP_KEY]
     body = await _json(request)
-    if sim.publisher is None:
+    if not sim.publishers:
         raise EngineError(400, "KV events are not enabled (--kv-events-endpoint).")
+    rank = body.get("rank")
+    pubs = [p for p in sim.publishers if rank is None or p.rank == rank]
+    if not pubs:
+        raise EngineError(400, f"no publisher for rank {rank!r}.")
     mode = body.get("mode")
-    if mode is not None:
-        if mode not in ("on", "off", "lossy"):
-            raise EngineError(400, "`mode` must be on, off or lossy.")
-        sim.publisher.mode = mode
-    if body.get("restart"):
-        await sim.publisher.restart()
+    if mode is not None and mode not in ("on", "off", "lossy"):
+        raise EngineError(400, "`mode` must be on, off or lossy.")
+    for pub in pubs:
+        if mode is not None:
+            pub.mode = mode
+        if body.get("restart"):
+            await pub.restart()
     return await admin_state(request)
 
 
@@ -442,8 +510,9 @@ async def admin_unready(request: web.Request) -> web.Response:
 
 async def admin_crash(request: web.Request) -> web.Response:
     """Exit the process abruptly (exit code 1, no cleanup), shortly after answering."""
-    log.warning("crash requested via /admin/crash")
-    asyncio.get_running_loop().call_later(0.05, os._exit, 1)
+    if not request.app[APP_KEY].allow_crash:
+        raise EngineError(409, "This simulator runs inside another process; /admin/crash needs a subprocess.")
+    asyncio.get_running_loop().call_later(0.05, _crash, "/admin/crash")
     return web.json_response({"crashing": True})
 
 
@@ -479,3 +548,47 @@ def build_app(sim: Simulator, manage_events: bool = True) -> web.Application:
         app.on_startup.append(on_startup)
         app.on_cleanup.append(on_cleanup)
     return app
+
+
+@dataclass
+class RunningSim:
+    sim: Simulator
+    runner: web.AppRunner
+
+    def ready_info(self) -> dict[str, Any]:
+        pubs = self.sim.publishers
+        return {
+            "http_port": self.sim.cfg.port,
+            "kv_events_endpoint": pubs[0].endpoint if pubs else None,
+            "kv_events_replay_endpoint": pubs[0].replay_endpoint if pubs else None,
+            "kv_events_endpoints": [p.endpoint for p in pubs],  # one per data-parallel rank
+            "kv_events_replay_endpoints": [p.replay_endpoint for p in pubs],
+            "topic": self.sim.cfg.topic,
+        }
+
+    async def close(self) -> None:
+        await self.sim.stop_events()
+        await self.runner.cleanup()
+
+
+async def start_server(cfg: SimConfig, tokenizer: SimTokenizer | None = None, allow_crash: bool = True) -> RunningSim:
+    """Serve on cfg.host:cfg.port (0 = any free port, written back to cfg.port before the topic is fixed)."""
+    sim = Simulator(cfg, tokenizer, allow_crash=allow_crash)
+    runner = web.AppRunner(build_app(sim, manage_events=False), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
+    await site.start()
+    if cfg.port == 0:
+        server: Any = site._server
+        cfg.port = int(server.sockets[0].getsockname()[1])
+    await sim.start_events()
+    if cfg.crash_after > 0:
+        if not allow_crash:
+            raise ValueError("--crash-after needs a subprocess simulator")
+        asyncio.get_running_loop().call_later(cfg.crash_after, _crash, "--crash-after")
+    return RunningSim(sim, runner)
+
+
+def _crash(why: str) -> None:
+    log.warning("crashing (%s)", why)
+    os._exit(1)

@@ -8,11 +8,23 @@ as vLLM does. Big inputs are tokenized in a worker thread so the event loop neve
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from epp.tokenization.qwen import load_qwen25_tokenizer
 
 THREAD_THRESHOLD_CHARS = 4096
+
+
+_SHARED: SimTokenizer | None = None
+
+
+def shared_tokenizer() -> SimTokenizer:
+    """One tokenizer per process, for simulators started in-process (tests)."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = SimTokenizer()
+    return _SHARED
 
 
 class RenderError(ValueError):
@@ -22,9 +34,10 @@ class RenderError(ValueError):
 class SimTokenizer:
     def __init__(self) -> None:
         self.tok: Any = load_qwen25_tokenizer()
+        self.lock = threading.Lock()
         self.vocab_size = len(self.tok)
 
-    # --- sync core ------------------------------------------------------------------------------------
+    # --- sync core (not thread-safe: from the event loop call these through `run`) ----------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=add_special_tokens))
 
@@ -44,8 +57,8 @@ class SimTokenizer:
         )
         return str(text)
 
-    def chat_ids(self, messages: list[dict[str, Any]], **kw: Any) -> list[int]:
-        return self.encode(self.chat_text(messages, **kw), add_special_tokens=False)
+    def chat_ids(self, messages: list[dict[str, Any]], add_special_tokens: bool = False, **kw: Any) -> list[int]:
+        return self.encode(self.chat_text(messages, **kw), add_special_tokens=add_special_tokens)
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids))
@@ -65,9 +78,9 @@ class SimTokenizer:
     async def prompt_ids(self, prompt: Any, add_special_tokens: bool = True) -> list[list[int]]:
         """A completions `prompt` (str, [str], [int] or [[int]]) as one id list per prompt."""
         if isinstance(prompt, str):
-            return [await self._run(self.encode, prompt, add_special_tokens, size=len(prompt))]
+            return [await self.run(self.encode, prompt, add_special_tokens, size=len(prompt))]
         if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            return [await self._run(self.encode, p, add_special_tokens, size=len(p)) for p in prompt]
+            return [await self.run(self.encode, p, add_special_tokens, size=len(p)) for p in prompt]
         if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
             return [self.check_ids(p) for p in prompt]
         if isinstance(prompt, list) and prompt:
@@ -81,12 +94,21 @@ class SimTokenizer:
             if not isinstance(m.get("role"), str):
                 raise RenderError("every message needs a string `role`")
         size = sum(len(str(m.get("content", ""))) for m in messages)
-        return await self._run(self.chat_ids, messages, size=size, **kw)
+        return await self.run(self.chat_ids, messages, size=size, **kw)
 
-    async def _run(self, fn: Any, *args: Any, size: int, **kw: Any) -> Any:
-        if size > THREAD_THRESHOLD_CHARS:
-            return await asyncio.to_thread(fn, *args, **kw)
-        return fn(*args, **kw)
+    async def run(self, fn: Any, *args: Any, size: int = 0, **kw: Any) -> Any:
+        """Small inputs inline; big ones, or any while another thread holds the tokenizer, in a worker thread
+        (HF fast tokenizers must not be entered concurrently, so all calls hold `self.lock`)."""
+        if size <= THREAD_THRESHOLD_CHARS and self.lock.acquire(blocking=False):
+            try:
+                return fn(*args, **kw)
+            finally:
+                self.lock.release()
+        return await asyncio.to_thread(self._locked, fn, *args, **kw)
+
+    def _locked(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        with self.lock:
+            return fn(*args, **kw)
 
 
 def _flatten(message: dict[str, Any]) -> dict[str, Any]:

@@ -69,3 +69,8 @@ def line_of(container: Any, key: str | int) -> int:
     if isinstance(container, MarkedList) and isinstance(key, int):
         return container.line_of(key)
     return getattr(container, "line", 0)
+
+
+# Let config.raw (or parts of it) be dumped back to YAML like plain dicts and lists.
+yaml.SafeDumper.add_representer(MarkedDict, yaml.representer.SafeRepresenter.represent_dict)
+yaml.SafeDumper.add_representer(MarkedList, yaml.representer.SafeRepresenter.represent_list)

@@ -32,8 +32,10 @@ class MetricsScraper:
         path: str = "/metrics",
         insecure_skip_verify: bool = True,
         extractor: CoreMetricsExtractor | None = None,
+        max_backoff: float = 1.0,
     ) -> None:
         self.view = view
+        self.max_backoff = max_backoff
         self.interval = interval
         self.timeout = timeout
         self.scheme = scheme
@@ -101,6 +103,7 @@ class MetricsScraper:
     async def _loop(self, endpoint: Endpoint) -> None:
         url = self.url(endpoint)
         healthy = True
+        backoff = self.interval
         while True:
             t0 = time.monotonic()
             ok, why = await self.scrape_once(endpoint, url)
@@ -110,7 +113,9 @@ class MetricsScraper:
                     log.info("endpoint %s: metrics scrape recovered", endpoint.name)
                 else:
                     log.warning("endpoint %s: metrics scrape of %s failed: %s", endpoint.name, url, why)
-            delay = self.interval - (time.monotonic() - t0)
+            # Failing endpoints are retried with exponential backoff (capped): their metrics are stale either way.
+            backoff = self.interval if ok else min(backoff * 2, max(self.interval, self.max_backoff))
+            delay = backoff - (time.monotonic() - t0)
             await asyncio.sleep(delay if delay > 0 else 0)
 
     async def scrape_once(self, endpoint: Endpoint, url: str | None = None) -> tuple[bool, str]:

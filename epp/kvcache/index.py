@@ -130,6 +130,9 @@ class MemoryIndex:
         self._spec_expiry: list[tuple[float, int, Sequence[int]]] = []
         self.lru_evictions = 0
         self._bases: dict[int, int] = {}
+        # When set, every entry change is recorded as ("+"|"-", request key, pod, tier) or ("clear", 0, pod, 0)
+        # so a remote mirror (RedisIndex) can replay it.
+        self.journal: list[tuple[str, int, str, int]] | None = None
 
     # ---------------------------------------------------------------- pods
     def _pod(self, name: str) -> _Pod:
@@ -153,6 +156,8 @@ class MemoryIndex:
     def clear_pod(self, pod: str) -> None:
         """Forget everything about `pod` at once (AllBlocksCleared, publisher restart, pod deleted)."""
         p = self._pods.pop(pod, None)
+        if self.journal is not None:
+            self.journal.append(("clear", 0, pod, 0))
         if p is None:
             return
         slot = p.shift // NT
@@ -238,6 +243,7 @@ class MemoryIndex:
         intern = self._intern
         bounded = self.max_keys is not None
         maxp = self.max_pods_per_key
+        journal = self.journal
         for r in request_keys:
             cur = get(r, 0)
             if cur & bit:
@@ -247,6 +253,8 @@ class MemoryIndex:
             nv = cur | bit
             if maxp is not None and cur and (cur & self._live).bit_count() >= maxp:
                 nv = self._drop_one(cur, bit) | bit
+            if journal is not None:
+                journal.append(("+", r, pod, tier))
             got = intern.get(nv)
             if got is None:
                 if len(intern) < self._INTERN_MAX:
@@ -307,6 +315,8 @@ class MemoryIndex:
                         data[r] = self._interned(cur)
                     else:
                         del data[r]
+                    if self.journal is not None:
+                        self.journal.append(("-", r, pod, tier))
                 if cur & pmask:
                     still_held = True
             if not still_held:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from epp.metrics import REGISTRY  # the EPP's own registry (served on its metrics port)
 
 _default: PoolMetrics | None = None
 
@@ -25,6 +27,11 @@ class PoolMetrics:
         self.blocks = Counter(p + "blocks", "Block events applied to the index", ["op"], registry=r)
         self.skipped = Counter(p + "skipped", "Events skipped by the applier", ["reason"], registry=r)
         self.sequence = Counter(p + "sequence", "Sequence checks by verdict", ["verdict"], registry=r)
+        for op in ("stored", "removed", "cleared"):  # exported at 0 from the start
+            self.blocks.labels(op)
+        for result in ("ok", "timeout", "error"):
+            self.replays.labels(result)
+        self.dropped.labels("queue_full")
 
 
 def default_metrics() -> PoolMetrics:

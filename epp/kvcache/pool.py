@@ -17,7 +17,7 @@ import logging
 import re
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -418,27 +418,40 @@ class EventPool:
         self.metrics.replays.labels(result).inc()
         log.info("KV events: replay for %s from seq %d: %s, %d batches", pod, start, result, got)
 
+    async def replay_frames(self, endpoint: str, start: int) -> AsyncIterator[list[bytes]]:
+        """The publisher's replay of batches from `start`, as frame lists without the DEALER delimiter.
+
+        Ends after the END marker (which it yields); raises TimeoutError when the publisher goes quiet.
+        """
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        t0 = time.monotonic()
+        try:
+            sock.connect(endpoint)
+            await sock.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                left = self.cfg.replay_timeout - (time.monotonic() - t0)
+                idle = min(self.cfg.replay_idle_timeout, left)
+                if idle <= 0 or not await sock.poll(int(idle * 1000)):
+                    raise TimeoutError(endpoint)
+                frames = await sock.recv_multipart()
+                if frames and frames[0] == b"":
+                    frames = frames[1:]
+                yield frames
+                if len(frames) >= 2 and frames[-2] == END_SEQ:
+                    return
+        finally:
+            sock.close(linger=0)
+
     async def _fetch(
         self, pod: str, model: str, rank: int, endpoint: str, start: int, verify: bool
     ) -> tuple[str, int, bool]:
         m = self.metrics
+        got, first = 0, True
         async with self._replay_sem:
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.RCVHWM, 0)
-            result, got, first = "ok", 0, True
-            t0 = time.monotonic()
             try:
-                sock.connect(endpoint)
-                await sock.send_multipart([b"", start.to_bytes(8, "big")])
-                while True:
-                    left = self.cfg.replay_timeout - (time.monotonic() - t0)
-                    idle = min(self.cfg.replay_idle_timeout, left)
-                    if idle <= 0 or not await sock.poll(int(idle * 1000)):
-                        return "timeout", got, False
-                    frames = await sock.recv_multipart()
-                    if frames and frames[0] == b"":
-                        frames = frames[1:]
+                async for frames in self.replay_frames(endpoint, start):
                     if len(frames) == 3:  # vLLM: [topic, seq, payload]
                         seqb, payload = frames[1], frames[2]
                         model = parse_topic(frames[0])[1] or model
@@ -448,7 +461,7 @@ class EventPool:
                         m.zmq_errors.labels("replay_frames").inc()
                         continue
                     if seqb == END_SEQ:
-                        return result, got, verify and first
+                        return "ok", got, verify and first
                     if len(seqb) != 8:
                         m.zmq_errors.labels("seq").inc()
                         continue
@@ -459,7 +472,7 @@ class EventPool:
                         first = False
                         if s == start:
                             if crc != self.seq.last_crc(pod, rank):
-                                return result, got, True
+                                return "ok", got, True
                             continue
                     first = False
                     batch = self._decode(pod, payload)
@@ -473,8 +486,9 @@ class EventPool:
                     if got % 64 == 0:
                         await self.index.flush()
                         await asyncio.sleep(0)
+            except TimeoutError:
+                return "timeout", got, False
             except zmq.ZMQError as e:
                 log.warning("KV events: replay from %s failed: %s", endpoint, e)
                 return "error", got, False
-            finally:
-                sock.close(linger=0)
+        return "ok", got, False

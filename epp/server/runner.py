@@ -31,12 +31,16 @@ _MAX_MESSAGE = DEFAULT_MAX_BODY_BYTES + 1024 * 1024
 _GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE),
     ("grpc.max_send_message_length", _MAX_MESSAGE),
-    ("grpc.so_reuseport", 0),
 ]
 
 
 class BindError(RuntimeError):
     """A listener could not bind its address (port in use, bad address)."""
+
+
+def _grpc_options(reuse_port: bool) -> list[tuple[str, int]]:
+    """SO_REUSEPORT only for `--workers`: otherwise a second EPP on the same port must fail to bind."""
+    return [*_GRPC_OPTIONS, ("grpc.so_reuseport", 1 if reuse_port else 0)]
 
 
 @dataclass
@@ -47,6 +51,7 @@ class ServeOptions:
     metrics_port: int = 9090
     drain_timeout: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    reuse_port: bool = False
     # TLS on the ext_proc port: a dir with tls.crt/tls.key, or secure_serving=True for a self-signed pair.
     cert_path: str | None = None
     secure_serving: bool = False
@@ -73,8 +78,8 @@ class EppServer:
             model_rewrites=runtime.config.model_rewrites,
             max_body_bytes=options.max_body_bytes,
         )
-        self._grpc = grpc.aio.server(options=_GRPC_OPTIONS)
-        self._health_grpc = grpc.aio.server(options=_GRPC_OPTIONS)
+        self._grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
+        self._health_grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
         self._metrics_http = MetricsHTTP(registry, options.bind_address, options.metrics_port)
         self._tasks: list[asyncio.Task[None]] = []
         self.ports: dict[str, int] = {}

@@ -46,7 +46,10 @@ class Backend(Protocol):
 
 
 class HFBackend:
-    """transformers AutoTokenizer per model, loaded from a local directory (offline)."""
+    """transformers AutoTokenizer per model, loaded from a local directory (offline; one load per directory
+    per process, shared by every backend)."""
+
+    _loaded: dict[str, Any] = {}
 
     def __init__(
         self,
@@ -59,7 +62,9 @@ class HFBackend:
         self.default_dir = str(default_dir) if default_dir else None
         self.offload_chars = offload_chars
         self._tok: dict[str, Any] = {}
-        self._executor = executor or ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        # One thread: a fast tokenizer must not be used from two threads at once ("Already borrowed").
+        self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        self._offloaded = 0
 
     def tokenizer(self, model: str) -> Any:
         tok = self._tok.get(model)
@@ -67,19 +72,28 @@ class HFBackend:
             d = self.model_dirs.get(model, self.default_dir)
             if d is None:
                 raise TokenizationError(f"no tokenizer configured for model {model!r}")
-            from transformers import AutoTokenizer
+            tok = HFBackend._loaded.get(d)
+            if tok is None:
+                from transformers import AutoTokenizer
 
-            try:
-                tok = AutoTokenizer.from_pretrained(d, local_files_only=True)
-            except Exception as e:
-                raise TokenizationError(f"cannot load tokenizer for {model!r} from {d}: {e}") from None
+                try:
+                    tok = AutoTokenizer.from_pretrained(d, local_files_only=True)
+                except Exception as e:
+                    raise TokenizationError(f"cannot load tokenizer for {model!r} from {d}: {e}") from None
+                HFBackend._loaded[d] = tok
             self._tok[model] = tok
         return tok
 
     async def _run(self, size: int, fn: Any, *args: Any) -> Any:
-        if size < self.offload_chars:
+        """Small prompts inline (cheaper than a thread hop), big ones on the tokenizer thread; while that
+        thread is busy everything queues behind it, so the tokenizer is never used concurrently."""
+        if size < self.offload_chars and not self._offloaded:
             return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        self._offloaded += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        finally:
+            self._offloaded -= 1
 
     async def completion(self, model: str, prompt: str) -> list[int]:
         tok = self.tokenizer(model)

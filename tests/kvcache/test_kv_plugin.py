@@ -157,3 +157,35 @@ async def test_plugin_registers_pool_and_follows_datastore() -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_producer_feeds_the_generic_prefix_cache_scorer(vllm_kv: Any) -> None:
+    """llm-d's current pipeline: precise-prefix-cache-producer → prefix-cache-scorer(prefixMatchInfoProducerName)."""
+    ds = Datastore()
+    ctx = PluginContext(endpoints=ds)
+    producer = registry.get_factory("precise-prefix-cache-producer")("precise", PARAMS, ctx)  # type: ignore[misc]
+    scorer = registry.get_factory("prefix-cache-scorer")("pcs", {"prefixMatchInfoProducerName": "precise"}, ctx)  # type: ignore[misc]
+    req = chat_request(LONG)
+    await producer.prepare(req, EPS)
+    toks = req.data["tokens"]
+    n = len(toks) // BS
+    store_tokens(vllm_kv, ctx.services[SERVICE_KEY], EPS[0].hostport, toks, n // 4, 100)
+    req2 = chat_request(LONG, "r2")
+    await producer.prepare(req2, EPS)
+    s = scorer.score(CycleState(), req2, EPS)
+    assert s == [pytest.approx((n // 4) / n), 0.0, 0.0]
+
+
+async def test_block_size_learned_from_scraped_cache_config() -> None:
+    plugin, ctx, _ = make({"kvEventsConfig": {"enabled": False}})
+    svc = ctx.services[SERVICE_KEY]
+    req = chat_request(LONG)
+    await plugin.prepare(req, EPS)  # nothing known yet: no keys, no score
+    assert MATCH_KEY not in req.data and svc.block_size_for(QWEN25_MODEL) is None
+    eps = [Endpoint("m0", "10.0.0.9", 8000)]
+    eps[0].metrics.cache_block_size = 32  # vllm:cache_config_info{block_size="32"}
+    req2 = chat_request(LONG, "r2")
+    await plugin.prepare(req2, eps)
+    assert req2.data[MATCH_KEY].block_size == 32
+    assert req2.data[MATCH_KEY].total_blocks == len(req2.data["tokens"]) // 32
+    assert ctx.background == []  # events disabled: no pool task

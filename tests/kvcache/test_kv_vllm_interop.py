@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+import zmq
 from prometheus_client import CollectorRegistry
 
 from epp.framework.types import Endpoint
@@ -161,7 +162,14 @@ async def test_publisher_restart_clears_pod(rig: Rig, publishers: Any, vllm_kv: 
     ep, rp = a.endpoint, a.replay
     publishers.stop(a)
     # a new engine process on the same endpoints: its seq starts again at 0 and its cache is empty
-    a2 = publishers.start(topic=f"kv@x@{MODEL}", endpoint=ep, replay=rp)
+    a2 = None
+    for _ in range(40):  # libzmq closes the old ROUTER asynchronously; the port frees up shortly
+        try:
+            a2 = publishers.start(topic=f"kv@x@{MODEL}", endpoint=ep, replay=rp)
+            break
+        except zmq.ZMQError:
+            await asyncio.sleep(0.05)
+    assert a2 is not None
     other = list(range(5000, 5000 + 2 * BS))
     for _ in range(50):  # until the SUB has reconnected and sees the new stream
         a2.publish(batch(kv, stored(kv, [901, 902], None, other)))

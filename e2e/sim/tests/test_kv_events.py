@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,13 +12,13 @@ import msgspec
 import pytest
 
 from e2e.sim.hashing import hash_block_tokens, none_hash, to_external
-from e2e.sim.launch import SimProcess
+from e2e.sim.launch import Sim
 from e2e.sim.publisher import offset_endpoint_port
 from e2e.sim.testing import EventSubscriber, decode_batch, replay
 from e2e.vllm_interop import load_kv_events
 from epp.tokenization.qwen import load_qwen25_tokenizer
 
-from .helpers import post
+from .helpers import get, post
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 PROMPT = "The history of the Roman empire, told in many words. " * 12
@@ -33,8 +35,8 @@ def _stored(batch: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize("encoding", ["array", "map"])
-def test_block_stored_fields_with_vllm_structs(sim_factory: Any, tok: Any, encoding: str) -> None:
-    sim: SimProcess = sim_factory("--kv-events-encoding", encoding, "--lora-modules", "sql-lora=/adapters/sql")
+def test_block_stored_fields_with_vllm_structs(thread_sim_factory: Any, tok: Any, encoding: str) -> None:
+    sim: Sim = thread_sim_factory("--kv-events-encoding", encoding, "--lora-modules", "sql-lora=/adapters/sql")
     sub = EventSubscriber(sim.event_endpoint or "")
     try:
         status, body = post(sim.url + "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 2})
@@ -81,11 +83,11 @@ def test_block_stored_fields_with_vllm_structs(sim_factory: Any, tok: Any, encod
         sub.close()
 
 
-def test_wire_bytes_equal_vllm_encoder(sim_factory: Any) -> None:
+def test_wire_bytes_equal_vllm_encoder(thread_sim_factory: Any) -> None:
     """Re-encoding the decoded batch with vLLM's msgspec structs gives the same msgpack value (both encodings):
     same positional layout, same omitted defaults, same keys."""
     for encoding in ("map", "array"):
-        sim: SimProcess = sim_factory("--kv-events-encoding", encoding, "--num-gpu-blocks", "12", events=True)
+        sim: Sim = thread_sim_factory("--kv-events-encoding", encoding, "--num-gpu-blocks", "12", events=True)
         sub = EventSubscriber(sim.event_endpoint or "")
         try:
             for i in range(3):  # 3 x 5 blocks > 12: eviction happens
@@ -107,8 +109,8 @@ def test_wire_bytes_equal_vllm_encoder(sim_factory: Any) -> None:
             sub.close()
 
 
-def test_eviction_under_capacity_pressure(sim_factory: Any) -> None:
-    sim: SimProcess = sim_factory("--num-gpu-blocks", "20")
+def test_eviction_under_capacity_pressure(thread_sim_factory: Any) -> None:
+    sim: Sim = thread_sim_factory("--num-gpu-blocks", "20")
     sub = EventSubscriber(sim.event_endpoint or "")
     kv = load_kv_events()
     try:
@@ -134,7 +136,7 @@ def test_eviction_under_capacity_pressure(sim_factory: Any) -> None:
         sub.close()
 
 
-def test_reset_prefix_cache_emits_all_blocks_cleared(sim: SimProcess) -> None:
+def test_reset_prefix_cache_emits_all_blocks_cleared(sim: Sim) -> None:
     kv = load_kv_events()
     sub = EventSubscriber(sim.event_endpoint or "")
     try:
@@ -151,11 +153,11 @@ def test_reset_prefix_cache_emits_all_blocks_cleared(sim: SimProcess) -> None:
 
 
 @pytest.fixture
-def lossy_sim(sim_factory: Any) -> Iterator[SimProcess]:
-    yield sim_factory("--kv-events-buffer-steps", "100")
+def lossy_sim(thread_sim_factory: Any) -> Iterator[Sim]:
+    yield thread_sim_factory("--kv-events-buffer-steps", "100")
 
 
-def test_replay_fills_a_gap_and_ends_with_marker(lossy_sim: SimProcess) -> None:
+def test_replay_fills_a_gap_and_ends_with_marker(lossy_sim: Sim) -> None:
     sim = lossy_sim
     sub = EventSubscriber(sim.event_endpoint or "")
     try:
@@ -181,7 +183,7 @@ def test_replay_fills_a_gap_and_ends_with_marker(lossy_sim: SimProcess) -> None:
         sub.close()
 
 
-def test_publisher_restart_resets_sequence(sim: SimProcess) -> None:
+def test_publisher_restart_resets_sequence(sim: Sim) -> None:
     sub = EventSubscriber(sim.event_endpoint or "")
     try:
         for p in ("x", "y"):
@@ -198,7 +200,7 @@ def test_publisher_restart_resets_sequence(sim: SimProcess) -> None:
         sub.close()
 
 
-def test_events_off_publishes_nothing(sim: SimProcess) -> None:
+def test_events_off_publishes_nothing(sim: Sim) -> None:
     sub = EventSubscriber(sim.event_endpoint or "")
     try:
         post(sim.url + "/admin/events", {"mode": "off"})
@@ -209,12 +211,12 @@ def test_events_off_publishes_nothing(sim: SimProcess) -> None:
         sub.close()
 
 
-def test_data_parallel_rank_offsets_ports_like_vllm(sim_factory: Any) -> None:
+def test_data_parallel_rank_offsets_ports_like_vllm(thread_sim_factory: Any) -> None:
     kv = load_kv_events()
     for ep in ("tcp://*:5557", "tcp://10.0.0.1:6000", "tcp://*:0", "inproc://cache", None):
         for rank in (0, 1, 3):
             assert offset_endpoint_port(ep, rank) == kv.ZmqEventPublisher.offset_endpoint_port(ep, rank)
-    sim: SimProcess = sim_factory("--data-parallel-rank", "2")
+    sim: Sim = thread_sim_factory("--data-parallel-rank", "2")
     sub = EventSubscriber(sim.event_endpoint or "")
     try:
         post(sim.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 1})
@@ -223,14 +225,96 @@ def test_data_parallel_rank_offsets_ports_like_vllm(sim_factory: Any) -> None:
         sub.close()
 
 
-def test_connect_mode_publishes_to_a_central_sub(sim_factory: Any) -> None:
+def test_connect_mode_publishes_to_a_central_sub(thread_sim_factory: Any) -> None:
     """llm-d's centralized topology: the EPP binds a SUB, the engine's PUB connects to it."""
     central = EventSubscriber("tcp://127.0.0.1:*", bind=True)
     try:
-        sim: SimProcess = sim_factory(events=False, replay=False, connect_events=central.endpoint)
+        sim: Sim = thread_sim_factory(events=False, replay=False, connect_events=central.endpoint)
         assert central.recv_idle(0.3) is None  # a bound SUB attaches new peers only while it polls
         post(sim.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 1})
         frame = central.recv()
         assert frame.topic == sim.topic.encode()
     finally:
         central.close()
+
+
+def _free_port_run(n: int) -> int:
+    """A base port p with p..p+n-1 free on 127.0.0.1."""
+    import socket
+
+    for base in range(30000 + os.getpid() % 1000 * 20, 60000, 97):
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port run")
+
+
+def test_data_parallel_engines_publish_on_port_plus_rank(thread_sim_factory: Any) -> None:
+    pub, rep = _free_port_run(2), _free_port_run(2)
+    if rep == pub:
+        rep = _free_port_run(4) + 2
+    sim: Sim = thread_sim_factory(
+        "--data-parallel-size", "2", "--kv-events-endpoint", f"tcp://*:{pub}",
+        "--kv-events-replay-endpoint", f"tcp://*:{rep}", events=False,
+    )  # fmt: skip
+    assert sim.event_endpoints == [f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{pub + 1}"]
+    assert sim.replay_endpoints == [f"tcp://127.0.0.1:{rep}", f"tcp://127.0.0.1:{rep + 1}"]
+    subs = [EventSubscriber(ep) for ep in sim.event_endpoints]
+    try:
+        # pinned by vLLM's X-data-parallel-rank header: each rank's events carry its rank, same topic
+        for rank in (1, 0):
+            import urllib.request
+
+            req = urllib.request.Request(
+                sim.url + "/v1/completions", data=json.dumps({"prompt": PROMPT, "max_tokens": 1}).encode(),
+                headers={"Content-Type": "application/json", "X-data-parallel-rank": str(rank)},
+            )  # fmt: skip
+            with urllib.request.urlopen(req) as r:
+                assert json.loads(r.read())["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # own cache
+            frame = subs[rank].recv()
+            assert frame.topic == sim.topic.encode() and frame.seq == 0
+            assert decode_batch(frame.payload, "array").data_parallel_rank == rank
+            assert [f.seq for f in replay(sim.replay_endpoints[rank], 0)] == [0]
+        assert all(s.drain(0.2) == [] for s in subs)
+        m = get(sim.url + "/metrics")[1]
+        assert 'engine="1"' in m and 'engine="0"' in m
+    finally:
+        for s in subs:
+            s.close()
+
+
+def test_data_parallel_balancing_and_bad_rank(thread_sim_factory: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .test_metrics import wait_for
+
+    sim: Sim = thread_sim_factory("--data-parallel-size", "2", "--inter-token-latency", "0.03", events=False)
+    with ThreadPoolExecutor(2) as pool:
+        futs = [pool.submit(post, sim.url + "/v1/completions", {"prompt": "hi", "max_tokens": 30}) for _ in range(2)]
+        wait_for(lambda: [e["running"] for e in post(sim.url + "/admin/config", {})[1]["engines"]] == [1, 1])
+        assert all(f.result()[0] == 200 for f in futs)
+    req_status, err = _post_with_header(sim.url + "/v1/completions", {"prompt": "hi"}, {"X-data-parallel-rank": "7"})
+    assert req_status == 400 and "X-data-parallel-rank" in err["error"]["message"]
+
+
+def _post_with_header(url: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}
+    )
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

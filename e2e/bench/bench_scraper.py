@@ -1,0 +1,108 @@
+"""What the data layer costs: CPU per scrape (aiohttp GET + extract) and the partial parser vs a full parse.
+
+Serves a realistic vLLM /metrics page (~all of vLLM's families, with histograms) from a local aiohttp server and
+scrapes N endpoints at the default 50 ms interval for a few seconds, measuring this process's CPU time.
+
+    python -m e2e.bench.bench_scraper [--endpoints 16] [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+from aiohttp import web
+
+from epp.datalayer.extractor import CoreMetricsExtractor
+from epp.datalayer.scraper import MetricsScraper
+from epp.datastore import Datastore
+from epp.framework import Endpoint
+
+
+def big_vllm_page() -> str:
+    """~vLLM v0.x page size: gauges we read, plus many counters and histograms we skip."""
+    lines = [
+        'vllm:num_requests_running{engine="0",model_name="m"} 3.0',
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0',
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.42',
+        'vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""} 1.7e9',
+        'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="4096"} 1.0',
+    ]
+    for h in range(24):
+        name = f"vllm:histogram_{h}_seconds"
+        lines += [f"# HELP {name} A histogram.", f"# TYPE {name} histogram"]
+        for le in range(30):
+            lines.append(f'{name}_bucket{{engine="0",le="{le * 0.1:.1f}",model_name="m"}} {le * 7}.0')
+        lines += [f'{name}_sum{{engine="0",model_name="m"}} 12.5', f'{name}_count{{engine="0",model_name="m"}} 210.0']
+    for c in range(40):
+        lines += [f"# TYPE vllm:counter_{c}_total counter", f'vllm:counter_{c}_total{{engine="0",model_name="m"}} 1e6']
+    return "\n".join(lines) + "\n"
+
+
+def naive_parse(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, rest = line.partition(" ") if "{" not in line else line.partition("}")
+        out[name] = float(rest.split()[0])
+    return out
+
+
+async def scrape_cost(n: int, seconds: float, page: str) -> tuple[float, int]:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(text=page)
+
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    ds = Datastore()
+    ds.replace_all([Endpoint(f"e{i}", "127.0.0.1", port) for i in range(n)])
+    scraper = MetricsScraper(ds, interval=0.05)
+    task = asyncio.create_task(scraper.run())
+    await asyncio.sleep(0.5)
+    c0, s0 = time.process_time(), scraper.scrapes
+    await asyncio.sleep(seconds)
+    cpu, scrapes = time.process_time() - c0, scraper.scrapes - s0
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await runner.cleanup()
+    return cpu, scrapes
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--endpoints", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    args = ap.parse_args(argv)
+    page = big_vllm_page()
+    ex = CoreMetricsExtractor()
+    ep = Endpoint("e", "127.0.0.1", 1)
+    parse_us, naive_us = [], []
+    for _ in range(300):
+        t0 = time.perf_counter_ns()
+        ex.extract(page, ep)
+        parse_us.append((time.perf_counter_ns() - t0) / 1000)
+        t0 = time.perf_counter_ns()
+        naive_parse(page)
+        naive_us.append((time.perf_counter_ns() - t0) / 1000)
+    p, q = statistics.median(parse_us), statistics.median(naive_us)
+    kib = len(page) / 1024
+    print(f"page {kib:.0f} KiB: extract p50 {p:.1f} µs; naive full parse p50 {q:.1f} µs; ratio {q / p:.1f}x")
+    cpu, scrapes = asyncio.run(scrape_cost(args.endpoints, args.seconds, page))
+    per = cpu / scrapes * 1e6 if scrapes else float("nan")
+    print(
+        f"{args.endpoints} endpoints @ 50 ms for {args.seconds:.0f} s: {scrapes} scrapes "
+        f"({scrapes / args.seconds:.0f}/s), "
+        f"CPU {cpu / args.seconds * 100:.0f}% of a core (server included), {per:.0f} µs CPU per scrape"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The latency model in real time: cache hits cut TTFT, max-num-seqs queues, load slows decoding."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from e2e.sim.launch import Sim
+
+from .helpers import post, stream_ttft
+
+PROMPT = "An unusually long system prompt describing a support agent's duties in detail. " * 40
+
+
+def test_warm_prefix_has_lower_ttft(thread_sim_factory: Any) -> None:
+    sim: Sim = thread_sim_factory("--prefill-overhead", "0.005", "--prefill-time-per-token", "0.001", events=False)
+    body = {"prompt": PROMPT, "max_tokens": 2}
+    cold, _ = stream_ttft(sim.url + "/v1/completions", body)
+    _, r = post(sim.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 1})
+    n = r["usage"]["prompt_tokens"]
+    assert n > 500
+    assert cold >= 0.005 + n * 0.001 * 0.95
+    warm, _ = stream_ttft(sim.url + "/v1/completions", body)
+    assert warm < cold / 3
+    # a different prompt is cold again
+    other, _ = stream_ttft(sim.url + "/v1/completions", {"prompt": "Different: " + PROMPT, "max_tokens": 2})
+    assert other > 3 * warm
+
+
+def test_requests_beyond_max_num_seqs_queue(thread_sim_factory: Any) -> None:
+    sim: Sim = thread_sim_factory(
+        "--max-num-seqs", "1", "--inter-token-latency", "0.02", "--prefill-overhead", "0.001", events=False
+    )
+    body = {"prompt": "hello there", "max_tokens": 25}
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(stream_ttft, sim.url + "/v1/completions", body)
+        time.sleep(0.1)
+        second = pool.submit(stream_ttft, sim.url + "/v1/completions", body)
+        t1, t2 = first.result()[0], second.result()[0]
+    assert t1 < 0.1
+    assert t2 > 0.3  # waited for the first request's ~0.5 s decode
+
+
+def test_decode_slows_under_load(thread_sim_factory: Any) -> None:
+    sim: Sim = thread_sim_factory(
+        "--max-num-seqs", "2", "--inter-token-latency", "0.02", "--time-factor-under-load", "3", events=False
+    )
+    body = {"prompt": "hello", "max_tokens": 20}
+
+    def e2e() -> float:
+        t0 = time.perf_counter()
+        assert post(sim.url + "/v1/completions", body)[0] == 200
+        return time.perf_counter() - t0
+
+    alone = e2e()
+    with ThreadPoolExecutor(2) as pool:
+        both = [f.result() for f in [pool.submit(e2e), pool.submit(e2e)]]
+    assert alone >= 19 * 0.02
+    assert min(both) > 2 * alone

@@ -1,0 +1,263 @@
+"""Redis/Valkey backend: the request-key → (pod, tier) map lives in Redis, shared by EPP replicas.
+
+Each replica still keeps the engine-key bookkeeping (engine → request keys, reference counts) in
+process: it has to see every event anyway, and the counts must not be multiplied by the number of
+replicas. Entry changes are journaled by that local index and pushed to Redis in one pipeline per event
+batch (`flush`, one Lua call); removals and pod clears prune empty hashes. A lookup is one Lua call that
+walks the prompt's keys and stops at the first block nobody holds, so any replica — even one that ingests
+no events — can score.
+
+Layout (prefix `pyepp:kv:` by default): `<p>r:<request key>` HASH with fields `<pod>|<tier>`;
+`<p>p:<pod>` SET of the request keys the pod holds (so clearing a pod needs no SCAN).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from epp.kvcache.index import TIER_GPU, TIER_NAMES, MemoryIndex, PrefixMatch
+
+log = logging.getLogger(__name__)
+
+# KEYS[1] = hash; ARGV = fields. Delete the fields; delete the hash when it is empty.
+_PRUNE = """
+redis.call('HDEL', KEYS[1], unpack(ARGV))
+if redis.call('HLEN', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# One call per flushed batch: ARGV = prefix, then triples (op "+"/"-", request key, "pod|tier").
+# (Keys are built in the script, so this is for a standalone Redis/Valkey, not Redis Cluster.)
+_APPLY = """
+local p = ARGV[1]
+for i = 2, #ARGV, 3 do
+  local op, r, f = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local pod = string.match(f, '^(.*)|[^|]*$')
+  if op == '+' then
+    redis.call('HSET', p .. 'r:' .. r, f, '1')
+    redis.call('SADD', p .. 'p:' .. pod, r)
+  else
+    local k = p .. 'r:' .. r
+    redis.call('HDEL', k, f)
+    if redis.call('HLEN', k) == 0 then redis.call('DEL', k) end
+    redis.call('SREM', p .. 'p:' .. pod, r)
+  end
+end
+return 0
+"""
+
+# KEYS = request keys in prompt order. Returns each key's fields joined by "\n" (one reply string per
+# key: parsing thousands of small replies costs more than the lookup), stopping after the first empty key.
+_LOOKUP = """
+local out = {}
+for i = 1, #KEYS do
+  local f = redis.call('HKEYS', KEYS[i])
+  out[i] = table.concat(f, '\\n')
+  if #f == 0 then break end
+end
+return out
+"""
+
+# The whole longest-prefix computation server side. KEYS = request keys; ARGV = n tiers, tier names and
+# weights, then the allowed pods (none = all). Returns flat [pod, blocks, weighted, ...].
+_SCORE = """
+local nt = tonumber(ARGV[1])
+local w = {}
+for i = 1, nt do w[ARGV[1 + i]] = tonumber(ARGV[1 + nt + i]) end
+local allowed = nil
+if #ARGV > 1 + 2 * nt then
+  allowed = {}
+  for i = 2 + 2 * nt, #ARGV do allowed[ARGV[i]] = true end
+end
+local alive = nil
+local blocks, weighted = {}, {}
+for i = 1, #KEYS do
+  local best = {}
+  local any = false
+  for _, f in ipairs(redis.call('HKEYS', KEYS[i])) do
+    local pod, tier = string.match(f, '^(.*)|([^|]*)$')
+    if pod and (allowed == nil or allowed[pod]) and (alive == nil or alive[pod]) then
+      local wt = w[tier] or 1.0
+      if best[pod] == nil or wt > best[pod] then best[pod] = wt end
+      any = true
+    end
+  end
+  if not any then break end
+  alive = best
+  for pod, wt in pairs(best) do
+    blocks[pod] = (blocks[pod] or 0) + 1
+    weighted[pod] = (weighted[pod] or 0) + wt
+  end
+end
+local out = {}
+for pod, b in pairs(blocks) do
+  out[#out + 1] = pod
+  out[#out + 1] = b
+  out[#out + 1] = tostring(weighted[pod])
+end
+return out
+"""
+
+
+class RedisIndex:
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379",
+        tier_weights: Mapping[str, float] | None = None,
+        prefix: str = "pyepp:kv:",
+        client: Any = None,
+    ) -> None:
+        import redis.asyncio as redis
+
+        self.url = url
+        self.prefix = prefix
+        self.local = MemoryIndex(tier_weights)
+        self.local.journal = []
+        self.tier_weights = self.local.tier_weights
+        self._w = tuple(self.tier_weights[n] for n in TIER_NAMES)
+        self.redis = client if client is not None else redis.Redis.from_url(url)
+        self._prune = self.redis.register_script(_PRUNE)
+        self._apply = self.redis.register_script(_APPLY)
+        self._lookup = self.redis.register_script(_LOOKUP)
+        self._score = self.redis.register_script(_SCORE)
+        self.flush_errors = 0
+
+    # ------------------------------------------------------------ writes (local, journaled)
+    def add(self, engine_keys: Sequence[int] | None, request_keys: Sequence[int], pod: str, tier: int) -> None:
+        self.local.add(engine_keys, request_keys, pod, tier)
+
+    def evict(self, engine_keys: Iterable[int], pod: str, tier: int) -> int:
+        return self.local.evict(engine_keys, pod, tier)
+
+    def request_key(self, pod: str, engine_key: int) -> int | None:
+        return self.local.request_key(pod, engine_key)
+
+    def engine_request_keys(self, pod: str, engine_key: int) -> tuple[int, ...]:
+        return self.local.engine_request_keys(pod, engine_key)
+
+    def clear_pod(self, pod: str) -> None:
+        self.local.clear_pod(pod)
+
+    def add_speculative(self, request_keys: Sequence[int], pod: str, ttl: float) -> None:
+        self.local.add_speculative(request_keys, pod, ttl)
+
+    def pods(self) -> list[str]:
+        return self.local.pods()
+
+    def _rkey(self, r: int) -> str:
+        return f"{self.prefix}r:{r}"
+
+    def _pkey(self, pod: str) -> str:
+        return f"{self.prefix}p:{pod}"
+
+    async def flush(self) -> None:
+        """Push the journaled changes in order: one script call per run of adds/removes, clears between."""
+        j = self.local.journal
+        if not j:
+            return
+        self.local.journal = []
+        try:
+            args: list[Any] = [self.prefix]
+            for op, r, pod, tier in j:
+                if op == "clear":
+                    if len(args) > 1:
+                        await self._apply(keys=[], args=args)
+                        args = [self.prefix]
+                    await self._clear_remote(pod)
+                    continue
+                args += (op, r, f"{pod}|{TIER_NAMES[tier]}")
+                if len(args) > 30_000:
+                    await self._apply(keys=[], args=args)
+                    args = [self.prefix]
+            if len(args) > 1:
+                await self._apply(keys=[], args=args)
+        except Exception as e:  # the local bookkeeping stays right; the shared map is repaired by later events
+            self.flush_errors += 1
+            log.warning("redis index: flush of %d changes failed: %s", len(j), e)
+
+    async def _clear_remote(self, pod: str) -> None:
+        fields = [f"{pod}|{t}" for t in TIER_NAMES]
+        pkey = self._pkey(pod)
+        cursor = 0
+        while True:
+            cursor, members = await self.redis.sscan(pkey, cursor, count=1000)
+            if members:
+                pipe = self.redis.pipeline(transaction=False)
+                for m in members:
+                    r = m.decode() if isinstance(m, bytes) else str(m)
+                    await self._prune(keys=[f"{self.prefix}r:{r}"], args=fields, client=pipe)
+                await pipe.execute()
+            if cursor == 0:
+                break
+        await self.redis.delete(pkey)
+
+    # ------------------------------------------------------------ reads
+    async def lookup(self, request_keys: Sequence[int], pods: Iterable[str] | None = None) -> dict[str, PrefixMatch]:
+        if not request_keys:
+            return {}
+        allowed = set(pods) if pods is not None else None
+        spec = self.local._spec
+        rkeys = [self._rkey(r) for r in request_keys]
+        if not spec or not any(r in spec for r in request_keys):
+            names = list(TIER_NAMES)
+            args: list[Any] = [len(names), *names, *(self.tier_weights[n] for n in names), *(allowed or ())]
+            if allowed is not None and not allowed:
+                return {}
+            flat = await self._score(keys=rkeys, args=args)
+            res: dict[str, PrefixMatch] = {}
+            for i in range(0, len(flat), 3):
+                pod = flat[i].decode() if isinstance(flat[i], bytes) else str(flat[i])
+                res[pod] = PrefixMatch(int(flat[i + 1]), float(flat[i + 2]))
+            return res
+        rows = [x.split(b"\n") if x else [] for x in await self._lookup(keys=rkeys, args=[])]
+        rows += [[]] * (len(request_keys) - len(rows))
+        now = time.monotonic()
+        by_slot = self.local._by_slot
+        alive: set[str] | None = None
+        out: dict[str, PrefixMatch] = {}
+        for r, fields in zip(request_keys, rows, strict=True):
+            best: dict[str, float] = {}
+            for f in fields:
+                s = f.decode() if isinstance(f, bytes) else str(f)
+                pod, _, tname = s.rpartition("|")
+                if (allowed is not None and pod not in allowed) or (alive is not None and pod not in alive):
+                    continue
+                w = self.tier_weights.get(tname, 1.0)
+                if w > best.get(pod, -1.0):
+                    best[pod] = w
+            d = spec.get(r)
+            if d:
+                for slot, exp in d.items():
+                    p = by_slot.get(slot)
+                    ok = exp > now and p is not None and (allowed is None or p.name in allowed)
+                    if ok and p is not None and (alive is None or p.name in alive):
+                        best[p.name] = max(best.get(p.name, -1.0), self._w[TIER_GPU])
+            if not best:
+                break
+            alive = set(best)
+            for pod, w in best.items():
+                pm = out.get(pod)
+                if pm is None:
+                    out[pod] = PrefixMatch(1, w)
+                else:
+                    pm.blocks += 1
+                    pm.weighted += w
+        return out
+
+    async def entries(self) -> set[tuple[int, str, int]]:
+        """Every (request key, pod, tier) in Redis under our prefix (tests; SCAN)."""
+        out: set[tuple[int, str, int]] = set()
+        async for k in self.redis.scan_iter(match=f"{self.prefix}r:*", count=1000):
+            key = k.decode() if isinstance(k, bytes) else str(k)
+            r = int(key.rsplit(":", 1)[1])
+            for f in await self.redis.hkeys(key):
+                s = f.decode() if isinstance(f, bytes) else str(f)
+                pod, _, t = s.rpartition("|")
+                out.add((r, pod, TIER_NAMES.index(t)))
+        return out
+
+    async def close(self) -> None:
+        await self.redis.aclose()

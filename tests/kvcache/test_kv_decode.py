@@ -1,0 +1,196 @@
+"""Wire decoding (vLLM positional and map events, list and dict batches, SGLang) and frame validation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import msgpack
+import msgspec
+import pytest
+from prometheus_client import CollectorRegistry
+
+from epp.kvcache.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    DecodeError,
+    decode_batch,
+    parse_topic,
+)
+from epp.kvcache.index import MemoryIndex
+from epp.kvcache.ingest import EventApplier, realign_extra
+from epp.kvcache.metrics import PoolMetrics
+from epp.kvcache.pool import EventPool, PoolConfig
+from epp.kvcache.sequencing import SequenceTracker, Verdict
+from epp.kvcache.tokens import TokenProcessor, request_extra_keys
+
+
+def test_vllm_034_map_events_in_array_batch(vllm_kv: Any) -> None:
+    kv = vllm_kv
+    ev = kv.BlockStored(
+        block_hashes=[1, (1 << 64) - 1],
+        parent_block_hash=b"\x00" * 24 + (7).to_bytes(8, "big"),
+        token_ids=list(range(32)),
+        block_size=16,
+        lora_id=None,
+        medium="CPU",
+        lora_name="adapter",
+        extra_keys=[("adapter", ("mm1", 0), "salt"), None],
+        group_idx=0,
+        kv_cache_spec_kind="full_attention",
+    )
+    raw = msgspec.msgpack.encode(
+        kv.KVEventBatch(ts=1.5, events=[ev, kv.BlockRemoved(block_hashes=[1], medium=None), kv.AllBlocksCleared()])
+    )
+    b = decode_batch(raw)
+    s = b.events[0]
+    assert isinstance(s, BlockStored)
+    assert s.block_hashes == [1, (1 << 64) - 1] and s.parent == 7 and s.medium == "CPU"
+    assert s.lora_name == "adapter" and s.group_idx == 0 and s.spec_kind == "full_attention"
+    assert isinstance(b.events[1], BlockRemoved) and isinstance(b.events[2], AllBlocksCleared)
+    assert b.ts == 1.5
+
+
+def test_positional_events_dict_batch_and_sglang() -> None:
+    old = msgpack.packb(
+        {
+            "ts": 2,
+            "events": [["BlockStored", [5], None, [1, 2], 2, None, "GPU"], ["BlockRemoved", [5]]],
+            "data_parallel_rank": 3,
+        }
+    )
+    b = decode_batch(old)
+    assert b.dp_rank == 3 and isinstance(b.events[0], BlockStored) and b.events[0].lora_name is None
+    sglang = msgpack.packb([1.0, [["BlockStored", [9], 8, [1, 2, 3, 4], 4, None], ["AllBlocksCleared"]]])
+    b = decode_batch(sglang)
+    assert b.dp_rank is None and b.events[0].parent == 8 and isinstance(b.events[1], AllBlocksCleared)
+
+
+def test_negative_int64_hash_is_masked() -> None:
+    b = decode_batch(msgpack.packb([0, [["BlockRemoved", [-1]]]]))
+    assert b.events[0].block_hashes == [(1 << 64) - 1]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xc1garbage",
+        msgpack.packb("x"),
+        msgpack.packb([1.0]),
+        msgpack.packb([1.0, "notalist"]),
+        msgpack.packb([1.0, [["BlockStored", [1], None]]]),  # too short
+        msgpack.packb([1.0, [["BlockStored", [1], None, [1], 0]]]),  # block_size 0
+        msgpack.packb([1.0, [["BlockStored", "x", None, [1], 16]]]),
+        msgpack.packb([1.0, [{"type": "BlockRemoved"}]]),
+        msgpack.packb([1.0, [{"block_hashes": [1]}]]),
+        msgpack.packb([1.0, [["BlockRemoved", [1.5]]]]),
+        msgpack.packb([1.0, [42]]),
+    ],
+)
+def test_malformed_batches_raise_decode_error(payload: bytes) -> None:
+    with pytest.raises(DecodeError):
+        decode_batch(payload)
+
+
+def test_unknown_event_tags_are_counted_not_fatal() -> None:
+    b = decode_batch(msgpack.packb([1.0, [["BlocksMoved", 1], {"type": "Future"}, ["AllBlocksCleared"]]]))
+    assert b.unknown == 2 and len(b.events) == 1
+
+
+def test_topic() -> None:
+    assert parse_topic(b"kv@10.0.0.1:8000@Qwen/Qwen3-32B") == ("10.0.0.1:8000", "Qwen/Qwen3-32B")
+    assert parse_topic(b"kv@pod@model@with@ats") == ("pod", "model@with@ats")
+    assert parse_topic(b"kv-events") == ("", "")
+
+
+async def test_frames_are_validated_and_bad_payloads_do_not_stop_the_pool() -> None:
+    reg = CollectorRegistry()
+    idx = MemoryIndex()
+    tp = TokenProcessor(2)
+    pool = EventPool(EventApplier(idx, tp), PoolConfig(concurrency=1), PoolMetrics(reg))
+    task = asyncio.create_task(pool.run())
+    await pool.started()
+    good = msgpack.packb([time.time(), [["BlockStored", [5], None, [1, 2], 2, None, "GPU"]]])
+    assert not pool.submit([b"kv@p@m", b"\x00" * 8], None)
+    assert not pool.submit([b"kv@p@m", b"\x00" * 4, good], None)
+    assert not pool.submit([b"kv", b"\x00" * 8, good], None)  # no pod in the topic
+    assert pool.submit([b"kv@p@m", (0).to_bytes(8, "big"), b"\xc1"], None)
+    assert pool.submit([b"kv@p@m", (1).to_bytes(8, "big"), good], None)
+    await pool.drain()
+    assert idx.lookup_now(tp.block_keys([1, 2], "m"))["p"].blocks == 1
+    assert reg.get_sample_value("kv_cache_events_decode_errors_total") == 1
+    assert reg.get_sample_value("kv_cache_events_zmq_errors_total", {"kind": "frames"}) == 1
+    assert reg.get_sample_value("kv_cache_events_zmq_errors_total", {"kind": "seq"}) == 1
+    task.cancel()
+
+
+async def test_full_queue_drops_and_counts() -> None:
+    reg = CollectorRegistry()
+    pool = EventPool(
+        EventApplier(MemoryIndex(), TokenProcessor(2)), PoolConfig(concurrency=1, queue_size=2), PoolMetrics(reg)
+    )
+    frames = [b"kv@p@m", (0).to_bytes(8, "big"), msgpack.packb([0, []])]
+    results = [pool.submit(frames, None) for _ in range(5)]  # no worker running
+    assert results == [True, True, False, False, False]
+    assert reg.get_sample_value("kv_cache_events_dropped_total", {"reason": "queue_full"}) == 3
+    assert reg.get_sample_value("kv_cache_events_pool_queue_depth") == 2
+
+
+def test_sequence_verdicts() -> None:
+    t = SequenceTracker()
+    assert t.check("p", 0, 5) is Verdict.JOIN
+    t.applied("p", 0, 5)
+    assert t.check("p", 0, 6) is Verdict.APPLY
+    t.applied("p", 0, 6)
+    assert t.check("p", 0, 9) is Verdict.GAP
+    t.applied("p", 0, 9)
+    assert t.check("p", 0, 9) is Verdict.DUPLICATE
+    assert t.check("p", 0, 2) is Verdict.RESTART
+    assert t.check("p", 1, 0) is Verdict.APPLY  # ranks are independent
+    t.applied("p", 0, 12)  # a replay ran ahead of the live stream
+    assert t.check("p", 0, 11) is Verdict.DUPLICATE
+
+
+def test_block_keys() -> None:
+    tp = TokenProcessor(4, "s")
+    k = tp.block_keys(list(range(10)), "m")
+    assert len(k) == 2  # the partial trailing block is dropped
+    assert tp.block_keys(list(range(8)), "m") == k
+    assert tp.block_keys(list(range(8)), "other") != k  # the model is in the root
+    assert TokenProcessor(4, "t").block_keys(list(range(8)), "m") != k  # so is the seed
+    assert tp.block_keys(list(range(4, 8)), "m", parent=k[0]) == k[1:]  # chained
+    assert tp.block_keys(list(range(8)), "m", block_size=2)[1] != k[0]
+    salted = tp.block_keys(list(range(8)), "m", extra=request_extra_keys(2, 4, "salt"))
+    assert salted[0] != k[0] and salted[1] != k[1]
+    assert all(0 <= x < 1 << 64 for x in k)
+
+
+def test_extra_keys_layout_and_realignment() -> None:
+    assert request_extra_keys(3, 4, "salt", [("img", 2, 4)]) == [["img", "salt"], ["img"], None]
+    assert realign_extra([["a"], None], 2) == [["a"], None]
+    assert realign_extra([["a"]], 4) == [["a"], ["a"], ["a"], ["a"]]  # 1:many replicates
+    assert realign_extra([["a"], ["b"], None, ["a"]], 1) == [["a", "b"]]  # many:1 unions
+
+
+def test_engine_extra_keys_match_request_side(vllm_kv: Any) -> None:
+    """vLLM puts cache_salt (and the LoRA name first) in block 0's extra_keys; our request keys agree."""
+    kv = vllm_kv
+    tp = TokenProcessor(4)
+    idx = MemoryIndex()
+    toks = list(range(100, 112))
+    ev = kv.BlockStored(
+        block_hashes=[1, 2, 3],
+        parent_block_hash=None,
+        token_ids=toks,
+        block_size=4,
+        lora_id=None,
+        medium=None,
+        lora_name="adapter-1",
+        extra_keys=[("adapter-1", "tenant-a"), ("adapter-1",), None],
+    )
+    EventApplier(idx, tp).apply("p", "base", decode_batch(msgspec.msgpack.encode(kv.KVEventBatch(ts=0, events=[ev]))))
+    want = tp.block_keys(toks, "adapter-1", extra=request_extra_keys(3, 4, "tenant-a"))
+    assert idx.lookup_now(want)["p"].blocks == 3
+    assert "p" not in idx.lookup_now(tp.block_keys(toks, "adapter-1"))  # unsalted request: miss

@@ -1,0 +1,166 @@
+"""One suite for every index backend (in-memory and Redis against a real redis-server)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from epp.kvcache.index import TIER_CPU, TIER_GPU, MemoryIndex, tier_index
+from epp.kvcache.redis_index import RedisIndex
+
+A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
+_n = itertools.count()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def index(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    if request.param == "memory":
+        yield MemoryIndex()
+        return
+    url = request.getfixturevalue("redis_url")
+    idx = RedisIndex(url, prefix=f"t{next(_n)}:")
+    yield idx
+    await idx.close()
+
+
+async def entries(idx: Any) -> set[tuple[int, str, int]]:
+    await idx.flush()
+    if isinstance(idx, RedisIndex):
+        return await idx.entries()
+    idx.maintain()
+    return idx.entries()
+
+
+async def match(idx: Any, keys: list[int], pods: list[str] | None = None) -> dict[str, tuple[int, float]]:
+    await idx.flush()
+    return {p: (m.blocks, round(m.weighted, 6)) for p, m in (await idx.lookup(keys, pods)).items()}
+
+
+async def test_longest_consecutive_prefix_from_block_zero(index: Any) -> None:
+    index.add([1, 2, 3, 4], [11, 12, 13, 14], A, TIER_GPU)
+    index.add([5, 6], [11, 12], B, TIER_GPU)
+    index.add([7], [13], C, TIER_GPU)  # holds block 2 but not block 0: no prefix
+    assert await match(index, [11, 12, 13, 14, 15]) == {A: (4, 4.0), B: (2, 2.0)}
+    assert await match(index, [11, 12, 13], [B, C]) == {B: (2, 2.0)}
+    assert await match(index, [99, 11]) == {}
+
+
+async def test_tier_weights_take_the_best_tier_per_block(index: Any) -> None:
+    index.add([1, 2], [11, 12], A, TIER_CPU)
+    index.add([3], [11], B, TIER_GPU)
+    index.add(None, [12], B, TIER_CPU)
+    assert await match(index, [11, 12]) == {A: (2, 1.6), B: (2, 1.8)}
+    index.add(None, [11, 12], A, TIER_GPU)
+    assert (await match(index, [11, 12]))[A] == (2, 2.0)
+
+
+async def test_evict_by_engine_key_and_count_unknown(index: Any) -> None:
+    index.add([1, 2, 3], [11, 12, 13], A, TIER_GPU)
+    assert index.evict([2, 99], A, TIER_GPU) == 1
+    assert await entries(index) == {(11, A, 0), (13, A, 0)}
+    assert index.request_key(A, 2) is None and index.request_key(A, 3) == 13
+    assert index.evict([1], B, TIER_GPU) == 1  # unknown pod
+
+
+async def test_engine_block_larger_than_canonical(index: Any) -> None:
+    # one 64-token engine block = four 16-token canonical blocks (the i*len/n rule)
+    index.add([7], [11, 12, 13, 14], A, TIER_GPU)
+    assert index.request_key(A, 7) == 14  # the last one: the parent of the next store
+    assert len(await entries(index)) == 4
+    index.evict([7], A, TIER_GPU)
+    assert await entries(index) == set()
+
+
+async def test_engine_block_smaller_than_canonical(index: Any) -> None:
+    index.add([1, 2, 3, 4], [11], A, TIER_GPU)
+    assert index.request_key(A, 4) == 11
+    index.evict([2], A, TIER_GPU)  # any part gone: the canonical block is no longer whole
+    assert await entries(index) == set()
+
+
+async def test_removal_is_reference_counted(index: Any) -> None:
+    index.add([1], [11], A, TIER_GPU)
+    index.add([1], [11], A, TIER_GPU)  # announced again (another DP rank / KV group)
+    index.evict([1], A, TIER_GPU)
+    assert await entries(index) == {(11, A, 0)}
+    index.evict([1], A, TIER_GPU)
+    assert await entries(index) == set()
+
+
+async def test_gpu_removal_keeps_cpu_copy_and_mapping(index: Any) -> None:
+    index.add([1], [11], A, TIER_GPU)
+    index.add(None, [11], A, TIER_CPU)
+    index.evict([1], A, TIER_GPU)
+    assert await entries(index) == {(11, A, TIER_CPU)}
+    assert index.request_key(A, 1) == 11
+    index.evict([1], A, TIER_CPU)
+    assert await entries(index) == set()
+
+
+async def test_clear_pod_keeps_others_and_pod_can_come_back(index: Any) -> None:
+    index.add([1, 2], [11, 12], A, TIER_GPU)
+    index.add([3, 4], [11, 12], B, TIER_GPU)
+    index.clear_pod(A)
+    assert await match(index, [11, 12]) == {B: (2, 2.0)}
+    assert index.request_key(A, 1) is None
+    assert await entries(index) == {(11, B, 0), (12, B, 0)}
+    index.add([5], [11], A, TIER_GPU)
+    assert await match(index, [11, 12]) == {A: (1, 1.0), B: (2, 2.0)}
+
+
+async def test_speculative_entries_expire(index: Any) -> None:
+    index.add([1], [11], A, TIER_GPU)
+    index.add_speculative([11, 12], B, 0.15)
+    assert await match(index, [11, 12]) == {A: (1, 1.0), B: (2, 2.0)}
+    await asyncio.sleep(0.2)
+    assert await match(index, [11, 12]) == {A: (1, 1.0)}
+
+
+async def test_redis_is_shared_by_replicas(redis_url: str) -> None:
+    a = RedisIndex(redis_url, prefix="shared:")
+    b = RedisIndex(redis_url, prefix="shared:")  # a replica that ingested nothing
+    try:
+        a.add([1, 2], [11, 12], A, TIER_GPU)
+        await a.flush()
+        assert {p: m.blocks for p, m in (await b.lookup([11, 12])).items()} == {A: 2}
+        a.clear_pod(A)
+        await a.flush()
+        assert await b.lookup([11, 12]) == {}
+        assert await b.redis.exists("shared:p:" + A) == 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_memory_lru_bound_and_entries_per_key() -> None:
+    idx = MemoryIndex(max_keys=3, max_pods_per_key=2)
+    idx.add([1, 2, 3, 4], [11, 12, 13, 14], A, TIER_GPU)
+    assert len(idx) == 3 and idx.lru_evictions == 1
+    assert {e[0] for e in idx.entries()} == {12, 13, 14}
+    idx.add([5], [12], B, TIER_GPU)
+    idx.add([6], [12], C, TIER_GPU)
+    assert len([e for e in idx.entries() if e[0] == 12]) == 2
+
+
+def test_cleared_slots_are_swept_and_reused() -> None:
+    idx = MemoryIndex()
+    for i in range(20):
+        idx.add(list(range(i * 100, i * 100 + 50)), list(range(10_000 + i * 100, 10_000 + i * 100 + 50)), A, 0)
+    idx.add([1], [10_000], B, 0)
+    idx.clear_pod(A)
+    assert idx.lookup_now(list(range(10_000, 10_050))) == {B: idx.lookup_now([10_000])[B]}
+    idx.maintain()
+    assert len(idx) == 1
+    idx.add([2], [5], C, 0)  # reuses A's slot without inheriting anything
+    assert idx.entries() == {(10_000, B, 0), (5, C, 0)}
+
+
+def test_tier_names() -> None:
+    assert tier_index("GPU") == tier_index(None) == TIER_GPU
+    assert tier_index("CPU") == TIER_CPU
+    assert tier_index("STORAGE") == tier_index("disk") == 2
+    assert tier_index("nvme-pool") == 3
