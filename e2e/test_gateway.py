@@ -326,3 +326,11 @@ def test_tls_to_the_epp_self_signed(stack_factory: Callable[..., Stack]) -> None
     assert r.status == 200, r.body
     assert r.json()["echo"]["backend"] == s.backends[0].name
     assert s.envoy.stats().get("cluster.ext_proc.ssl.handshake", 0) >= 1
+
+
+def test_oversized_body_413_through_envoy(stack_factory: Callable[..., Stack]) -> None:
+    s = stack_factory(backends=1, epp_args=["--max-request-body-bytes", "100000"])
+    r = post_json(s.url + "/v1/completions", {"model": "m1", "prompt": "x" * 200_000})
+    assert r.status == 413
+    assert r.json()["error"]["type"] == "PayloadTooLarge"
+    assert post_json(s.url + "/v1/completions", {"model": "m1", "prompt": "x" * 1000}).status == 200
