@@ -34,6 +34,7 @@ from envoy_data_plane.envoy.config.core.v3 import (
     GrpcServiceEnvoyGrpc,
     Http2ProtocolOptions,
     SocketAddress,
+    TransportSocket,
 )
 from envoy_data_plane.envoy.config.endpoint.v3 import (
     ClusterLoadAssignment,
@@ -57,6 +58,11 @@ from envoy_data_plane.envoy.extensions.filters.http.set_metadata.v3 import Metad
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     HttpConnectionManager,
     HttpFilter,
+)
+from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
+    CertificateValidationContext,
+    CommonTlsContext,
+    UpstreamTlsContext,
 )
 from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
     HttpProtocolOptions,
@@ -85,6 +91,8 @@ class EnvoyOptions:
     message_timeout_s: float = 10.0
     route_timeout_s: float = 300.0
     per_connection_buffer_limit: int | None = None  # default: 32 KiB streamed (as GIE), 16 MiB buffered
+    # TLS to the EPP without verification (GIE: UpstreamTlsContext{common_tls_context:{validation_context:}})
+    ext_proc_tls: bool = False
     # False: no ext_proc filter (a baseline for benchmarks; the client must send the destination header itself)
     ext_proc: bool = True
     # extra listener port -> subset hint list sent as envoy.lb.subset_hint filter metadata
@@ -185,6 +193,13 @@ def build_bootstrap(opts: EnvoyOptions) -> Bootstrap:
             ],
         ),
     )
+    if opts.ext_proc_tls:
+        tls = UpstreamTlsContext(
+            common_tls_context=CommonTlsContext(
+                alpn_protocols=["h2"], validation_context=CertificateValidationContext()
+            )
+        )
+        ext_proc.transport_socket = TransportSocket(name="envoy.transport_sockets.tls", typed_config=_any(tls))
     original_dst = Cluster(
         name=ORIGINAL_DST_CLUSTER,
         type=ClusterDiscoveryType.ORIGINAL_DST,

@@ -22,6 +22,7 @@ from epp.metrics import REGISTRY, RequestMetrics, request_metrics
 from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, ExtProcServicer, ServerState
 from epp.server.health import Health
 from epp.server.metrics_http import MetricsHTTP
+from epp.server.tls import load_credentials, self_signed_dir
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ class ServeOptions:
     drain_timeout: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     reuse_port: bool = False
+    # TLS on the ext_proc port: a dir with tls.crt/tls.key, or secure_serving=True for a self-signed pair.
+    cert_path: str | None = None
+    secure_serving: bool = False
 
 
 class EppServer:
@@ -85,13 +89,17 @@ class EppServer:
         pb_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(self.state), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._health_grpc)
-        for key, server, port in (
-            ("grpc", self._grpc, opts.grpc_port),
-            ("health", self._health_grpc, opts.grpc_health_port),
+        credentials = self._credentials()
+        for key, server, port, creds in (
+            ("grpc", self._grpc, opts.grpc_port, credentials),
+            ("health", self._health_grpc, opts.grpc_health_port, None),  # kubelet gRPC probes are plaintext
         ):
             address = f"{opts.bind_address}:{port}"
             try:
-                self.ports[key] = server.add_insecure_port(address)
+                if creds is None:
+                    self.ports[key] = server.add_insecure_port(address)
+                else:
+                    self.ports[key] = server.add_secure_port(address, creds)
             except RuntimeError as e:
                 raise BindError(f"cannot bind {key} port {address}: {e}") from None
         await self.health.start()
@@ -110,6 +118,14 @@ class EppServer:
             self._spawn(factory(), f"background {getattr(factory, '__qualname__', factory)!s}")
         self._spawn(self._watch_readiness(), "readiness")
         log.info("epp serving: ext_proc :%d, health :%d, metrics :%d", *(self.ports[k] for k in self.ports))
+
+    def _credentials(self) -> grpc.ServerCredentials | None:
+        opts = self.options
+        if opts.cert_path:
+            return load_credentials(opts.cert_path)
+        if opts.secure_serving:
+            return load_credentials(self_signed_dir())
+        return None
 
     def _spawn(self, coro: object, name: str) -> None:
         async def guarded() -> None:
