@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # vLLM's own KV-event structs and publisher are used for interop tests; installed without its deps (no torch).
 VLLM_VERSION ?= 0.34.0
 
-.PHONY: setup system-deps test unit e2e lint demo bench clean
+.PHONY: setup system-deps test unit e2e lint demo bench inference-perf-venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -39,6 +39,23 @@ e2e: setup
 
 demo: setup
 	$(PY) -m e2e.demo
+
+# Benchmarks (not part of `make test`): see docs/benchmarks.md for what each prints.
+bench: setup
+	@command -v h2load >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq nghttp2-client >/dev/null; }
+	$(PY) -m e2e.bench.bench_scheduler
+	$(PY) -m e2e.bench.bench_kvcache
+	$(PY) -m e2e.bench.bench_overhead
+	$(PY) -m e2e.bench.bench_picks
+
+# inference-perf (kubernetes-sigs) needs Python >= 3.12: its own venv, from the machine's python3.12.
+IP_PYTHON ?= $(shell command -v python3.12 || ls -d /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | head -1)
+.venv-ip/bin/inference-perf:
+	test -n "$(IP_PYTHON)" || { echo "no python3.12 found for inference-perf"; exit 1; }
+	$(IP_PYTHON) -m venv .venv-ip
+	.venv-ip/bin/pip install -q inference-perf
+
+inference-perf-venv: .venv-ip/bin/inference-perf
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

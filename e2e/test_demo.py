@@ -1,9 +1,11 @@
-"""`python -m e2e.demo` runs end to end (what `make demo` calls)."""
+"""`python -m e2e.demo --quick` runs end to end (what `make demo` calls, scaled down)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,10 +14,15 @@ from e2e.harness.procs import REPO_ROOT
 pytestmark = pytest.mark.e2e
 
 
-def test_demo_routes_and_prints() -> None:
-    r = subprocess.run([sys.executable, "-m", "e2e.demo"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+def test_demo_quick_compares_strategies(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "e2e.demo", "--quick", "--strategies", "precise,random", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "served by backend-0" in r.stdout
-    assert "served by backend-1" in r.stdout
-    assert "bad JSON -> 400" in r.stdout
-    assert "backend saw 169.254.169.254:80" not in r.stdout
+    assert "precise" in r.stdout and "random" in r.stdout and "TTFT p90" in r.stdout
+    doc = json.loads((tmp_path / "demo-results.json").read_text())
+    by_label = {s["label"]: s for s in doc["summaries"]}
+    assert by_label["precise"]["ok"] == by_label["precise"]["n"] == 60
+    # every request carries its serving pod, and the pods' KV hit rates come from real cache hits
+    assert all(r["served_by"] for r in doc["results"]["precise"])
+    assert by_label["precise"]["kv_hit_rate"] > by_label["random"]["kv_hit_rate"]
+    assert (tmp_path / "demo-ttft.png").stat().st_size > 10_000

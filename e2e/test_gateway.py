@@ -317,3 +317,20 @@ def test_buffered_request_with_streamed_response(stack_factory: Callable[..., St
     assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 6
     text = s.epp.metrics_text()
     assert metric_value(text, "inference_objective_output_tokens_sum", {"model_name": "mixed"}) == 6
+
+
+def test_tls_to_the_epp_self_signed(stack_factory: Callable[..., Stack]) -> None:
+    """`--secure-serving`: Envoy talks TLS (h2, no verification, as GIE's configs) to a self-signed EPP."""
+    s = stack_factory(backends=1, epp_args=["--secure-serving"], envoy_overrides={"ext_proc_tls": True})
+    r = post_json(s.url + "/v1/completions", {"model": "m1", "prompt": "x"})
+    assert r.status == 200, r.body
+    assert r.json()["echo"]["backend"] == s.backends[0].name
+    assert s.envoy.stats().get("cluster.ext_proc.ssl.handshake", 0) >= 1
+
+
+def test_oversized_body_413_through_envoy(stack_factory: Callable[..., Stack]) -> None:
+    s = stack_factory(backends=1, epp_args=["--max-request-body-bytes", "100000"])
+    r = post_json(s.url + "/v1/completions", {"model": "m1", "prompt": "x" * 200_000})
+    assert r.status == 413
+    assert r.json()["error"]["type"] == "PayloadTooLarge"
+    assert post_json(s.url + "/v1/completions", {"model": "m1", "prompt": "x" * 1000}).status == 200

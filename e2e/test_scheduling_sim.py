@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from e2e.harness.backends import Backend
+from e2e.harness.http import metric_value
 from e2e.harness.stack import Stack
 from e2e.sim.fixtures import SimFactory, sim_factory  # noqa: F401  (fixture)
 from e2e.sim.launch import SimProcess, start_simulators
@@ -99,8 +100,9 @@ async def test_scraper_reads_simulator_metrics(sim_factory: SimFactory) -> None:
 
 
 def static_endpoints_only(backends: list[Backend]) -> str:
-    """Just the endpoints: the EPP then runs GIE's built-in default plugins."""
-    return "endpoints:\n" + "".join(f"- {{name: {b.name}, address: {b.host}, port: {b.port}}}\n" for b in backends)
+    """Just the endpoints (and fast pool gauges): the EPP then runs GIE's built-in default plugins."""
+    eps = "".join(f"- {{name: {b.name}, address: {b.host}, port: {b.port}}}\n" for b in backends)
+    return "refreshPrometheusMetricsInterval: 200ms\nendpoints:\n" + eps
 
 
 def served_by(stack: Stack, n: int) -> Counter[int]:
@@ -137,4 +139,11 @@ def test_loaded_simulator_stops_receiving_requests(stack_factory: Callable[..., 
         time.sleep(0.2)
         after = served_by(stack, 12)
         assert loaded.http_port in after, after  # drained: it gets requests again
+
+        text = stack.epp.metrics_text()  # the scheduler's and data layer's self-metrics, GIE names
+        assert metric_value(text, "inference_pool_ready_pods", {"name": "default"}) == 3
+        assert metric_value(text, "inference_extension_scheduler_attempts_total", {"status": "success"}) >= 44
+        assert metric_value(text, "inference_extension_scheduler_e2e_duration_seconds_count") >= 44
+        sampled = {"extension_point": "Scorer", "plugin_name": "queue-scorer"}  # 1 cycle in 16 is timed
+        assert metric_value(text, "inference_extension_plugin_duration_seconds_count", sampled) >= 2
         stack.close()

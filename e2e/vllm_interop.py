@@ -49,10 +49,11 @@ def load_kv_events() -> types.ModuleType:
     if spec is None or spec.origin is None:
         raise ImportError("vllm is not installed (make setup installs it with --no-deps)")
     sys.meta_path.insert(0, _BarePackages(Path(spec.origin).parent.parent))
-    for name, attrs in {
+    stand_ins: dict[str, dict[str, object]] = {
         "vllm.config.kv_events": {"KVEventsConfig": object},
         "vllm.v1.core.kv_cache_utils": {"ExternalBlockHash": bytes | int},
-    }.items():
+    }
+    for name, attrs in stand_ins.items():
         mod = types.ModuleType(name)
         mod.__dict__.update(attrs)
         sys.modules.setdefault(name, mod)

@@ -59,7 +59,12 @@ def build_runtime(config: EppConfig, *, sources: list[EndpointSource] | None = N
     pipeline = build_pipeline(config, context)
     flow = None
     if config.gate("flowControl"):
-        flow = FlowController(config.flow_control or FlowControlSpec(), pipeline.saturation_detector, config.pool_name)
+        flow = FlowController(
+            config.flow_control or FlowControlSpec(),
+            pipeline.saturation_detector,
+            config.pool_name,
+            plugins=pipeline.plugins,
+        )
     director = SchedulingDirector(datastore, pipeline, objectives, flow_controller=flow)
     scraper = build_scraper(config, pipeline.plugins, datastore)
     reporter = build_pool_reporter(config, datastore)

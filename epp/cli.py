@@ -22,12 +22,22 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--bind-address", default="0.0.0.0")
     s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to let in-flight streams finish")
     s.add_argument("--max-request-body-bytes", type=int, default=128 * 1024 * 1024, help="larger bodies get 413")
+    s.add_argument(
+        "--secure-serving", action="store_true", help="TLS on the ext_proc port (self-signed if no --cert-path)"
+    )
+    s.add_argument("--cert-path", help="directory with tls.crt and tls.key for the ext_proc port (implies TLS)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--workers", type=int, default=1, help="EPP processes sharing the ports (SO_REUSEPORT)")
+    s.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     from epp.discovery.kubernetes import add_kubernetes_args
 
     add_kubernetes_args(s)
     args = parser.parse_args(argv)
     if args.command == "serve":
+        if args.workers > 1 and args.worker_index is None:
+            from epp.server.workers import run_workers
+
+            return run_workers(sys.argv[1:] if argv is None else argv, args.workers)
         return _serve(args)
     if args.command == "validate":
         from epp.config import ConfigError, load_config
@@ -54,6 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
     from epp.config import ConfigError, load_config, parse_config
     from epp.discovery.kubernetes import kubernetes_source_from_args
     from epp.server.runner import BindError, ServeOptions, serve
+    from epp.server.tls import TLSError
 
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -82,10 +93,15 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         drain_timeout=args.drain_timeout,
         max_body_bytes=args.max_request_body_bytes,
+        reuse_port=args.worker_index is not None,
+        cert_path=args.cert_path,
+        secure_serving=args.secure_serving,
     )
+    if args.worker_index is not None and options.metrics_port:
+        options.metrics_port += args.worker_index
     try:
         asyncio.run(serve(runtime, options))
-    except BindError as e:
+    except (BindError, TLSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

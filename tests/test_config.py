@@ -90,6 +90,8 @@ def test_flow_control_objectives_and_extension_keys() -> None:
     assert fc is not None and fc.max_requests == 10000 and fc.default_request_ttl == 30.0
     assert fc.default_priority_band is not None and fc.default_priority_band.max_bytes == 10**9
     assert [(b.priority, b.max_requests) for b in fc.priority_bands] == [(100, None), (0, None), (-10, 1000)]
+    assert fc.priority_bands[0].fairness_policy_ref == "global-strict-fairness-policy"
+    assert fc.usage_limit_policy_ref == "static-usage-limit-policy"
     assert cfg.objectives == {"chat-interactive": 100, "standard": 0, "batch-summaries": -10}
     rt = build_runtime(cfg)
     assert rt.objectives.priority("batch-summaries") == -10 and rt.objectives.priority("unknown") == 0
@@ -133,6 +135,11 @@ BAD = [
     (
         "flowControl:\n  priorityBands:\n  - priority: 1\n  - priority: 1\n",
         "epp.yaml:4: flowControl.priorityBands[1].priority: duplicate priority 1",
+    ),
+    (
+        "plugins:\n- type: queue-scorer\nflowControl:\n  priorityBands:\n  - priority: 1\n"
+        "    fairnessPolicyRef: fair\n",
+        "epp.yaml:6: flowControl.priorityBands[0].fairnessPolicyRef: no plugin named 'fair'",
     ),
     ("objectives:\n- name: a\n  priority: high\n", "epp.yaml:3: objectives[0].priority: expected an integer"),
     ("endpoints:\n- address: 10.0.0.1\n  port: 99999\n", "epp.yaml:3: endpoints[0].port: 99999 is out of range"),

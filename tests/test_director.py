@@ -180,16 +180,15 @@ async def test_response_hooks_drive_active_request_bookkeeping() -> None:
 def fc_director(ds: Datastore, spec: FlowControlSpec, objectives: str = "{}") -> SchedulingDirector:
     cfg = parse_config(objectives)
     pipeline = build_pipeline(cfg, PluginContext(endpoints=ds))
-    fc = FlowController(spec, pipeline.saturation_detector, poll_interval=0.002)
+    fc = FlowController(spec, pipeline.saturation_detector, plugins=pipeline.plugins, poll_interval=0.002)
     return SchedulingDirector(ds, pipeline, ObjectiveStore(cfg.objectives), flow_controller=fc)
 
 
 OBJ = "objectives:\n- {name: high, priority: 10}\n- {name: low, priority: -1}\n"
 
 
-async def test_flow_control_dispatches_by_priority_then_round_robin() -> None:
-    ds = pool(1, waiting_queue_size=50)  # saturated: everything queues
-    d = fc_director(ds, FlowControlSpec(), OBJ)
+async def dispatch_order(d: SchedulingDirector, ds: Datastore) -> list[str]:
+    """Queue six requests on a saturated pool, then free it; returns the order they were let through."""
     order: list[str] = []
 
     async def send(name: str, objective: str, tenant: str) -> None:
@@ -207,11 +206,38 @@ async def test_flow_control_dispatches_by_priority_then_round_robin() -> None:
         ("h1", "high", "C"),
     ]:
         tasks.append(asyncio.create_task(send(name, obj, tenant)))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.001)
     await asyncio.sleep(0.02)
     assert order == [] and d.flow_controller is not None and d.flow_controller.queued() == 6
     fresh(ds, waiting_queue_size=0)
     await asyncio.wait_for(asyncio.gather(*tasks), 2)
+    return order
+
+
+async def test_flow_control_global_strict_fairness_and_usage_limit() -> None:
+    ds = pool(1, waiting_queue_size=50)
+    policies = "plugins:\n- type: queue-scorer\n- type: global-strict-fairness-policy\n"
+    strict = PriorityBandSpec(0, fairness_policy_ref="global-strict-fairness-policy")
+    spec = FlowControlSpec(default_priority_band=strict)
+    d = fc_director(ds, spec, policies + OBJ)
+    # strict priority, then one FCFS order across tenants
+    assert await dispatch_order(d, ds) == ["h1", "a1", "a2", "a3", "b1", "b2"]
+    # static-usage-limit-policy: saturation 2.0 is under a threshold of 3 → no queueing at all
+    cfg = parse_config(
+        "plugins:\n- type: queue-scorer\n- type: static-usage-limit-policy\n  parameters: {threshold: 3}\n"
+    )
+    fresh(ds, waiting_queue_size=10)
+    pipeline = build_pipeline(cfg, PluginContext(endpoints=ds))
+    limited = FlowControlSpec(usage_limit_policy_ref="static-usage-limit-policy")
+    fc = FlowController(limited, pipeline.saturation_detector, plugins=pipeline.plugins)
+    d2 = SchedulingDirector(ds, pipeline, flow_controller=fc)
+    assert (await asyncio.wait_for(d2.handle_request(chat("x")), 1)).endpoints and fc.queued() == 0
+
+
+async def test_flow_control_dispatches_by_priority_then_round_robin() -> None:
+    ds = pool(1, waiting_queue_size=50)  # saturated: everything queues
+    d = fc_director(ds, FlowControlSpec(), OBJ)
+    order = await dispatch_order(d, ds)
     assert order[0] == "h1"  # strict priority first
     assert order[1:] == ["a1", "b1", "a2", "b2", "a3"]  # round-robin across fairness ids within the band
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import pytest
@@ -449,3 +450,10 @@ async def test_fallback_list_in_header_and_metadata(epp: Harness) -> None:
         == "10.0.0.1:8001,10.0.0.1:8000"
     )
     call.cancel()
+
+
+def test_cert_path_without_files_is_a_clear_error(tmp_path: Path) -> None:
+    from epp.server.tls import TLSError, load_credentials
+
+    with pytest.raises(TLSError, match=r"tls\.crt/tls\.key"):
+        load_credentials(tmp_path)

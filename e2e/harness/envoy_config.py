@@ -34,6 +34,7 @@ from envoy_data_plane.envoy.config.core.v3 import (
     GrpcServiceEnvoyGrpc,
     Http2ProtocolOptions,
     SocketAddress,
+    TransportSocket,
 )
 from envoy_data_plane.envoy.config.endpoint.v3 import (
     ClusterLoadAssignment,
@@ -57,6 +58,11 @@ from envoy_data_plane.envoy.extensions.filters.http.set_metadata.v3 import Metad
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     HttpConnectionManager,
     HttpFilter,
+)
+from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
+    CertificateValidationContext,
+    CommonTlsContext,
+    UpstreamTlsContext,
 )
 from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
     HttpProtocolOptions,
@@ -85,10 +91,14 @@ class EnvoyOptions:
     message_timeout_s: float = 10.0
     route_timeout_s: float = 300.0
     per_connection_buffer_limit: int | None = None  # default: 32 KiB streamed (as GIE), 16 MiB buffered
+    # TLS to the EPP without verification (GIE: UpstreamTlsContext{common_tls_context:{validation_context:}})
+    ext_proc_tls: bool = False
     # False: no ext_proc filter (a baseline for benchmarks; the client must send the destination header itself)
     ext_proc: bool = True
     # extra listener port -> subset hint list sent as envoy.lb.subset_hint filter metadata
     subset_listeners: dict[int, list[str]] = field(default_factory=dict)
+    # a baseline listener without ext_proc: the client names the destination itself (for overhead benchmarks)
+    direct_port: int | None = None
 
 
 def _addr(host: str, port: int) -> Address:
@@ -126,13 +136,13 @@ def ext_proc_filter(opts: EnvoyOptions) -> ExternalProcessor:
     )
 
 
-def _hcm(opts: EnvoyOptions, subset: list[str] | None) -> HttpConnectionManager:
+def _hcm(opts: EnvoyOptions, subset: list[str] | None, ext_proc: bool = True) -> HttpConnectionManager:
     filters: list[HttpFilter] = []
     if subset is not None:
         value = Struct.from_dict({SUBSET_KEY: list(subset)})
         meta = SetMetadataConfig(metadata=[SetMetadataEntry(metadata_namespace=SUBSET_NAMESPACE, value=value)])
         filters.append(HttpFilter(name="envoy.filters.http.set_metadata", typed_config=_any(meta)))
-    if opts.ext_proc:
+    if opts.ext_proc and ext_proc:
         filters.append(HttpFilter(name="envoy.filters.http.ext_proc", typed_config=_any(ext_proc_filter(opts))))
     filters.append(HttpFilter(name="envoy.filters.http.router", typed_config=_any(Router(suppress_envoy_headers=True))))
     route = Route(
@@ -152,11 +162,11 @@ def _hcm(opts: EnvoyOptions, subset: list[str] | None) -> HttpConnectionManager:
     )
 
 
-def _listener(name: str, opts: EnvoyOptions, port: int, subset: list[str] | None) -> Listener:
+def _listener(name: str, opts: EnvoyOptions, port: int, subset: list[str] | None, ext_proc: bool = True) -> Listener:
     limit = opts.per_connection_buffer_limit
     if limit is None:
         limit = BUFFERED_LIMIT if opts.request_body_mode == "BUFFERED" else 32768
-    hcm = Filter(name="envoy.filters.network.http_connection_manager", typed_config=_any(_hcm(opts, subset)))
+    hcm = Filter(name="envoy.filters.network.http_connection_manager", typed_config=_any(_hcm(opts, subset, ext_proc)))
     return Listener(
         name=name,
         address=_addr(opts.host, port),
@@ -183,6 +193,13 @@ def build_bootstrap(opts: EnvoyOptions) -> Bootstrap:
             ],
         ),
     )
+    if opts.ext_proc_tls:
+        tls = UpstreamTlsContext(
+            common_tls_context=CommonTlsContext(
+                alpn_protocols=["h2"], validation_context=CertificateValidationContext()
+            )
+        )
+        ext_proc.transport_socket = TransportSocket(name="envoy.transport_sockets.tls", typed_config=_any(tls))
     original_dst = Cluster(
         name=ORIGINAL_DST_CLUSTER,
         type=ClusterDiscoveryType.ORIGINAL_DST,
@@ -193,6 +210,8 @@ def build_bootstrap(opts: EnvoyOptions) -> Bootstrap:
     listeners = [_listener("gateway", opts, opts.listener_port, None)]
     for port, subset in opts.subset_listeners.items():
         listeners.append(_listener(f"gateway-subset-{port}", opts, port, subset))
+    if opts.direct_port is not None:
+        listeners.append(_listener("direct", opts, opts.direct_port, None, ext_proc=False))
     return Bootstrap(
         admin=Admin(address=_addr(opts.host, opts.admin_port)),
         static_resources=BootstrapStaticResources(listeners=listeners, clusters=[ext_proc, original_dst]),

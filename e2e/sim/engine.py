@@ -109,7 +109,7 @@ class Engine:
         req.cached_tokens = req.alloc.hit_blocks * self.cfg.block_size
         return True
 
-    def _schedule(self) -> None:
+    def schedule(self) -> None:
         """FIFO, but a waiting request that cannot run (LoRA slots, space) does not block the ones behind it."""
         for req in list(self.waiting):
             if len(self.running) >= self.cfg.max_num_seqs:
@@ -154,7 +154,7 @@ class Engine:
             req.hashes = self.kv.block_hashes(req.prompt_ids, req.lora, req.cache_salt)
         req.admitted = asyncio.get_running_loop().create_future()
         self.waiting.append(req)
-        self._schedule()
+        self.schedule()
         try:
             await req.admitted
             queued = time.monotonic() - req.arrival
@@ -187,7 +187,7 @@ class Engine:
                 self.running.remove(req)
             if req.alloc is not None:
                 self.kv.release(req.alloc)
-            self._schedule()
+            self.schedule()
 
     def load(self) -> int:
         """vLLM's DP balancing score: 4 x waiting + running."""

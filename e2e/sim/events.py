@@ -32,7 +32,7 @@ class BlockStored:
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
 
-    REQUIRED = 7
+    REQUIRED = 7  # leading fields without a default in vLLM's struct: always encoded, even when None
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class BlockRemoved:
     medium: str | None
     group_idx: int | None = None
 
-    REQUIRED = 2
+    REQUIRED = 2  # (see BlockStored)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
 """A vLLM-like paged KV cache: fixed capacity in blocks, prefix reuse by chained block hashes, LRU eviction.
 
-Only full blocks are hashed and cached (as in vLLM). A block is either free, held by running requests
+Only full blocks are hashed and cached (as in vLLM). A physical block is free, held by running requests
 (ref > 0), or cached and unreferenced (evictable, oldest release first; a request's blocks are released
-tail-first so a chain is evicted from its end, like vLLM's free queue). Every change that vLLM would
-announce is turned into a BlockStored / BlockRemoved / AllBlocksCleared event handed to `emit`.
+tail-first so a chain is evicted from its end, like vLLM's free queue). As in vLLM's BlockPool, two
+requests that compute the same block at the same time (or a fully cached prompt whose last block is
+recomputed) give two physical blocks with one hash: each is announced by BlockStored and each eviction
+by BlockRemoved, which is why consumers (llm-d) reference-count announcements. Every change is turned
+into a BlockStored / BlockRemoved / AllBlocksCleared event handed to `emit`.
 """
 
 from __future__ import annotations
@@ -24,15 +27,28 @@ class LoraRef:
     adapter_id: int
 
 
+@dataclass(eq=False)
+class Block:
+    """One physical block holding a cache entry."""
+
+    hash: bytes
+    ref: int = 0
+    cached: bool = True  # False once evicted or cleared
+
+
 @dataclass
 class Allocation:
-    """The blocks one request holds: cached prefix blocks it reused, plus a count of private ones."""
+    """The blocks one request holds: cached prefix blocks it reused, new cached blocks, and private ones."""
 
-    hashes: list[bytes]  # full-block hashes of the prompt (all of them, cached or not)
-    hit_blocks: int  # leading blocks found in the cache (ref'd)
-    private_blocks: int  # blocks taken from the pool for the rest of prompt + output
-    registered: list[bytes] = field(default_factory=list)  # new hashes this request put in the cache (ref'd)
+    hashes: list[bytes]  # full-block hashes of the request's tokens (cached or not)
+    hit: list[Block]  # leading blocks found in the cache (ref'd)
+    private_blocks: int  # reserved blocks not (yet) holding a cache entry
+    registered: list[Block] = field(default_factory=list)  # blocks this request put in the cache (ref'd)
     released: bool = False
+
+    @property
+    def hit_blocks(self) -> int:
+        return len(self.hit)
 
 
 class NoSpace(Exception):
@@ -56,18 +72,19 @@ class KVCache:
         self.hash_format = hash_format
         self.enable_prefix_caching = enable_prefix_caching
         self.none_hash = none_hash(hash_seed)
-        self.refs: dict[bytes, int] = {}  # cached block hash -> reference count
-        self.evictable: OrderedDict[bytes, None] = OrderedDict()  # ref == 0, oldest first
+        self.by_hash: dict[bytes, list[Block]] = {}  # hash -> physical blocks holding it
+        self.num_cached = 0  # physical blocks holding a cache entry
+        self.evictable: OrderedDict[int, Block] = OrderedDict()  # id(block) -> block with ref 0, oldest first
         self.private_used = 0  # allocated blocks that carry no cache entry
 
     # --- accounting -------------------------------------------------------------------------------------
     @property
     def cached_blocks(self) -> int:
-        return len(self.refs)
+        return self.num_cached
 
     @property
     def used_blocks(self) -> int:
-        return self.private_used + len(self.refs) - len(self.evictable)
+        return self.private_used + self.num_cached - len(self.evictable)
 
     @property
     def free_blocks(self) -> int:
@@ -113,50 +130,57 @@ class KVCache:
 
     # --- lookup / allocate / register / release ---------------------------------------------------------
     def lookup(self, hashes: Sequence[bytes], num_tokens: int) -> int:
-        """Number of leading blocks cached; like vLLM, a fully cached prompt still recomputes its last block."""
+        """Number of leading blocks cached. Like vLLM, at most num_tokens - 1 tokens hit (one is always computed)."""
         if not self.enable_prefix_caching:
             return 0
         n = 0
-        for h in hashes:
-            if h not in self.refs:
+        limit = max(0, (num_tokens - 1) // self.block_size)
+        for h in hashes[:limit]:
+            if h not in self.by_hash:
                 break
             n += 1
-        if n and n * self.block_size >= num_tokens:
-            n -= 1
         return n
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def _pick(self, h: bytes) -> Block:
+        """The physical block to reuse for a hit: one in use if any (keeps evictable copies evictable)."""
+        blocks = self.by_hash[h]
+        return next((b for b in blocks if b.ref > 0), blocks[0])
+
     def allocate(self, hashes: list[bytes], num_tokens: int, total_tokens: int) -> Allocation:
         """Reserve blocks for a request (prompt `num_tokens`, prompt+output `total_tokens`), or raise NoSpace."""
-        hit = self.lookup(hashes, num_tokens)
-        need = self.blocks_for(total_tokens) - hit
-        # hit blocks that are evictable now are not free for this request's own use
-        hit_evictable = sum(1 for h in hashes[:hit] if h in self.evictable)
+        hit = [self._pick(h) for h in hashes[: self.lookup(hashes, num_tokens)]]
+        need = self.blocks_for(total_tokens) - len(hit)
+        hit_evictable = sum(1 for b in hit if b.ref == 0)  # about to be held: no longer free for this request
         if need > self.free_blocks - hit_evictable:
             raise NoSpace
-        for h in hashes[:hit]:
-            self._ref(h)
+        for b in hit:
+            b.ref += 1
+            self.evictable.pop(id(b), None)
         self._take(need)
-        return Allocation(hashes=list(hashes), hit_blocks=hit, private_blocks=need)
-
-    def _ref(self, h: bytes) -> None:
-        self.refs[h] += 1
-        self.evictable.pop(h, None)
+        return Allocation(hashes=list(hashes), hit=hit, private_blocks=need)
 
     def _take(self, n: int) -> None:
         """Take n blocks: empty ones first, then evict the least recently released cached blocks."""
-        empty = self.num_blocks - self.private_used - len(self.refs)
-        evict = max(0, n - empty)
+        empty = self.num_blocks - self.private_used - self.num_cached
         removed: list[KVEvent] = []
-        for _ in range(evict):
-            h, _ = self.evictable.popitem(last=False)
-            del self.refs[h]
-            removed.append(BlockRemoved(block_hashes=[self.ext(h)], medium=MEDIUM_GPU, group_idx=0))
+        for _ in range(max(0, n - empty)):
+            _, b = self.evictable.popitem(last=False)
+            self._uncache(b)
+            removed.append(BlockRemoved(block_hashes=[self.ext(b.hash)], medium=MEDIUM_GPU, group_idx=0))
         self.private_used += n
         if removed:
             self.emit(removed)
+
+    def _uncache(self, b: Block) -> None:
+        b.cached = False
+        self.num_cached -= 1
+        copies = self.by_hash[b.hash]
+        copies.remove(b)
+        if not copies:
+            del self.by_hash[b.hash]
 
     def register(
         self,
@@ -166,49 +190,37 @@ class KVCache:
         cache_salt: str | None,
         start: int | None = None,
     ) -> None:
-        """Prefill done: the request's new full blocks (from `start`, default the first uncached one) enter the
-        cache, one BlockStored per run of consecutive new blocks."""
+        """Blocks computed: the request's new full blocks (from `start`, default the first not hit) enter the
+        cache, announced by one BlockStored (vLLM's `cache_full_blocks`), duplicates of existing hashes included."""
         if not self.enable_prefix_caching or alloc.released:
             return
-        events: list[KVEvent] = []
-        run: list[int] = []
-
-        def flush() -> None:
-            if not run:
-                return
-            first = run[0]
-            parent = self.ext(alloc.hashes[first - 1]) if first > 0 else None
-            bs = self.block_size
-            extra = [self._event_extra_keys(i, lora, cache_salt) for i in run]
-            events.append(
+        first = alloc.hit_blocks if start is None else start
+        new = range(first, len(alloc.hashes))
+        if not new:
+            return
+        for i in new:
+            b = Block(alloc.hashes[i], ref=1)
+            self.by_hash.setdefault(b.hash, []).append(b)
+            self.num_cached += 1
+            alloc.private_blocks -= 1
+            self.private_used -= 1
+            alloc.registered.append(b)
+        bs = self.block_size
+        self.emit(
+            [
                 BlockStored(
-                    block_hashes=[self.ext(alloc.hashes[i]) for i in run],
-                    parent_block_hash=parent,
-                    token_ids=list(token_ids[first * bs : (run[-1] + 1) * bs]),
+                    block_hashes=[self.ext(alloc.hashes[i]) for i in new],
+                    parent_block_hash=self.ext(alloc.hashes[first - 1]) if first > 0 else None,
+                    token_ids=list(token_ids[first * bs : len(alloc.hashes) * bs]),
                     block_size=bs,
                     lora_id=lora.adapter_id if lora else None,
                     medium=MEDIUM_GPU,
                     lora_name=lora.name if lora else None,
-                    extra_keys=extra,
+                    extra_keys=[self._event_extra_keys(i, lora, cache_salt) for i in new],
                     group_idx=0,
                 )
-            )
-            run.clear()
-
-        for i in range(alloc.hit_blocks if start is None else start, len(alloc.hashes)):
-            h = alloc.hashes[i]
-            if h in self.refs:  # computed concurrently by another request: ours stays a private duplicate
-                flush()
-                continue
-            # one of this request's private blocks becomes the cache entry
-            alloc.private_blocks -= 1
-            self.private_used -= 1
-            self.refs[h] = 1
-            alloc.registered.append(h)
-            run.append(i)
-        flush()
-        if events:
-            self.emit(events)
+            ]
+        )
 
     def extend(
         self, alloc: Allocation, all_token_ids: Sequence[int], lora: LoraRef | None, cache_salt: str | None
@@ -221,8 +233,9 @@ class KVCache:
         if len(all_token_ids) < (i + 1) * bs:
             return
         parent = alloc.hashes[-1] if alloc.hashes else self.none_hash
-        h = hash_block_tokens(parent, all_token_ids[i * bs : (i + 1) * bs], self._extra_keys(i, lora, cache_salt))
-        alloc.hashes.append(h)
+        alloc.hashes.append(
+            hash_block_tokens(parent, all_token_ids[i * bs : (i + 1) * bs], self._extra_keys(i, lora, cache_salt))
+        )
         self.register(alloc, all_token_ids, lora, cache_salt, start=i)
 
     def release(self, alloc: Allocation) -> None:
@@ -231,19 +244,20 @@ class KVCache:
             return
         alloc.released = True
         self.private_used -= alloc.private_blocks
-        held = [h for h in alloc.hashes[: alloc.hit_blocks]] + alloc.registered
-        for h in reversed(held):
-            if h not in self.refs:
-                continue  # cleared by reset_prefix_cache meanwhile
-            self.refs[h] -= 1
-            if self.refs[h] == 0:
-                self.evictable[h] = None
+        for b in reversed(alloc.hit + alloc.registered):
+            b.ref -= 1
+            if b.ref == 0 and b.cached:
+                self.evictable[id(b)] = b
 
     def reset(self) -> bool:
         """vLLM's reset_prefix_cache: only when no block is in use; drops every cached block."""
         if self.used_blocks:
             return False
-        self.refs.clear()
+        for blocks in self.by_hash.values():
+            for b in blocks:
+                b.cached = False
+        self.by_hash.clear()
         self.evictable.clear()
+        self.num_cached = 0
         self.emit([AllBlocksCleared()])
         return True

@@ -123,7 +123,7 @@ class Simulator:
         return time.monotonic() >= self.ready_at
 
     # --- request parsing --------------------------------------------------------------------------------
-    def _sim_request(self, body: dict[str, Any], ids: list[int], lora: LoraRef | None, chat: bool) -> SimRequest:
+    def sim_request(self, body: dict[str, Any], ids: list[int], lora: LoraRef | None, chat: bool) -> SimRequest:
         max_tokens = body.get("max_completion_tokens") if chat else None
         if max_tokens is None:
             max_tokens = body.get("max_tokens")
@@ -178,6 +178,11 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
         return error_response(e.status, e.message, e.err_type)
     except RenderError as e:
         return error_response(400, str(e))
+    except web.HTTPException:
+        raise
+    except Exception as e:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return error_response(500, f"Internal error: {type(e).__name__}: {e}", "InternalServerError")
 
 
 # --- generation ------------------------------------------------------------------------------------------
@@ -217,12 +222,13 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     if body.get("n", 1) != 1:
         raise EngineError(400, "The simulator supports only n=1.")
     ids = await _prompt(sim, body, chat)
-    req = sim._sim_request(body, ids, lora, chat)
-    engine.check(req)
+    req = sim.sim_request(body, ids, lora, chat)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     if body.get("stream"):
         opts = body.get("stream_options") or {}
+        if not isinstance(opts, dict):
+            raise EngineError(400, "`stream_options` must be an object.")
         return await _stream(request, sim, engine, req, rid, created, model, chat, bool(opts.get("include_usage")))
     out: list[int] = []
     async with contextlib.aclosing(engine.generate(req)) as gen:
@@ -471,7 +477,7 @@ async def admin_config(request: web.Request) -> web.Response:
             raise EngineError(400, f"`{key}` must be a number.")
         setattr(sim.cfg, key, want(value))
     for e in sim.engines:
-        e._schedule()
+        e.schedule()
     return await admin_state(request)
 
 

@@ -90,6 +90,9 @@ class SimTokenizer:
     async def messages_ids(self, messages: Any, **kw: Any) -> list[int]:
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise RenderError("`messages` must be a non-empty list of message objects")
+        kwargs = kw.get("chat_template_kwargs")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise RenderError("`chat_template_kwargs` must be an object")
         for m in messages:
             if not isinstance(m.get("role"), str):
                 raise RenderError("every message needs a string `role`")

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import epp.datalayer.plugins  # noqa: F401  (registers the data-layer plugin types)
+import epp.datalayer.plugins
+import epp.requestcontrol.flowcontrol_plugins  # noqa: F401  (registers the flow-control policy types)
 from epp.config.loader import ConfigError, EppConfig, PluginSpec
 from epp.config.yamlmarks import line_of
 from epp.framework import (

@@ -396,7 +396,15 @@ def _data_layer(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> list[Data
 _BAND_KEYS = ("priority", "priorityName", "maxBytes", "maxRequests", "fairnessPolicyRef", "orderingPolicyRef")
 
 
-def _band(ctx: _Ctx, parent: Any, key: str | int, path: str, v: Any, default_priority: int | None) -> PriorityBandSpec:
+def _band(
+    ctx: _Ctx,
+    parent: Any,
+    key: str | int,
+    path: str,
+    v: Any,
+    default_priority: int | None,
+    names: set[str] | None = None,
+) -> PriorityBandSpec:
     m = _mapping(ctx, parent, key, path, v, _BAND_KEYS)
     prio = m.get("priority", default_priority)
     if isinstance(prio, bool) or not isinstance(prio, int):
@@ -406,8 +414,8 @@ def _band(ctx: _Ctx, parent: Any, key: str | int, path: str, v: Any, default_pri
         band.max_bytes = _size(ctx, m, "maxBytes", f"{path}.maxBytes")
     if m.get("maxRequests") is not None:
         band.max_requests = _size(ctx, m, "maxRequests", f"{path}.maxRequests")
-    band.fairness_policy_ref = m.get("fairnessPolicyRef")
-    band.ordering_policy_ref = m.get("orderingPolicyRef")
+    band.fairness_policy_ref = _check_ref(ctx, m, "fairnessPolicyRef", path, names)
+    band.ordering_policy_ref = _check_ref(ctx, m, "orderingPolicyRef", path, names)
     return band
 
 
@@ -421,7 +429,18 @@ def _size(ctx: _Ctx, m: Mapping[str, Any], key: str, path: str) -> int:
     return n
 
 
-def _flow_control(ctx: _Ctx, raw: Mapping[str, Any]) -> FlowControlSpec | None:
+def _check_ref(ctx: _Ctx, m: Mapping[str, Any], key: str, path: str, names: set[str] | None) -> str | None:
+    v = m.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v:
+        raise ctx.err(m, key, f"{path}.{key}", f"expected a plugin name, got {v!r}")
+    if names is not None and v not in names:
+        raise ctx.err(m, key, f"{path}.{key}", f"no plugin named {v!r} in plugins")
+    return v
+
+
+def _flow_control(ctx: _Ctx, raw: Mapping[str, Any], names: set[str] | None = None) -> FlowControlSpec | None:
     v = raw.get("flowControl")
     if v is None:
         return None
@@ -446,18 +465,18 @@ def _flow_control(ctx: _Ctx, raw: Mapping[str, Any]) -> FlowControlSpec | None:
             raise ctx.err(m, "defaultRequestTTL", "flowControl.defaultRequestTTL", str(e)) from None
     if m.get("defaultPriorityBand") is not None:
         fc.default_priority_band = _band(
-            ctx, m, "defaultPriorityBand", "flowControl.defaultPriorityBand", m["defaultPriorityBand"], 0
+            ctx, m, "defaultPriorityBand", "flowControl.defaultPriorityBand", m["defaultPriorityBand"], 0, names
         )
     bands = _list(ctx, m, "priorityBands", "flowControl.priorityBands", m.get("priorityBands"))
     seen: set[int] = set()
     for i, b in enumerate(bands):
         path = f"flowControl.priorityBands[{i}]"
-        band = _band(ctx, bands, i, path, b, None)
+        band = _band(ctx, bands, i, path, b, None, names)
         if band.priority in seen:
             raise ctx.err(bands, i, f"{path}.priority", f"duplicate priority {band.priority}")
         seen.add(band.priority)
         fc.priority_bands.append(band)
-    fc.usage_limit_policy_ref = m.get("usageLimitPolicyPluginRef")
+    fc.usage_limit_policy_ref = _check_ref(ctx, m, "usageLimitPolicyPluginRef", "flowControl", names)
     return fc
 
 
@@ -546,7 +565,7 @@ def parse_config(text: str, source: str = "<text>") -> EppConfig:
         saturation_detector=_ref(ctx, raw, "saturationDetector", names),
         feature_gates=[str(g) for g in gates],
         data_sources=data_sources,
-        flow_control=_flow_control(ctx, raw),
+        flow_control=_flow_control(ctx, raw, names),
         parser=_ref(ctx, raw, "parser", names),
         objectives=_objectives(ctx, raw),
         refresh_metrics_interval=_duration_key(ctx, raw, "refreshMetricsInterval", 0.05),

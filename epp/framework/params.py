@@ -52,7 +52,6 @@ class Params:
             raise PluginConfigError(f"{plugin}: parameters must be a mapping, got {type(raw).__name__}")
         self.plugin = plugin
         self.raw: Mapping[builtins.str, Any] = raw or {}
-        self.used: set[builtins.str] = set()
 
     def _fail(self, key: builtins.str, what: builtins.str) -> PluginConfigError:
         return PluginConfigError(f"{self.plugin}: parameter {key!r}: {what}, got {self.raw.get(key)!r}", key=key)
@@ -61,7 +60,6 @@ class Params:
         return key in self.raw and self.raw[key] is not None
 
     def get(self, key: builtins.str, default: Any = None) -> Any:
-        self.used.add(key)
         v = self.raw.get(key)
         return default if v is None else v
 
@@ -139,7 +137,3 @@ class Params:
         if not isinstance(v, list):
             raise self._fail(key, "expected a list")
         return v
-
-    def unused(self) -> builtins.list[builtins.str]:
-        """Keys given but never read (the loader warns about them: likely typos)."""
-        return sorted(k for k in self.raw if k not in self.used)

@@ -12,8 +12,9 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from epp.config.loader import DEFAULT_PRIORITY_BAND_MAX_BYTES, FlowControlSpec, PriorityBandSpec
 from epp.framework import Endpoint, InferenceRequest, SaturationDetector, ServiceUnavailable, TooManyRequests
@@ -38,29 +39,35 @@ class _Band:
     priority: int
     max_bytes: int | None
     max_requests: int | None
+    strict: bool = False  # global-strict fairness: one FCFS order across the band's flows
     flows: OrderedDict[str, deque[_Item]] = field(default_factory=OrderedDict)
     count: int = 0
     bytes: int = 0
 
     def head(self) -> _Item | None:
-        """The next item by round-robin over flows (dropping finished items lazily)."""
-        while self.flows:
-            fid, q = next(iter(self.flows.items()))
+        """The next item: round-robin over flows, or the oldest head if strict (finished items dropped lazily)."""
+        best: _Item | None = None
+        for fid in list(self.flows):
+            q = self.flows[fid]
             while q and q[0].done:
                 q.popleft()
-            if q:
+            if not q:
+                del self.flows[fid]
+                continue
+            if not self.strict:
                 return q[0]
-            del self.flows[fid]
-        return None
+            if best is None or q[0].enqueued < best.enqueued:
+                best = q[0]
+        return best
 
     def pop_head(self, item: _Item) -> None:
         fid = item.request.fairness_id
         q = self.flows[fid]
         q.popleft()
-        if q:
-            self.flows.move_to_end(fid)  # the next dispatch in this band goes to the next flow
-        else:
+        if not q:
             del self.flows[fid]
+        elif not self.strict:
+            self.flows.move_to_end(fid)  # the next dispatch in this band goes to the next flow
 
 
 class FlowController:
@@ -70,10 +77,15 @@ class FlowController:
         detector: SaturationDetector,
         pool_name: str = "default",
         *,
+        plugins: Mapping[str, Any] | None = None,
         poll_interval: float = 0.005,
     ) -> None:
         self.spec = spec
         self.detector = detector
+        self._plugins = dict(plugins or {})
+        limit = self._plugins.get(spec.usage_limit_policy_ref or "")
+        # static-usage-limit-policy: dispatch while saturation < threshold (GIE default 1.0)
+        self.threshold = float(getattr(limit, "threshold", 1.0))
         self.pool = pool_name
         self.poll_interval = poll_interval
         self._bands: dict[int, _Band] = {}
@@ -88,7 +100,9 @@ class FlowController:
         if band is None:
             t = self._templates.get(priority) or self.spec.default_priority_band or PriorityBandSpec(priority=priority)
             max_bytes = t.max_bytes if t.max_bytes else DEFAULT_PRIORITY_BAND_MAX_BYTES
-            band = self._bands[priority] = _Band(priority, max_bytes, t.max_requests)
+            fairness = self._plugins.get(t.fairness_policy_ref or "")
+            strict = bool(getattr(fairness, "strict", False))
+            band = self._bands[priority] = _Band(priority, max_bytes, t.max_requests, strict)
             self._order = sorted(self._bands, reverse=True)
         return band
 
@@ -100,7 +114,7 @@ class FlowController:
         if self.count == 0:
             sat = self.detector.saturation(candidates)
             m.FC_POOL_SATURATION.labels(self.pool).set(sat)
-            if sat < 1.0:
+            if sat < self.threshold:
                 return  # nothing queued and capacity available: dispatch at once
         size = request.body_size
         band = self._band(request.priority)
@@ -163,7 +177,7 @@ class FlowController:
                     break
                 sat = self.detector.saturation(item.candidates)
                 m.FC_POOL_SATURATION.labels(self.pool).set(sat)
-                if sat >= 1.0:
+                if sat >= self.threshold:
                     await asyncio.sleep(self.poll_interval)  # held: wait for fresher metrics
                     continue
                 item.band.pop_head(item)

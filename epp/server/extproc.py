@@ -361,6 +361,15 @@ class RequestStream:
                 self._resp_json = []
         if msg.response_headers.end_of_stream:
             self.complete()
+        # Plugins may ask for response headers (e.g. session-affinity's x-session-token) via request.data.
+        extra = req.data.get("response_headers") if req is not None else None
+        if extra:
+            mutation = pb.HeaderMutation(set_headers=[_set(k, str(v)) for k, v in extra.items()])
+            return [
+                pb.ProcessingResponse(
+                    response_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=mutation))
+                )
+            ]
         return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
 
     def _response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:

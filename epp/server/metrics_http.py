@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 
 class MetricsHTTP:
+    """Serves the request metrics' registry plus the process-global one (scheduler, data layer, KV pool,
+    flow control and process metrics register there)."""
+
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
         self._registry = registry
         self._host = host
@@ -16,6 +19,8 @@ class MetricsHTTP:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._registry)
+        if self._registry is not REGISTRY:
+            body += generate_latest(REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def start(self) -> None:

@@ -22,6 +22,7 @@ from epp.metrics import REGISTRY, RequestMetrics, request_metrics
 from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, ExtProcServicer, ServerState
 from epp.server.health import Health
 from epp.server.metrics_http import MetricsHTTP
+from epp.server.tls import load_credentials, self_signed_dir
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +31,16 @@ _MAX_MESSAGE = DEFAULT_MAX_BODY_BYTES + 1024 * 1024
 _GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE),
     ("grpc.max_send_message_length", _MAX_MESSAGE),
-    ("grpc.so_reuseport", 0),
 ]
 
 
 class BindError(RuntimeError):
     """A listener could not bind its address (port in use, bad address)."""
+
+
+def _grpc_options(reuse_port: bool) -> list[tuple[str, int]]:
+    """SO_REUSEPORT only for `--workers`: otherwise a second EPP on the same port must fail to bind."""
+    return [*_GRPC_OPTIONS, ("grpc.so_reuseport", 1 if reuse_port else 0)]
 
 
 @dataclass
@@ -46,6 +51,10 @@ class ServeOptions:
     metrics_port: int = 9090
     drain_timeout: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    reuse_port: bool = False
+    # TLS on the ext_proc port: a dir with tls.crt/tls.key, or secure_serving=True for a self-signed pair.
+    cert_path: str | None = None
+    secure_serving: bool = False
 
 
 class EppServer:
@@ -69,8 +78,8 @@ class EppServer:
             model_rewrites=runtime.config.model_rewrites,
             max_body_bytes=options.max_body_bytes,
         )
-        self._grpc = grpc.aio.server(options=_GRPC_OPTIONS)
-        self._health_grpc = grpc.aio.server(options=_GRPC_OPTIONS)
+        self._grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
+        self._health_grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
         self._metrics_http = MetricsHTTP(registry, options.bind_address, options.metrics_port)
         self._tasks: list[asyncio.Task[None]] = []
         self.ports: dict[str, int] = {}
@@ -80,13 +89,17 @@ class EppServer:
         pb_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(self.state), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._health_grpc)
-        for key, server, port in (
-            ("grpc", self._grpc, opts.grpc_port),
-            ("health", self._health_grpc, opts.grpc_health_port),
+        credentials = self._credentials()
+        for key, server, port, creds in (
+            ("grpc", self._grpc, opts.grpc_port, credentials),
+            ("health", self._health_grpc, opts.grpc_health_port, None),  # kubelet gRPC probes are plaintext
         ):
             address = f"{opts.bind_address}:{port}"
             try:
-                self.ports[key] = server.add_insecure_port(address)
+                if creds is None:
+                    self.ports[key] = server.add_insecure_port(address)
+                else:
+                    self.ports[key] = server.add_secure_port(address, creds)
             except RuntimeError as e:
                 raise BindError(f"cannot bind {key} port {address}: {e}") from None
         await self.health.start()
@@ -105,6 +118,14 @@ class EppServer:
             self._spawn(factory(), f"background {getattr(factory, '__qualname__', factory)!s}")
         self._spawn(self._watch_readiness(), "readiness")
         log.info("epp serving: ext_proc :%d, health :%d, metrics :%d", *(self.ports[k] for k in self.ports))
+
+    def _credentials(self) -> grpc.ServerCredentials | None:
+        opts = self.options
+        if opts.cert_path:
+            return load_credentials(opts.cert_path)
+        if opts.secure_serving:
+            return load_credentials(self_signed_dir())
+        return None
 
     def _spawn(self, coro: object, name: str) -> None:
         async def guarded() -> None:

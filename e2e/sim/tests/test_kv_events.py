@@ -318,3 +318,18 @@ def _post_with_header(url: str, body: Any, headers: dict[str, str]) -> tuple[int
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def test_bytes_block_hashes_when_int_mode_is_off(thread_sim_factory: Any, tok: Any) -> None:
+    """VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: events carry the 32-byte sha256 hashes (ExternalBlockHash = bytes)."""
+    sim: Sim = thread_sim_factory("--block-hash-format", "bytes", "--kv-events-encoding", "map")
+    sub = EventSubscriber(sim.event_endpoint or "")
+    try:
+        post(sim.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 1})
+        (ev,) = _stored(decode_batch(sub.recv().payload, "map"))
+        ids = tok.encode(PROMPT)
+        first = hash_block_tokens(none_hash(), ids[:16], None)
+        assert ev.block_hashes[0] == first and all(isinstance(h, bytes) and len(h) == 32 for h in ev.block_hashes)
+        assert ev.parent_block_hash is None
+    finally:
+        sub.close()

@@ -58,8 +58,8 @@ def test_lru_eviction_tail_first_and_referenced_blocks_are_kept() -> None:
     assert kv.used_blocks == 0 and not set(b_hashes) & set(removed)
 
 
-def test_concurrent_identical_prompts_store_once() -> None:
-    kv, events = make()
+def test_concurrent_identical_prompts_are_two_physical_copies_like_vllm() -> None:
+    kv, events = make(num_blocks=4)
     toks = list(range(8))
     h = kv.block_hashes(toks)
     a1 = kv.allocate(h, 8, 8)
@@ -67,10 +67,26 @@ def test_concurrent_identical_prompts_store_once() -> None:
     assert a2.hit_blocks == 0
     kv.register(a1, toks, None, None)
     kv.register(a2, toks, None, None)
-    assert len([e for e in events if isinstance(e, BlockStored)]) == 1
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    assert len(stored) == 2 and stored[0].block_hashes == stored[1].block_hashes  # announced twice
     kv.release(a1)
     kv.release(a2)
-    assert kv.used_blocks == 0 and kv.cached_blocks == 2
+    assert kv.used_blocks == 0 and kv.cached_blocks == 4
+    events.clear()
+    kv.allocate(kv.block_hashes(list(range(50, 66))), 16, 16)  # needs all 4 blocks: both copies go
+    removed = [e.block_hashes[0] for e in events if isinstance(e, BlockRemoved)]
+    assert sorted(removed) == sorted([kv.ext(x) for x in h] * 2)
+
+
+def test_fully_cached_prompt_recomputes_and_reannounces_its_last_block() -> None:
+    kv, events = make()
+    toks = list(range(8))
+    run(kv, toks)
+    events.clear()
+    assert run(kv, toks) == 4
+    (ev,) = events
+    assert isinstance(ev, BlockStored) and ev.token_ids == toks[4:]
+    assert ev.parent_block_hash == kv.ext(kv.block_hashes(toks)[0])
 
 
 def test_reset_only_when_idle() -> None:
@@ -124,3 +140,14 @@ def test_decode_blocks_extend_the_chain() -> None:
     assert second.block_hashes == [kv.ext(kv.block_hashes(all_ids)[1])]
     # the next turn's prompt that contains the answer reuses both blocks
     assert run(kv, [*all_ids, 9, 9, 9]) == 8
+
+
+def test_cache_salt_keys_the_first_block_only() -> None:
+    kv, events = make()
+    toks = list(range(8))
+    salted = kv.block_hashes(toks, cache_salt="tenant-a")
+    assert salted[0] != kv.block_hashes(toks)[0] and salted != kv.block_hashes(toks, cache_salt="tenant-b")
+    alloc = kv.allocate(salted, 8, 8)
+    kv.register(alloc, toks, None, "tenant-a")
+    (ev,) = events
+    assert isinstance(ev, BlockStored) and ev.extra_keys == [("tenant-a",), None]

@@ -1,0 +1,143 @@
+"""Max picks/s of the EPP on this box, one process vs `--workers N` (SO_REUSEPORT), with the full chain.
+
+The load comes from h2load (nghttp2, C) speaking gRPC straight to the EPP's ext_proc port: each HTTP/2
+stream is one `Process` call carrying what Envoy sends for one request (request_headers, then the JSON
+body with end_of_stream), so a stream is one pick and the EPP answers with the header mutation and the
+streamed body. Envoy is left out on purpose: the point is the EPP's own ceiling. The EPP scores 4 real
+simulators (metrics scraped, KV events subscribed) with the given strategy.
+
+    python -m e2e.bench.bench_picks --workers 1,2 --strategy precise --streams 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.harness.ports import free_ports
+from e2e.harness.procs import EppPorts, EppProcess
+from e2e.sim.launch import start_simulators
+from e2e.strategies import config_text
+from e2e.workloads.text import TextFactory
+
+
+def grpc_frames(body: bytes, path: str = "/v1/completions") -> bytes:
+    """The two ProcessingRequest messages of one request, each with gRPC's 5-byte length prefix."""
+    hdrs = base_pb2.HeaderMap(
+        headers=[
+            base_pb2.HeaderValue(key=":method", raw_value=b"POST"),
+            base_pb2.HeaderValue(key=":path", raw_value=path.encode()),
+            base_pb2.HeaderValue(key=":authority", raw_value=b"gateway"),
+            base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"),
+            base_pb2.HeaderValue(key="content-length", raw_value=str(len(body)).encode()),
+        ]
+    )
+    msgs = [
+        pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=hdrs, end_of_stream=False)),
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
+    ]
+    out = b""
+    for m in msgs:
+        data = m.SerializeToString()
+        out += b"\x00" + len(data).to_bytes(4, "big") + data
+    return out
+
+
+def h2load(port: int, frames: Path, streams: int, clients: int, per_client: int) -> dict[str, float]:
+    cmd = [
+        "h2load", "-n", str(streams), "-c", str(clients), "-m", str(per_client), "-d", str(frames),
+        "-H", "content-type: application/grpc", "-H", "te: trailers",
+        f"http://127.0.0.1:{port}/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+    ]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600).stdout
+    m = re.search(r"finished in ([\d.]+)s, ([\d.]+) req/s", out)
+    ok = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed", out)
+    lat = re.search(r"time for request:\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)", out)
+    if not m or not ok:
+        raise RuntimeError(f"unexpected h2load output:\n{out}")
+
+    def ms(v: str, unit: str) -> float:
+        return float(v) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+    res = {"seconds": float(m.group(1)), "picks_per_s": float(m.group(2)), "succeeded": float(ok.group(1)),
+           "failed": float(ok.group(2))}  # fmt: skip
+    if lat:
+        res["mean_ms"] = ms(lat.group(5), lat.group(6))
+        res["max_ms"] = ms(lat.group(3), lat.group(4))
+    return res
+
+
+def counted_picks(metrics_port: int, workers: int) -> float:
+    """Successful scheduling attempts summed over the workers' /metrics (worker i serves port + i)."""
+    total = 0.0
+    for i in range(workers):
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port + i}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        for fam in text_string_to_metric_families(text):
+            if fam.name == "inference_extension_scheduler_attempts":
+                total += sum(
+                    s.value for s in fam.samples if s.name.endswith("_total") and s.labels.get("status") == "success"
+                )
+    return total
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_picks")
+    p.add_argument("--workers", default="1,2")
+    p.add_argument("--strategy", default="precise")
+    p.add_argument("--streams", type=int, default=20000)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--per-client", type=int, default=8, help="concurrent streams per connection")
+    p.add_argument("--prompt-tokens", type=int, default=1024)
+    p.add_argument("--json", help="write results here")
+    ns = p.parse_args(argv)
+    if shutil.which("h2load") is None:
+        raise SystemExit("h2load not found: apt-get install nghttp2-client")
+    prompt = TextFactory(5).text("picks", ns.prompt_tokens)
+    body = json.dumps({"model": "Qwen/Qwen2.5-0.5B-Instruct", "prompt": prompt, "max_tokens": 16}).encode()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pyepp-picks-") as tmp, start_simulators(4) as sims:
+        frames = Path(tmp) / "frames.bin"
+        frames.write_bytes(grpc_frames(body))
+        cfg = Path(tmp) / "epp.yaml"
+        cfg.write_text(config_text(ns.strategy, sims))
+        for w in (int(x) for x in ns.workers.split(",")):
+            grpc_port, health, metrics = free_ports(3)
+            epp = EppProcess(cfg, Path(tmp), EppPorts(grpc_port, health, metrics), log_level="warning",
+                             extra_args=["--workers", str(w)])  # fmt: skip
+            try:
+                epp.wait_ready()
+                time.sleep(1.0 + w)  # every worker up, subscribed and scraping
+                h2load(grpc_port, frames, min(2000, ns.streams), ns.clients, ns.per_client)  # warm up
+                before = counted_picks(metrics, w)
+                res = h2load(grpc_port, frames, ns.streams, ns.clients, ns.per_client)
+                res["picks_counted"] = counted_picks(metrics, w) - before
+            finally:
+                epp.stop()
+            res["workers"] = w
+            rows.append(res)
+            mean = res.get("mean_ms", float("nan"))
+            print(f"workers={w}: {res['picks_per_s']:.0f} picks/s ({res['succeeded']:.0f} ok, {res['failed']:.0f} "
+                  f"failed, mean {mean:.1f} ms; EPP counted {res['picks_counted']:.0f} picks)", flush=True)  # fmt: skip
+    base = rows[0]["picks_per_s"]
+    for r in rows[1:]:
+        print(f"workers={r['workers']:.0f} / workers={rows[0]['workers']:.0f}: {r['picks_per_s'] / base:.2f}x")
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

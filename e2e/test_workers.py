@@ -1,0 +1,47 @@
+"""`epp serve --workers 2`: two full EPPs share the ext_proc and health ports (SO_REUSEPORT)."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from e2e.harness.ports import free_ports
+from e2e.harness.procs import EppPorts, EppProcess
+from epp.server.workers import worker_argv
+
+pytestmark = pytest.mark.e2e
+
+
+def _metrics(port: int, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                return str(r.read().decode())
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_worker_argv_drops_workers_flag() -> None:
+    argv = worker_argv(["serve", "--config", "c.yaml", "--workers", "3", "--workers=3", "--grpc-port", "1"], 2)
+    assert argv[1:] == ["-m", "epp", "serve", "--config", "c.yaml", "--grpc-port", "1", "--worker-index", "2"]
+
+
+def test_two_workers_share_ports_and_each_serves_metrics(tmp_path: Path) -> None:
+    cfg = tmp_path / "epp.yaml"
+    cfg.write_text("endpoints:\n- {address: 127.0.0.1, port: 9}\n")
+    grpc_port, health, metrics = free_ports(3)
+    epp = EppProcess(cfg, tmp_path, EppPorts(grpc_port, health, metrics), extra_args=["--workers", "2"])
+    try:
+        epp.wait_ready()
+        # worker i serves metrics on --metrics-port + i; both are whole EPPs with the pool in their datastore
+        for port in (metrics, metrics + 1):
+            assert 'inference_pool_ready_pods{name="default"}' in _metrics(port)
+    finally:
+        epp.stop()
+    assert not epp.running()
