@@ -69,8 +69,15 @@ def build_tokenizer(params: dict[str, Any]) -> PromptTokenizer:
 
 
 def shared_tokenizer(context: Any, params: dict[str, Any]) -> PromptTokenizer:
-    tok: PromptTokenizer = context.service(TOKENIZER_SERVICE, lambda: build_tokenizer(params))
-    return tok
+    """One tokenizer per EPP; the first plugin to ask creates it and schedules its preload at startup."""
+
+    def make() -> PromptTokenizer:
+        tok = build_tokenizer(params)
+        context.background.append(tok.warm)
+        return tok
+
+    shared: PromptTokenizer = context.service(TOKENIZER_SERVICE, make)
+    return shared
 
 
 def shared_kv_service(context: Any, params: dict[str, Any]) -> KVCacheService:

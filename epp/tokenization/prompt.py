@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,12 +45,15 @@ class Backend(Protocol):
 
     async def chat(self, model: str, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> list[int]: ...
 
+    async def warm(self) -> None: ...
+
 
 class HFBackend:
     """transformers AutoTokenizer per model, loaded from a local directory (offline; one load per directory
     per process, shared by every backend)."""
 
     _loaded: dict[str, Any] = {}
+    _load_lock = threading.Lock()
 
     def __init__(
         self,
@@ -72,6 +76,14 @@ class HFBackend:
             d = self.model_dirs.get(model, self.default_dir)
             if d is None:
                 raise TokenizationError(f"no tokenizer configured for model {model!r}")
+            tok = self._load(d, model)
+            self._tok[model] = tok
+        return tok
+
+    @staticmethod
+    def _load(d: str, model: str) -> Any:
+        # The lock makes a request that arrives during `warm()` wait for that load instead of loading twice.
+        with HFBackend._load_lock:
             tok = HFBackend._loaded.get(d)
             if tok is None:
                 from transformers import AutoTokenizer
@@ -81,8 +93,20 @@ class HFBackend:
                 except Exception as e:
                     raise TokenizationError(f"cannot load tokenizer for {model!r} from {d}: {e}") from None
                 HFBackend._loaded[d] = tok
-            self._tok[model] = tok
         return tok
+
+    async def warm(self) -> None:
+        """Load every configured tokenizer on the tokenizer thread at startup (a load takes seconds: importing
+        transformers and reading the vocabulary), so the first requests are not the ones that pay for it."""
+        dirs = {d: m for m, d in self.model_dirs.items()}
+        if self.default_dir:
+            dirs.setdefault(self.default_dir, "<default>")
+        loop = asyncio.get_running_loop()
+        for d, model in dirs.items():
+            try:
+                await loop.run_in_executor(self._executor, self._load, d, model)
+            except TokenizationError as e:
+                log.error("tokenizer preload failed: %s", e)
 
     async def _run(self, size: int, fn: Any, *args: Any) -> Any:
         """Small prompts inline (cheaper than a thread hop), big ones on the tokenizer thread; while that
@@ -152,6 +176,9 @@ class HTTPBackend:
             body["chat_template_kwargs"] = dict(kwargs)
         return await self._post(body)
 
+    async def warm(self) -> None:
+        """Nothing to load: the model server tokenizes."""
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -166,6 +193,9 @@ class PromptTokenizer:
         self._cache: OrderedDict[bytes, list[int]] = OrderedDict()
         self.hits = 0
         self.misses = 0
+
+    async def warm(self) -> None:
+        await self.backend.warm()
 
     async def tokenize(
         self,

@@ -74,3 +74,28 @@ async def test_http_tokenize_endpoint() -> None:
     finally:
         await backend.close()
         await runner.cleanup()
+
+
+async def test_warm_preloads_tokenizer_before_first_request(tmp_path: Any) -> None:
+    import shutil
+
+    d = tmp_path / "tok"
+    shutil.copytree(qwen25_tokenizer_dir(), d)  # a directory no other test has loaded in this process
+    backend = HFBackend({QWEN25_MODEL: d})
+    assert str(d) not in HFBackend._loaded
+    await PromptTokenizer(backend).warm()
+    assert str(d) in HFBackend._loaded
+    assert await backend.completion(QWEN25_MODEL, "Hello world") == [9707, 1879]
+
+
+async def test_precise_plugin_schedules_the_preload() -> None:
+    from epp.datastore import Datastore
+    from epp.framework import PluginContext, get_factory
+
+    ctx = PluginContext(endpoints=Datastore())
+    factory = get_factory("precise-prefix-cache-scorer")
+    assert factory is not None
+    factory("p", {"kvEventsConfig": {"enabled": False}}, ctx)
+    warms = [b for b in ctx.background if getattr(b, "__name__", "") == "warm"]
+    assert len(warms) == 1
+    await warms[0]()
