@@ -68,8 +68,8 @@ def headers_msg(subset: list[str] | None) -> pb.ProcessingRequest:
             )
         ),
         protocol_config=pb.ProtocolConfiguration(
-            request_body_mode=processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED,  # type: ignore[arg-type]
-            response_body_mode=processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED,  # type: ignore[arg-type]
+            request_body_mode=processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED,
+            response_body_mode=processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED,
         ),
     )
     if subset is not None:

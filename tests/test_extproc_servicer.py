@@ -116,7 +116,7 @@ def headers_msg(
             ),
             end_of_stream=eos,
         ),
-        protocol_config=pb.ProtocolConfiguration(request_body_mode=mode, response_body_mode=mode),  # type: ignore[arg-type]
+        protocol_config=pb.ProtocolConfiguration(request_body_mode=mode, response_body_mode=mode),
     )
     if subset is not None:
         msg.metadata_context.filter_metadata["envoy.lb.subset_hint"].update(

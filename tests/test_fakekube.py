@@ -191,7 +191,7 @@ async def test_crd_paths_and_writes(kube: FakeKube, api: client.ApiClient) -> No
 
 async def test_pod_writes_through_the_core_api(kube: FakeKube, api: client.ApiClient) -> None:
     core = client.CoreV1Api(api)
-    await core.create_namespaced_pod("default", pod("a", "10.0.0.1", {"app": "vllm"}))
+    await core.create_namespaced_pod("default", pod("a", "10.0.0.1", {"app": "vllm"}))  # type: ignore[arg-type]
     await core.patch_namespaced_pod_status("a", "default", ready_patch(False))
     assert kube.get(PODS, "default", "a")["status"]["conditions"][1]["status"] == "False"
     await core.delete_namespaced_pod("a", "default", grace_period_seconds=30)

@@ -54,7 +54,7 @@ def test_max_score_picker_rotates_ties_by_default() -> None:
     assert Counter(picks) == {"e0": 3, "e1": 3, "e2": 3}  # a burst of equal scores spreads exactly evenly
     assert picks[0] != picks[1] != picks[2]
     two = MaxScorePicker("p", max_num=2)
-    firsts = Counter()
+    firsts: Counter[str] = Counter()
     for _ in range(6):
         t = two.pick(S, R, scored).targets
         assert len(set(t)) == 2 and e[3] not in t

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -65,7 +67,7 @@ def wire_messages(body: bytes, chunk: int = 62_000) -> list[bytes]:
 
 
 def chat_body(size: int) -> bytes:
-    base = {"model": "qwen", "messages": [{"role": "user", "content": ""}], "max_tokens": 16}
+    base: dict[str, Any] = {"model": "qwen", "messages": [{"role": "user", "content": ""}], "max_tokens": 16}
     pad = size - len(json.dumps(base))
     base["messages"][0]["content"] = "x" * max(0, pad)
     return json.dumps(base).encode()
@@ -144,7 +146,7 @@ def main() -> None:
     print(f"{'case':34} {'floor µs':>10} {'pyepp µs':>10} {'ratio':>7}")
     for size in (1024, 16 * 1024):
         wire = wire_messages(chat_body(size))
-        f = bench(lambda w=wire: floor_once(w), args.n, args.repeats)
+        f = bench(functools.partial(floor_once, wire), args.n, args.repeats)
         p = bench_async(loop, state, wire, args.n, args.repeats)
         print(f"{'headers + ' + str(size // 1024) + ' KiB chat body':34} {f:10.1f} {p:10.1f} {p / f:7.2f}")
     # One SSE event on the response path (the most frequent message of a streaming request).

@@ -185,7 +185,7 @@ def bench_zmq(args: argparse.Namespace) -> dict[str, float]:
             await real(*a)
             item_times.append(time.perf_counter() - t)
 
-        pool._process = timed  # type: ignore[method-assign]
+        pool._process = timed  # type: ignore[method-assign, assignment]
         stalls: list[float] = []
         stop = asyncio.Event()
 

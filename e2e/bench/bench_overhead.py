@@ -6,8 +6,8 @@ simulator answers at once (no modelled latency), requests alternate between the 
 open-loop rate, so both paths see the same machine load. Reported per (strategy, prompt size, rate):
 p50/p99 of each path and the added latency (gateway − direct).
 
-    python -m e2e.bench.bench_overhead                       # 1k/8k/32k tokens × 10/50 req/s, approximate + precise
-    python -m e2e.bench.bench_overhead --sizes 1024 --rates 20 --duration 5
+    python -m e2e.bench.bench_overhead                # 1k/8k/32k-token prompts at two rates each, approximate + precise
+    python -m e2e.bench.bench_overhead --points "1024:20" --duration 5
 """
 
 from __future__ import annotations
@@ -69,18 +69,24 @@ async def _measure(
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_overhead")
-    p.add_argument("--sizes", default="1024,8192,32768", help="prompt sizes in tokens")
-    p.add_argument("--rates", default="10,50", help="requests per second per path")
+    p.add_argument(
+        "--points",
+        default="1024:10,50;8192:5,20;32768:2,5",
+        help="prompt tokens:rates per path; the simulator tokenizes every prompt, so big prompts get lower rates",
+    )
     p.add_argument("--duration", type=float, default=8.0, help="seconds per point")
     p.add_argument("--strategies", default="approximate,precise")
+    p.add_argument("--response-mode", default=None, help="Envoy response_body_mode, e.g. NONE (no usage metrics)")
     p.add_argument("--json", help="write the rows here")
     ns = p.parse_args(argv)
-    sizes = [int(x) for x in ns.sizes.split(",")]
-    rates = [float(x) for x in ns.rates.split(",")]
+    points = [
+        (int(size), [float(r) for r in rates.split(",")])
+        for size, rates in (pt.split(":") for pt in ns.points.split(";"))
+    ]
     texts = TextFactory(3)
     rows = []
     sim_args = ["--prefill-overhead", "0", "--prefill-time-per-token", "0", "--inter-token-latency", "0",
-                "--num-gpu-blocks", "65536", "--max-num-seqs", "256"]  # fmt: skip
+                "--num-gpu-blocks", "65536", "--max-num-seqs", "256", "--max-model-len", "65536"]  # fmt: skip
     print(f"{'strategy':<12}{'tokens':>7}{'rate':>6}{'gw p50':>9}{'gw p99':>9}{'dir p50':>9}{'dir p99':>9}"
           f"{'+p50':>8}{'+p99':>8}{'err':>5}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="pyepp-overhead-") as tmp, start_simulators(1, base_args=sim_args) as sims:
@@ -91,11 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             work.mkdir()
             stack = start_stack(
                 work, backends=[], config=config_text(strategy, sims), epp_args=["--log-level", "warning"],
-                envoy_overrides={"direct_port": free_port()},
+                envoy_overrides={"direct_port": free_port()}, response_mode=ns.response_mode,
             )  # fmt: skip
             try:
                 direct = f"http://127.0.0.1:{stack.envoy.opts.direct_port}"
-                for size in sizes:
+                for size, rates in points:
                     # 8 prompts per size sharing a prefix, like a real workload (the prefix scorers have work to do)
                     prefix = texts.text(("prefix", size), size // 2)
                     prompts = [prefix + texts.text(("q", size, i), size - size // 2) for i in range(8)]

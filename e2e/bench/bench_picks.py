@@ -62,7 +62,7 @@ def h2load(port: int, frames: Path, streams: int, clients: int, per_client: int)
         f"http://127.0.0.1:{port}/envoy.service.ext_proc.v3.ExternalProcessor/Process",
     ]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600).stdout
-    m = re.search(r"finished in ([\d.]+)s, ([\d.]+) req/s", out)
+    m = re.search(r"finished in ([\d.]+)(ms|s), ([\d.]+) req/s", out)
     ok = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed", out)
     lat = re.search(r"time for request:\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)", out)
     if not m or not ok:
@@ -71,7 +71,8 @@ def h2load(port: int, frames: Path, streams: int, clients: int, per_client: int)
     def ms(v: str, unit: str) -> float:
         return float(v) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
 
-    res = {"seconds": float(m.group(1)), "picks_per_s": float(m.group(2)), "succeeded": float(ok.group(1)),
+    seconds = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+    res = {"seconds": seconds, "picks_per_s": float(m.group(3)), "succeeded": float(ok.group(1)),
            "failed": float(ok.group(2))}  # fmt: skip
     if lat:
         res["mean_ms"] = ms(lat.group(5), lat.group(6))

@@ -79,7 +79,7 @@ def make_app(name: str) -> web.Application:
                 await asyncio.sleep(0.005)
             opts = body.get("stream_options")
             if isinstance(opts, dict) and opts.get("include_usage"):
-                last = {
+                last: dict[str, Any] = {
                     "id": "cmpl-1",
                     "object": "chat.completion.chunk",
                     "model": model,

@@ -81,6 +81,12 @@ _FIELDS: dict[str, Callable[[dict[str, Any]], str]] = {
 }
 
 
+def _compare(get: Callable[[dict[str, Any]], Any], value: str, negate: bool) -> Callable[[dict[str, Any]], bool]:
+    if negate:
+        return lambda o: bool(get(o) != value)
+    return lambda o: bool(get(o) == value)
+
+
 def field_selector(selector: str | None) -> Callable[[dict[str, Any]], bool]:
     """Field selectors support only `=`, `==` and `!=` on a fixed set of fields (like the apiserver)."""
     if not selector:
@@ -92,8 +98,5 @@ def field_selector(selector: str | None) -> Callable[[dict[str, Any]], bool]:
             raise SelectorError(f"field label not supported: {term!r}")
         get = _FIELDS[m.group(1)]
         op, value = m.group(2), m.group(3)
-        if op == "!=":
-            checks.append(lambda o, g=get, v=value: g(o) != v)
-        else:
-            checks.append(lambda o, g=get, v=value: g(o) == v)
+        checks.append(_compare(get, value, negate=op == "!="))
     return lambda obj: all(c(obj) for c in checks)

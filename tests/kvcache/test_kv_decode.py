@@ -65,12 +65,15 @@ def test_positional_events_dict_batch_and_sglang() -> None:
     assert b.dp_rank == 3 and isinstance(b.events[0], BlockStored) and b.events[0].lora_name is None
     sglang = msgpack.packb([1.0, [["BlockStored", [9], 8, [1, 2, 3, 4], 4, None], ["AllBlocksCleared"]]])
     b = decode_batch(sglang)
-    assert b.dp_rank is None and b.events[0].parent == 8 and isinstance(b.events[1], AllBlocksCleared)
+    first = b.events[0]
+    assert b.dp_rank is None and isinstance(first, BlockStored) and first.parent == 8
+    assert isinstance(b.events[1], AllBlocksCleared)
 
 
 def test_negative_int64_hash_is_masked() -> None:
     b = decode_batch(msgpack.packb([0, [["BlockRemoved", [-1]]]]))
-    assert b.events[0].block_hashes == [(1 << 64) - 1]
+    ev = b.events[0]
+    assert isinstance(ev, BlockRemoved) and ev.block_hashes == [(1 << 64) - 1]
 
 
 @pytest.mark.parametrize(
