@@ -81,6 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         per_k = growth / max(1, (last["requests"] - first["requests"]) / 1000)
         print(f"RSS growth after warm-up: {growth:+.1f} MiB over {last['requests'] - first['requests']} requests "
               f"({per_k:+.2f} MiB per 1k requests)")  # fmt: skip
+        # once the engines' caches are full, stores and removals balance and the index stops growing
+        half = samples[len(samples) // 2]
+        steady = (last["process_resident_memory_bytes"] - half["process_resident_memory_bytes"]) / 2**20
+        print(f"second half: {steady:+.1f} MiB over {last['requests'] - half['requests']} requests")
     if ns.json:
         Path(ns.json).write_text(json.dumps(samples, indent=1))
     return 0
