@@ -140,12 +140,13 @@ async def test_untokenizable_request_scores_zero_without_error() -> None:
 
 async def test_plugin_registers_pool_and_follows_datastore() -> None:
     plugin, ctx, ds = make()
-    assert len(ctx.background) == 1
+    # one event-pool task and one tokenizer preload, whatever number of plugins share them
+    assert ctx.background == [plugin.service.pool.run, plugin.tokenizer.warm]
     again = registry.get_factory("precise-prefix-cache-producer")
     assert again is not None
     producer = again("p", PARAMS, ctx)
     assert producer.service is plugin.service  # one shared index and pool
-    assert len(ctx.background) == 1
+    assert len(ctx.background) == 2
     task = asyncio.create_task(ctx.background[0]())
     try:
         await plugin.service.pool.started()
@@ -188,7 +189,7 @@ async def test_block_size_learned_from_scraped_cache_config() -> None:
     await plugin.prepare(req2, eps)
     assert req2.data[MATCH_KEY].block_size == 32
     assert req2.data[MATCH_KEY].total_blocks == len(req2.data["tokens"]) // 32
-    assert ctx.background == []  # events disabled: no pool task
+    assert ctx.background == [plugin.tokenizer.warm]  # events disabled: no pool task, only the tokenizer preload
 
 
 def test_token_producer_llmd_style_vllm_backend() -> None:
