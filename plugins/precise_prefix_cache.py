@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from epp.framework import registry
 from epp.framework.plugins import Plugin
@@ -147,7 +147,7 @@ class PrecisePrefixCacheProducer(Plugin):
         self.speculative_ttl = speculative_ttl
 
     @classmethod
-    def from_config(cls, name: str, parameters: dict[str, Any], context: Any) -> PrecisePrefixCacheProducer:
+    def from_config(cls, name: str, parameters: dict[str, Any], context: Any) -> Self:
         p = parameters or {}
         return cls(
             name,
@@ -205,18 +205,7 @@ def match_scores(info: PreciseMatch | None, endpoints: Sequence[Endpoint]) -> li
 
 @registry.register("precise-prefix-cache-scorer", "kvcache-aware-scorer")
 class PrecisePrefixCacheScorer(PrecisePrefixCacheProducer):
-    """Producer and scorer in one (llm-d's deprecated-but-common form)."""
-
-    @classmethod
-    def from_config(cls, name: str, parameters: dict[str, Any], context: Any) -> PrecisePrefixCacheScorer:
-        p = parameters or {}
-        return cls(
-            name,
-            shared_kv_service(context, p),
-            shared_tokenizer(context, p),
-            speculative=bool(p.get("speculativeIndexing", True)),
-            speculative_ttl=parse_duration(p.get("speculativeTTL"), 2.0),
-        )
+    """Producer and scorer in one (llm-d's deprecated-but-common form); built by the producer's from_config."""
 
     def score(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         info = request.data.get(MATCH_KEY)
