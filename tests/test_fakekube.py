@@ -18,14 +18,6 @@ from tests.fakekube.testing import write_kubeconfig
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    k = FakeKube()
-    await k.start()
-    yield k
-    await k.stop()
-
-
-@pytest.fixture
 async def api(kube: FakeKube, tmp_path: Path) -> AsyncIterator[client.ApiClient]:
     c = await api_client(write_kubeconfig(kube, tmp_path))
     yield c

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -27,14 +26,6 @@ from tests.fakekube.server import INFERENCE_POOLS, PODS, FakeKube, inference_poo
 from tests.fakekube.testing import eventually, names, running_source, write_kubeconfig
 
 APP = {"app": "vllm"}
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    k = FakeKube()
-    await k.start()
-    yield k
-    await k.stop()
 
 
 @pytest.fixture

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from epp.discovery.kubernetes import KubernetesDiscoveryConfig
 from epp.requestcontrol.objectives import ObjectiveStore
 from tests.fakekube.server import INFERENCE_OBJECTIVES, INFERENCE_POOLS, FakeKube, inference_objective, inference_pool
 from tests.fakekube.testing import eventually, running_source, write_kubeconfig
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    k = FakeKube()
-    await k.start()
-    yield k
-    await k.stop()
 
 
 async def test_objectives_follow_the_cluster(kube: FakeKube, tmp_path: Path) -> None:
