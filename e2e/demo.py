@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
 from e2e.bench import loadgen, report
+from e2e.harness.http import post_json
 from e2e.harness.stack import start_stack
 from e2e.sim.launch import SimProcess, start_simulators
 from e2e.strategies import PROFILES, config_text
@@ -89,11 +88,15 @@ def sim_args(ns: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
 
 
+def _post_ok(url: str, body: object, timeout: float) -> None:
+    r = post_json(url, body, timeout=timeout)
+    if r.status != 200:
+        raise RuntimeError(f"POST {url}: HTTP {r.status}: {r.body[:200]!r}")
+
+
 def reset_caches(sims: Sequence[SimProcess]) -> None:
     for s in sims:
-        req = urllib.request.Request(s.url + "/reset_prefix_cache", method="POST", data=b"")
-        with urllib.request.urlopen(req, timeout=10) as r:
-            r.read()
+        _post_ok(s.url + "/reset_prefix_cache", {}, timeout=10)
 
 
 class Progress:
@@ -118,10 +121,7 @@ class Progress:
 
 def warm_up(url: str, model: str) -> None:
     """One request through the whole path, so one-time costs (tokenizer load, connections) are not measured."""
-    body = json.dumps({"model": model, "prompt": "warm up", "max_tokens": 1}).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        r.read()
+    _post_ok(url + "/v1/completions", {"model": model, "prompt": "warm up", "max_tokens": 1}, timeout=60)
 
 
 def run_strategy(

@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from e2e.sim.launch import SimProcess
-
-EVENTS_PORT_LABEL = "kv-events.pyepp.io/port"
-REPLAY_PORT_LABEL = "kv-events.pyepp.io/replay-port"
+from epp.kvcache.pool import EVENTS_PORT_LABEL, REPLAY_PORT_LABEL
 
 PROFILES: dict[str, str] = {
     # llm-d's precise prefix-cache routing (KV events), with the blog's weights: prefix 3, kv-cache 2, queue 2.

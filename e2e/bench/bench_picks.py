@@ -18,14 +18,13 @@ import shutil
 import subprocess
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from prometheus_client.parser import text_string_to_metric_families
 
+from e2e.harness.http import metric_value, request
 from e2e.harness.ports import free_ports
 from e2e.harness.procs import EppPorts, EppProcess
 from e2e.sim.launch import start_simulators
@@ -82,16 +81,11 @@ def h2load(port: int, frames: Path, streams: int, clients: int, per_client: int)
 
 def counted_picks(metrics_port: int, workers: int) -> float:
     """Successful scheduling attempts summed over the workers' /metrics (worker i serves port + i)."""
-    total = 0.0
-    for i in range(workers):
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port + i}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        for fam in text_string_to_metric_families(text):
-            if fam.name == "inference_extension_scheduler_attempts":
-                total += sum(
-                    s.value for s in fam.samples if s.name.endswith("_total") and s.labels.get("status") == "success"
-                )
-    return total
+    name, ok = "inference_extension_scheduler_attempts_total", {"status": "success"}
+    return sum(
+        metric_value(request(f"http://127.0.0.1:{metrics_port + i}/metrics").body.decode(), name, ok, default=0.0)
+        for i in range(workers)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

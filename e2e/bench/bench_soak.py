@@ -12,13 +12,11 @@ import asyncio
 import json
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from e2e.bench import loadgen
+from e2e.harness.http import metric_value, request
 from e2e.harness.stack import start_stack
 from e2e.sim.launch import start_simulators
 from e2e.strategies import config_text
@@ -26,16 +24,13 @@ from e2e.workloads.shared_prefix import shared_prefix
 
 
 def scrape(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name in ("process_resident_memory_bytes", "kv_cache_events_blocks_total") and not s.labels:
-                out[s.name] = s.value
-            if s.name == "kv_cache_events_blocks_total":
-                out[f"blocks_{s.labels.get('op', '')}"] = s.value
-    return out
+    text = request(url).body.decode()
+    blocks = "kv_cache_events_blocks_total"
+    return {
+        "process_resident_memory_bytes": metric_value(text, "process_resident_memory_bytes"),
+        "blocks_stored": metric_value(text, blocks, {"op": "stored"}, default=0.0),
+        "blocks_removed": metric_value(text, blocks, {"op": "removed"}, default=0.0),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(samples) >= 3:
         first, last = samples[1], samples[-1]  # after the first window (imports, tokenizer, caches warm)
         growth = (last["process_resident_memory_bytes"] - first["process_resident_memory_bytes"]) / 2**20
-        per_k = growth / max(1, (last["requests"] - first["requests"]) / 1000)
+        per_k = growth * 1000 / max(1, last["requests"] - first["requests"])
         print(f"RSS growth after warm-up: {growth:+.1f} MiB over {last['requests'] - first['requests']} requests "
               f"({per_k:+.2f} MiB per 1k requests)")  # fmt: skip
         # once the engines' caches are full, stores and removals balance and the index stops growing

@@ -71,8 +71,9 @@ def sse_events(body: bytes) -> list[Any]:
     return out
 
 
-def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
-    """Sum of a Prometheus sample's values across series whose labels include `labels`."""
+def metric_value(text: str, name: str, labels: dict[str, str] | None = None, default: float | None = None) -> float:
+    """Sum of a Prometheus sample's values across series whose labels include `labels` (KeyError if there is
+    none, unless a `default` is given)."""
     total = 0.0
     found = False
     for line in text.splitlines():
@@ -88,5 +89,7 @@ def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> 
             total += float(value)
             found = True
     if not found:
+        if default is not None:
+            return default
         raise KeyError(f"{name}{labels or ''} not in metrics")
     return total
