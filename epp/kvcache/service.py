@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from epp.framework.params import parse_duration as framework_parse_duration
 from epp.framework.types import Endpoint
 from epp.kvcache.index import Index, MemoryIndex, PrefixMatch
 from epp.kvcache.ingest import EventApplier
@@ -21,16 +22,13 @@ SERVICE_KEY = "kv-cache"
 
 
 def parse_duration(v: Any, default: float) -> float:
-    """ "2s", "500ms", "1m" or a number of seconds."""
+    """The framework's Go-style durations ("2s", "500ms", "1m"), plus `None` → `default` and a bare number
+    (also as a string, as llm-d's samples write it) in seconds."""
     if v is None:
         return default
-    if isinstance(v, int | float):
+    if isinstance(v, str) and re.fullmatch(r"\s*[0-9]*\.?[0-9]+\s*", v):
         return float(v)
-    m = re.fullmatch(r"\s*([0-9.]+)\s*(ms|s|m)?\s*", str(v))
-    if not m:
-        raise ValueError(f"invalid duration {v!r} (use e.g. '2s' or '500ms')")
-    n = float(m.group(1))
-    return {"ms": n / 1000, "m": n * 60}.get(m.group(2) or "s", n)
+    return framework_parse_duration(v.strip() if isinstance(v, str) else v)
 
 
 @dataclass
