@@ -282,9 +282,14 @@ class EventPool:
         while True:
             await connected.wait()
             connected.clear()
+            # What we had applied before this connection: the publisher's copy of that batch tells whether it
+            # restarted. Checking the newest batch instead would miss a restart whose first batches were lost
+            # before the subscription caught up (its later seqs then look like a continuation of the old ones).
+            last, crc = self.seq.last(pod, 0), self.seq.last_crc(pod, 0)
+            checkpoint = b"" if last is None else last.to_bytes(8, "big") + (crc or 0).to_bytes(4, "big")
             await asyncio.sleep(0.05)  # let the subscription reach the publisher first
             try:
-                self._shard(pod).put_nowait((pod, self.cfg.default_model, PROACTIVE, b"", replay))
+                self._shard(pod).put_nowait((pod, self.cfg.default_model, PROACTIVE, checkpoint, replay))
             except asyncio.QueueFull:
                 self.metrics.dropped.labels("queue_full").inc()
 
@@ -370,7 +375,10 @@ class EventPool:
         if seq == PROACTIVE:
             if replay:
                 last = self.seq.last(pod, 0)
-                await self._replay(pod, model, 0, replay, 0 if last is None else last + 1)
+                checkpoint = None
+                if len(payload) == 12 and last is not None:
+                    checkpoint = (int.from_bytes(payload[:8], "big"), int.from_bytes(payload[8:], "big"))
+                await self._replay(pod, model, 0, replay, 0 if last is None else last + 1, checkpoint)
                 await self.index.flush()
             return
         batch = self._decode(pod, payload)
@@ -400,29 +408,34 @@ class EventPool:
         self.seq.applied(pod, rank, seq, zlib.crc32(payload))
         await self.index.flush()
 
-    async def _replay(self, pod: str, model: str, rank: int, endpoint: str, start: int) -> None:
+    async def _replay(
+        self, pod: str, model: str, rank: int, endpoint: str, start: int, checkpoint: tuple[int, int] | None = None
+    ) -> None:
         """Ask the publisher's ROUTER for batches from `start`; apply those we have not applied, in order.
 
         When we already applied batches of this rank, the request starts one batch early so the publisher's
         copy of our last batch can be compared with what we applied: a different payload, or nothing at all
         at or after that seq, means the publisher restarted (its numbering began again) — the pod is then
-        cleared and replayed from 0.
+        cleared and replayed from 0. `checkpoint` (seq, crc) names the batch to compare instead: a reconnect
+        compares a batch applied before the connection.
         """
         failed = self._replay_failed.get(endpoint)
         if failed is not None and time.monotonic() - failed < self.cfg.replay_cooldown:
             self.metrics.replays.labels("cooldown").inc()
             return
         last = self.seq.last(pod, rank)
-        verify = last is not None and start == last + 1
-        if verify:
-            start = last  # type: ignore[assignment]
-        result, got, restarted = await self._fetch(pod, model, rank, endpoint, start, verify)
+        expect: int | None = None
+        if checkpoint is not None:
+            start, expect = checkpoint
+        elif last is not None and start == last + 1:
+            start, expect = last, self.seq.last_crc(pod, rank) or 0
+        result, got, restarted = await self._fetch(pod, model, rank, endpoint, start, expect)
         if restarted:
             log.warning("KV events: %s rank %d restarted (replay does not match); clearing its blocks", pod, rank)
             self.metrics.sequence.labels("restart").inc()
             self.applier.clear_pod(pod)
             self.seq.forget_pod(pod)
-            result, got, _ = await self._fetch(pod, model, rank, endpoint, 0, False)
+            result, got, _ = await self._fetch(pod, model, rank, endpoint, 0, None)
         self.metrics.replays.labels(result).inc()
         if result == "ok":
             self._replay_failed.pop(endpoint, None)
@@ -457,8 +470,11 @@ class EventPool:
             sock.close(linger=0)
 
     async def _fetch(
-        self, pod: str, model: str, rank: int, endpoint: str, start: int, verify: bool
+        self, pod: str, model: str, rank: int, endpoint: str, start: int, expect_crc: int | None
     ) -> tuple[str, int, bool]:
+        """Apply the publisher's replay from `start`. With `expect_crc`, the batch at `start` must be the one we
+        applied (same crc); a different one, or none at or after `start`, reports a restart."""
+        verify = expect_crc is not None
         m = self.metrics
         got, first = 0, True
         async with self._replay_sem:
@@ -483,7 +499,7 @@ class EventPool:
                     if first and verify:
                         first = False
                         if s == start:
-                            if crc != self.seq.last_crc(pod, rank):
+                            if crc != expect_crc:
                                 return "ok", got, True
                             continue
                     first = False
