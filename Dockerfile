@@ -12,7 +12,6 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY epp ./epp
-COPY plugins ./plugins
 RUN pip install --no-compile . \
     && python -m compileall -q -j 0 /opt/venv/lib \
     && find /opt/venv -name '*.pyi' -delete

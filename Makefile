@@ -24,9 +24,10 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
 lint: setup
-	$(PY) -m ruff check epp plugins tests e2e
-	$(PY) -m ruff format --check epp plugins tests e2e
+	$(PY) -m ruff check epp tests e2e
+	$(PY) -m ruff format --check epp tests e2e
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)

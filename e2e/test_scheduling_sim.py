@@ -19,8 +19,8 @@ from e2e.harness.http import metric_value
 from e2e.harness.stack import Stack
 from e2e.sim.fixtures import SimFactory, sim_factory  # noqa: F401  (fixture)
 from e2e.sim.launch import SimProcess, start_simulators
+from epp.datalayer.datastore import Datastore
 from epp.datalayer.scraper import MetricsScraper
-from epp.datastore import Datastore
 from epp.framework import Endpoint
 from epp.tokenization.qwen import QWEN25_MODEL
 

@@ -41,13 +41,13 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "validate":
         from epp.config import ConfigError, load_config
-        from epp.config.builder import build_pipeline
-        from epp.datastore import Datastore
-        from epp.framework import PluginContext
+        from epp.datalayer.datastore import Datastore
+        from epp.wiring import build_pipeline, plugin_context, register_builtins
 
+        register_builtins()
         try:
             config = load_config(args.file)
-            pipeline = build_pipeline(config, PluginContext(endpoints=Datastore(), pool_name=config.pool_name))
+            pipeline = build_pipeline(config, plugin_context(Datastore(), config.pool_name))
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from epp.app import build_runtime
     from epp.config import ConfigError, load_config, parse_config
     from epp.discovery.kubernetes import kubernetes_source_from_args
     from epp.server.runner import BindError, ServeOptions, serve
     from epp.server.tls import TLSError
+    from epp.wiring import build_runtime
 
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
 from epp.discovery.kubernetes import KubernetesDiscoveryConfig, KubernetesEndpointSource
 from tests.fakekube.server import INFERENCE_POOLS, PODS, FakeKube, inference_pool, pod
 from tests.fakekube.testing import eventually, fast_backoff, write_kubeconfig

@@ -25,12 +25,12 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry
 
-from epp.datastore import Datastore
+from e2e.harness.directors import RoundRobinDirector
+from epp.datalayer.datastore import Datastore
 from epp.framework.types import Endpoint
-from epp.metrics import RequestMetrics
 from epp.protocol.usage import SSEUsageReader
-from epp.requestcontrol.director import RoundRobinDirector
 from epp.server.extproc import RequestStream, ServerState
+from epp.server.metrics import RequestMetrics
 
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 

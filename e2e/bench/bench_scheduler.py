@@ -25,10 +25,11 @@ import time
 from collections.abc import Callable
 
 from epp.config import parse_config
-from epp.config.builder import build_pipeline
-from epp.datastore import Datastore
-from epp.framework import Endpoint, InferenceRequest, Metrics, PluginContext
-from epp.requestcontrol.scheduling_director import SchedulingDirector
+from epp.datalayer.datastore import Datastore
+from epp.framework import Endpoint, InferenceRequest, Metrics
+from epp.requestcontrol.director import SchedulingDirector
+from epp.wiring import plugin_context
+from epp.wiring.builder import build_pipeline
 
 LOAD = """
 plugins: [{type: queue-scorer}, {type: kv-cache-utilization-scorer}, {type: max-score-picker}]
@@ -108,7 +109,7 @@ def pct(xs: list[float], q: float) -> float:
 
 async def measure(variant: str, n_endpoints: int, prompts: list[str], iterations: int) -> dict[str, list[float]]:
     ds = pool(n_endpoints)
-    pipeline = build_pipeline(parse_config(VARIANTS[variant]), PluginContext(endpoints=ds))
+    pipeline = build_pipeline(parse_config(VARIANTS[variant]), plugin_context(ds))
     pipeline.scheduler._timing_every = TIMING_EVERY.get(variant, 16)
     director = SchedulingDirector(ds, pipeline)
     producers = pipeline.producers

@@ -15,9 +15,9 @@ import time
 
 from aiohttp import web
 
+from epp.datalayer.datastore import Datastore
 from epp.datalayer.extractor import CoreMetricsExtractor
 from epp.datalayer.scraper import MetricsScraper
-from epp.datastore import Datastore
 from epp.framework import Endpoint
 
 

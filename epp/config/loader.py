@@ -3,7 +3,7 @@
 Extension keys: `endpoints` (static discovery), `modelRewrites`, `objectives` ([{name, priority}]),
 `refreshMetricsInterval`, `metricsStalenessThreshold`, `refreshPrometheusMetricsInterval`, `poolName`.
 This module checks structure and references and fills in GIE's defaults; plugin types and parameters are
-checked when the plugins are built (epp.config.builder), with the same key-and-line error messages.
+checked when the plugins are built (epp.wiring.builder), with the same key-and-line error messages.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import yaml
 
 from epp.config.yamlmarks import line_of, load_marked
 from epp.framework.params import parse_duration
+from epp.requestcontrol.flowcontrol_spec import FlowControlSpec, PriorityBandSpec
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,6 @@ schedulingProfiles:
 DEFAULT_DATA_LAYER = [
     {"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]},
 ]
-DEFAULT_PRIORITY_BAND_MAX_BYTES = 1_000_000_000
 
 
 class ConfigError(ValueError):
@@ -115,26 +115,6 @@ class DataSourceSpec:
     ref: str
     extractors: list[str]
     line: int = 0
-
-
-@dataclass(slots=True)
-class PriorityBandSpec:
-    priority: int
-    name: str = ""
-    max_bytes: int = DEFAULT_PRIORITY_BAND_MAX_BYTES
-    max_requests: int | None = None
-    fairness_policy_ref: str | None = None
-    ordering_policy_ref: str | None = None
-
-
-@dataclass(slots=True)
-class FlowControlSpec:
-    max_bytes: int | None = None
-    max_requests: int | None = None
-    default_request_ttl: float | None = None
-    default_priority_band: PriorityBandSpec | None = None
-    priority_bands: list[PriorityBandSpec] = field(default_factory=list)
-    usage_limit_policy_ref: str | None = None
 
 
 @dataclass

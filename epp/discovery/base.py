@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
 
 
 class EndpointSource(Protocol):

@@ -21,12 +21,12 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
+from epp.datalayer.objectives import ObjectiveStore
 from epp.discovery.informer import INFERENCE_OBJECTIVES, INFERENCE_POOLS, PODS, Backoff, Informer, ResourceKind
 from epp.discovery.kubeclient import api_client
 from epp.discovery.objectives import DEFAULT_POOL_GROUP, ObjectiveHandler
 from epp.discovery.pods import PodEndpoints
-from epp.requestcontrol.objectives import ObjectiveStore
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from epp.datalayer.objectives import ObjectiveStore
 from epp.discovery.informer import object_name
-from epp.requestcontrol.objectives import ObjectiveStore
 
 log = logging.getLogger(__name__)
 

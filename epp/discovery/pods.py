@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
 from epp.framework.types import Endpoint
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
 from epp.framework.types import Endpoint
 
 

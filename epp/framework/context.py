@@ -1,12 +1,17 @@
-"""What a plugin may see of the running EPP: the endpoint view and named shared services."""
+"""What a plugin may see of the running EPP: the endpoint view, shared services, and startup requests."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from epp.framework.services import NoServices, Services
+from epp.framework.state import DataKey
 from epp.framework.types import Endpoint
+
+# A long-running coroutine the server starts at startup and cancels at shutdown.
+BackgroundTask = Callable[[], Coroutine[Any, Any, None]]
 
 
 class EndpointListener(Protocol):
@@ -22,39 +27,47 @@ class EndpointView(Protocol):
 
     def get(self, name: str) -> Endpoint | None: ...
 
+    def get_by_hostport(self, hostport: str) -> Endpoint | None: ...
+
     def subscribe(self, listener: EndpointListener) -> None: ...
-
-
-@dataclass
-class PluginContext:
-    """Handed to every plugin factory. `services` holds shared objects by key (e.g. "kv-index")."""
-
-    endpoints: EndpointView
-    pool_name: str = "default"
-    services: dict[str, Any] = field(default_factory=dict)
-    # Background coroutines a plugin wants run for the server's lifetime (started by the server).
-    background: list[Callable[[], Any]] = field(default_factory=list)
-    # Plugins the config builder must add if no plugin of that name is configured (GIE auto-adds producers).
-    requirements: list[PluginRequirement] = field(default_factory=list)
-
-    def require_plugin(self, type_name: str, name: str, parameters: dict[str, Any] | None = None) -> None:
-        """Ask for a helper plugin (e.g. the approximate prefix producer) to be instantiated with the config."""
-        if all(r.name != name for r in self.requirements):
-            self.requirements.append(PluginRequirement(type_name, name, dict(parameters or {})))
-
-    def service(self, key: str, factory: Callable[[], Any] | None = None) -> Any:
-        """Get a shared service, creating it once with `factory` if absent."""
-        if key not in self.services:
-            if factory is None:
-                raise KeyError(f"service {key!r} is not available")
-            self.services[key] = factory()
-        return self.services[key]
 
 
 @dataclass(slots=True)
 class PluginRequirement:
-    """A plugin another plugin needs (e.g. prefix-cache-scorer needs a producer); built unless already configured."""
+    """A producer a plugin needs: built (as `type` named `name`) unless a configured plugin produces `key`."""
 
+    key: DataKey[Any]
     type: str
     name: str
     parameters: dict[str, Any] = field(default_factory=dict)
+    requested_by: str = ""
+
+
+@dataclass
+class PluginContext:
+    """Handed to every plugin factory."""
+
+    endpoints: EndpointView
+    services: Services = field(default_factory=NoServices)
+    pool_name: str = "default"
+    # Long-running coroutines plugins and services asked for (started by the server).
+    background: list[BackgroundTask] = field(default_factory=list)
+    # Producers the config builder adds when nothing configured produces their key (GIE auto-adds producers).
+    requirements: list[PluginRequirement] = field(default_factory=list)
+
+    def require_producer(
+        self,
+        key: DataKey[Any],
+        type_name: str,
+        name: str,
+        parameters: Mapping[str, Any] | None = None,
+        *,
+        requested_by: str = "",
+    ) -> None:
+        """Ask for a producer of `key` (e.g. prefix-cache-scorer → approx-prefix-cache-producer)."""
+        if all(r.key != key for r in self.requirements):
+            self.requirements.append(PluginRequirement(key, type_name, name, dict(parameters or {}), requested_by))
+
+    def run_in_background(self, task: BackgroundTask) -> None:
+        """Run `task()` for the server's lifetime (e.g. an event subscription, a tokenizer preload)."""
+        self.background.append(task)

@@ -50,3 +50,7 @@ class TooManyRequests(RequestError):
 class InternalError(RequestError):
     status = 500
     code = "Internal"
+
+
+class TokenizationError(Exception):
+    """The prompt could not be tokenized (unknown model, bad messages, tokenizer server error)."""

@@ -9,11 +9,22 @@ from typing import Any
 
 
 class PluginConfigError(ValueError):
-    """A bad plugin parameter. `key` is the parameter name (the config loader adds the line)."""
+    """A bad plugin parameter. `key` is the parameter's dotted path; `line` its line in the file when known
+    (else the config builder looks the top-level key up)."""
 
-    def __init__(self, message: str, *, key: str | None = None) -> None:
+    def __init__(self, message: str, *, key: str | None = None, line: int = 0) -> None:
         super().__init__(message)
         self.key = key
+        self.line = line
+
+
+def _line_of(container: object, key: str) -> int:
+    """The line of `key` in a line-marked mapping from the config loader (duck-typed: no config import here)."""
+    line_of = getattr(container, "line_of", None)
+    if line_of is None:
+        return 0
+    line = line_of(key)
+    return line if isinstance(line, int) else 0
 
 
 _DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -45,23 +56,53 @@ def parse_duration(value: Any) -> float:
 
 
 class Params:
-    """Typed access to one plugin's parameters; every error says plugin, key, expectation and the bad value."""
+    """Typed access to one plugin's parameters; every error says plugin, key, expectation and the bad value.
 
-    def __init__(self, plugin: builtins.str, raw: Mapping[builtins.str, Any] | None) -> None:
+    `section(key)` gives the same access to a nested mapping, with errors naming the dotted path and its line.
+    Keys read are remembered (`unread()` lists the others).
+    """
+
+    def __init__(
+        self, plugin: builtins.str, raw: Mapping[builtins.str, Any] | None, *, path: builtins.str = ""
+    ) -> None:
         if raw is not None and not isinstance(raw, Mapping):
-            raise PluginConfigError(f"{plugin}: parameters must be a mapping, got {type(raw).__name__}")
+            where = f"parameter {path!r}" if path else "parameters"
+            raise PluginConfigError(f"{plugin}: {where} must be a mapping, got {type(raw).__name__}", key=path or None)
         self.plugin = plugin
-        self.raw: Mapping[builtins.str, Any] = raw or {}
+        self.raw: Mapping[builtins.str, Any] = raw if raw is not None else {}
+        self.path = path
+        self._read: builtins.set[builtins.str] = builtins.set()
 
-    def _fail(self, key: builtins.str, what: builtins.str) -> PluginConfigError:
-        return PluginConfigError(f"{self.plugin}: parameter {key!r}: {what}, got {self.raw.get(key)!r}", key=key)
+    def _path(self, key: builtins.str) -> builtins.str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: builtins.str, what: builtins.str) -> PluginConfigError:
+        """An error for `key`: `<plugin>: parameter '<path>': <what>, got <value>`."""
+        path = self._path(key)
+        return PluginConfigError(
+            f"{self.plugin}: parameter {path!r}: {what}, got {self.raw.get(key)!r}",
+            key=path,
+            line=_line_of(self.raw, key),
+        )
 
     def has(self, key: builtins.str) -> builtins.bool:
         return key in self.raw and self.raw[key] is not None
 
     def get(self, key: builtins.str, default: Any = None) -> Any:
+        self._read.add(key)
         v = self.raw.get(key)
         return default if v is None else v
+
+    def unread(self) -> builtins.list[builtins.str]:
+        """Keys present but never read (candidates for an unknown-parameter error)."""
+        return [k for k in self.raw if k not in self._read]
+
+    def section(self, key: builtins.str) -> Params:
+        """The nested mapping under `key` (empty if absent)."""
+        v = self.get(key, None)
+        if v is not None and not isinstance(v, Mapping):
+            raise self.fail(key, "expected a mapping")
+        return Params(self.plugin, v, path=self._path(key))
 
     def int(
         self,
@@ -73,12 +114,12 @@ class Params:
     ) -> builtins.int:
         v = self.get(key, default)
         if isinstance(v, bool) or not isinstance(v, int | float) or (isinstance(v, float) and not v.is_integer()):
-            raise self._fail(key, "expected an integer")
+            raise self.fail(key, "expected an integer")
         v = int(v)
         if min is not None and v < min:
-            raise self._fail(key, f"must be >= {min}")
+            raise self.fail(key, f"must be >= {min}")
         if max is not None and v > max:
-            raise self._fail(key, f"must be <= {max}")
+            raise self.fail(key, f"must be <= {max}")
         return v
 
     def float(
@@ -92,12 +133,12 @@ class Params:
     ) -> builtins.float:
         v = self.get(key, default)
         if isinstance(v, bool) or not isinstance(v, int | float):
-            raise self._fail(key, "expected a number")
+            raise self.fail(key, "expected a number")
         v = float(v)
         if min is not None and (v < min or (min_exclusive and v == min)):
-            raise self._fail(key, f"must be {'>' if min_exclusive else '>='} {min}")
+            raise self.fail(key, f"must be {'>' if min_exclusive else '>='} {min}")
         if max is not None and v > max:
-            raise self._fail(key, f"must be <= {max}")
+            raise self.fail(key, f"must be <= {max}")
         return v
 
     def str(
@@ -105,15 +146,15 @@ class Params:
     ) -> builtins.str:
         v = self.get(key, default)
         if not isinstance(v, str):
-            raise self._fail(key, "expected a string")
+            raise self.fail(key, "expected a string")
         if choices is not None and v not in choices:
-            raise self._fail(key, f"must be one of {', '.join(choices)}")
+            raise self.fail(key, f"must be one of {', '.join(choices)}")
         return v
 
     def bool(self, key: builtins.str, default: builtins.bool) -> builtins.bool:
         v = self.get(key, default)
         if not isinstance(v, bool):
-            raise self._fail(key, "expected true or false")
+            raise self.fail(key, "expected true or false")
         return v
 
     def duration(self, key: builtins.str, default: builtins.float) -> builtins.float:
@@ -124,16 +165,22 @@ class Params:
         try:
             return parse_duration(v)
         except ValueError as e:
-            raise self._fail(key, str(e).split(", got")[0]) from None
+            raise self.fail(key, str(e).split(", got")[0]) from None
+
+    def optional_str(self, key: builtins.str) -> builtins.str | None:
+        v = self.get(key, None)
+        if v is not None and not isinstance(v, str):
+            raise self.fail(key, "expected a string")
+        return v
 
     def mapping(self, key: builtins.str) -> Mapping[builtins.str, Any]:
         v = self.get(key, {})
         if not isinstance(v, Mapping):
-            raise self._fail(key, "expected a mapping")
+            raise self.fail(key, "expected a mapping")
         return v
 
     def list(self, key: builtins.str) -> builtins.list[Any]:
         v = self.get(key, [])
         if not isinstance(v, list):
-            raise self._fail(key, "expected a list")
+            raise self.fail(key, "expected a list")
         return v

@@ -6,26 +6,49 @@ the scheduler finds the roles with isinstance() checks against these runtime-che
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
 
+from epp.framework.params import Params
+from epp.framework.state import CycleState, DataKey
 from epp.framework.types import (
-    CycleState,
     Endpoint,
     InferenceRequest,
     ProfileResult,
+    Response,
     SchedulingResult,
     Usage,
 )
 
+if TYPE_CHECKING:
+    from epp.framework.context import PluginContext
+
 
 class Plugin:
-    """Base class: every configured plugin instance has a `type` (registry key) and a unique `name`."""
+    """Base class: every configured plugin instance has a `type` (registry key) and a unique `name`.
 
-    type_name: str = ""
+    A subclass sets `type_name` (and `aliases`, older names of the same type) and overrides `from_config` when it
+    takes parameters. `produces()`/`consumes()` declare the request data it writes and needs (epp.framework.keys).
+    """
+
+    type_name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name or self.type_name
+
+    @classmethod
+    def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
+        """Build an instance from its config entry; a plugin without parameters needs no override."""
+        return cls(name)
+
+    def produces(self) -> Collection[DataKey[Any]]:
+        """Keys this plugin writes to `request.data` before scheduling (DataProducers)."""
+        return ()
+
+    def consumes(self) -> Collection[DataKey[Any]]:
+        """Keys this plugin needs in `request.data`; some configured producer must produce each one."""
+        return ()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
@@ -79,7 +102,10 @@ class ProfileHandler(Protocol):
 
 @runtime_checkable
 class DataProducer(Protocol):
-    """Runs before scheduling (may await, e.g. tokenization off the event loop); fills request.data."""
+    """Runs before scheduling (may await, e.g. tokenization off the event loop); fills request.data.
+
+    The builder orders producers so that each runs after the producers of the keys it consumes.
+    """
 
     name: str
 
@@ -106,11 +132,11 @@ class ResponseComplete(Protocol):
 
 @runtime_checkable
 class ResponseReceived(Protocol):
-    """Runs when the response headers arrive (`status` is the HTTP status of the model server)."""
+    """Runs when the response headers arrive; may add headers for the client (`response.set_headers`)."""
 
     name: str
 
-    def response_received(self, request: InferenceRequest, endpoint: Endpoint | None, status: int) -> None: ...
+    def response_received(self, request: InferenceRequest, response: Response, endpoint: Endpoint | None) -> None: ...
 
 
 @runtime_checkable
@@ -120,3 +146,27 @@ class SaturationDetector(Protocol):
     name: str
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
+
+
+@runtime_checkable
+class FairnessPolicy(Protocol):
+    """Flow control: how a priority band picks the next flow. `strict` = one FCFS order across its flows."""
+
+    name: str
+    strict: bool
+
+
+@runtime_checkable
+class OrderingPolicy(Protocol):
+    """Flow control: the order of requests within one flow."""
+
+    name: str
+    ordering: str
+
+
+@runtime_checkable
+class UsageLimitPolicy(Protocol):
+    """Flow control: dispatch is held while the pool's saturation is at or above `threshold`."""
+
+    name: str
+    threshold: float

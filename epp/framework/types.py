@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from epp.framework.state import DataMap
+
 
 def join_host_port(host: str, port: int) -> str:
     """`ip:port`, with brackets for IPv6 (Go's net.JoinHostPort)."""
@@ -45,8 +47,8 @@ class Endpoint:
     metrics: Metrics = field(default_factory=Metrics)
     metrics_port: int | None = None
     pod_name: str = ""
-    # Per-endpoint data owned by plugins and data sources (e.g. KV-event endpoint); keyed by plugin.
-    attributes: dict[str, Any] = field(default_factory=dict)
+    # Per-endpoint data owned by plugins and data sources (e.g. the KV-event endpoint), by typed key.
+    attributes: DataMap = field(default_factory=DataMap)
     hostport: str = ""
 
     def __post_init__(self) -> None:
@@ -80,16 +82,12 @@ class InferenceRequest:
     fairness_id: str = "default-flow"
     subset: list[str] | None = None  # envoy.lb.subset_hint, when present
     arrival: float = field(default_factory=time.monotonic)
-    # Data produced for this request by DataProducer plugins (e.g. token ids, prefix match info).
-    data: dict[str, Any] = field(default_factory=dict)
+    # Typed data plugins exchange about this request (token ids, prefix matches...); see epp.framework.keys.
+    data: DataMap = field(default_factory=DataMap)
 
     @property
     def sheddable(self) -> bool:
         return self.priority < 0
-
-
-class CycleState(dict[str, Any]):
-    """Per-scheduling-cycle scratch space that plugins use to pass data to each other."""
 
 
 @dataclass(slots=True)
@@ -121,15 +119,6 @@ class Usage:
     cached_tokens: int = 0
 
 
-# request.data key prefix under which a producer publishes its PrefixCacheMatchInfo (see prefix_match_key).
-PREFIX_MATCH_INFO_KEY = "prefix-cache-match-info"
-
-
-def prefix_match_key(producer_name: str) -> str:
-    """The request.data key where the producer named `producer_name` stores its PrefixCacheMatchInfo."""
-    return f"{PREFIX_MATCH_INFO_KEY}/{producer_name}"
-
-
 @dataclass(slots=True)
 class PrefixCacheMatchInfo:
     """How much of this request's prompt each endpoint already caches (written by a prefix producer).
@@ -140,3 +129,27 @@ class PrefixCacheMatchInfo:
     total_blocks: int
     block_size_tokens: int
     matches: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TokenizedPrompt:
+    """The prompt as the model server will see it: token ids after the chat template."""
+
+    token_ids: list[int]
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """A pod's consecutive cached prefix from block 0: block count and tier-weighted block sum."""
+
+    blocks: int
+    weighted: float
+
+
+@dataclass(slots=True)
+class Response:
+    """The model server's response as ResponseReceived hooks see it; `set_headers` go back to the client."""
+
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)  # lower-cased names, as received
+    set_headers: dict[str, str] = field(default_factory=dict)

@@ -16,10 +16,11 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+from epp.framework.types import PrefixMatch
 
 TIER_GPU, TIER_CPU, TIER_DISK, TIER_OTHER = 0, 1, 2, 3
 TIER_NAMES = ("gpu", "cpu", "disk", "other")
@@ -43,14 +44,6 @@ def tier_index(medium: str | None) -> int:
     if not medium:
         return TIER_GPU
     return _TIER_ALIASES.get(medium.lower(), TIER_OTHER)
-
-
-@dataclass(slots=True)
-class PrefixMatch:
-    """A pod's consecutive cached prefix from block 0: block count and tier-weighted block sum."""
-
-    blocks: int
-    weighted: float
 
 
 class Index(Protocol):

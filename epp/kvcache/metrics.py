@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-
-from epp.metrics import REGISTRY  # the EPP's own registry (served on its metrics port)
+from prometheus_client import (
+    REGISTRY,  # the default registry, which the EPP serves on its metrics port
+    CollectorRegistry,
+    Counter,
+    Gauge,
+)
 
 _default: PoolMetrics | None = None
 

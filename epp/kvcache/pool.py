@@ -19,11 +19,12 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import zmq
 import zmq.asyncio
 
+from epp.framework.params import Params
+from epp.framework.state import DataKey
 from epp.framework.types import Endpoint
 from epp.kvcache.events import DecodeError, EventBatch, decode_batch, parse_topic
 from epp.kvcache.ingest import ApplyStats, EventApplier
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 PROACTIVE = -1  # queue item seq: replay everything the publisher still buffers
-EVENTS_ENDPOINT_ATTR = "kv-events-endpoint"  # Endpoint.attributes: full ZMQ address of the PUB socket
-REPLAY_ENDPOINT_ATTR = "kv-events-replay-endpoint"  # ... of the ROUTER replay socket
+# Endpoint.attributes: the full ZMQ address of the endpoint's PUB socket, and of its ROUTER replay socket.
+EVENTS_ENDPOINT_ATTR = DataKey[str]("kv-events-endpoint")
+REPLAY_ENDPOINT_ATTR = DataKey[str]("kv-events-replay-endpoint")
 EVENTS_PORT_LABEL = "kv-events.pyepp.io/port"
 REPLAY_PORT_LABEL = "kv-events.pyepp.io/replay-port"
 _RANK_RE = re.compile(r"-rank-(\d+)$")
@@ -59,24 +61,28 @@ class PoolConfig:
     retry_interval: float = 5.0
 
     @classmethod
-    def from_params(cls, p: dict[str, Any]) -> PoolConfig:
+    def from_params(cls, p: Params) -> PoolConfig:
         """llm-d's kvEventsConfig keys (podDiscoveryConfig nested or flat)."""
-        disc = p.get("podDiscoveryConfig") or {}
+        disc = p.section("podDiscoveryConfig")
 
-        def g(k: str, d: Any = None) -> Any:
-            return disc.get(k, p.get(k, d))
+        def port(*keys: str) -> int | None:
+            for src in (disc, p):
+                for k in keys:
+                    if src.has(k):
+                        return src.int(k, 0, min=0, max=65535)
+            return None
 
-        replay = g("replaySocketPort", g("kvEventsReplayPort"))
+        replay = port("replaySocketPort", "kvEventsReplayPort")
         return cls(
-            zmq_endpoint=p.get("zmqEndpoint") or None,
-            topic_filter=str(p.get("topicFilter", "kv@")),
-            concurrency=max(1, int(p.get("concurrency", 4))),
-            engine_type=str(p.get("engineType", "vllm")).lower(),
-            discover_pods=bool(p.get("discoverPods", True)),
-            socket_port=int(g("socketPort", g("kvEventsPort", 5557))),
-            replay_port=int(replay) if replay is not None else None,
-            queue_size=max(1, int(p.get("queueSize", 10_000))),
-            default_model=str(p.get("modelName", p.get("defaultModel", ""))),
+            zmq_endpoint=p.optional_str("zmqEndpoint") or None,
+            topic_filter=p.str("topicFilter", "kv@"),
+            concurrency=p.int("concurrency", 4, min=1),
+            engine_type=p.str("engineType", "vllm").lower(),
+            discover_pods=p.bool("discoverPods", True),
+            socket_port=port("socketPort", "kvEventsPort") or 5557,
+            replay_port=replay,
+            queue_size=p.int("queueSize", 10_000, min=1),
+            default_model=p.optional_str("modelName") or p.str("defaultModel", ""),
         )
 
 

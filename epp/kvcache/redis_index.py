@@ -18,7 +18,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from epp.kvcache.index import TIER_GPU, TIER_NAMES, MemoryIndex, PrefixMatch
+from epp.framework.types import PrefixMatch
+from epp.kvcache.index import TIER_GPU, TIER_NAMES, MemoryIndex
 
 log = logging.getLogger(__name__)
 

@@ -4,31 +4,17 @@ parameters (`tokenProcessorConfig`, `indexerConfig`, `kvEventsConfig`). Plugins 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from epp.framework.params import parse_duration as framework_parse_duration
-from epp.framework.types import Endpoint
-from epp.kvcache.index import Index, MemoryIndex, PrefixMatch
+from epp.framework.params import Params
+from epp.framework.types import Endpoint, PrefixMatch
+from epp.kvcache.index import Index, MemoryIndex
 from epp.kvcache.ingest import EventApplier
 from epp.kvcache.pool import EventPool, PoolConfig
 from epp.kvcache.tokens import BlockSizes, TokenProcessor, request_extra_keys
 
 log = logging.getLogger(__name__)
-
-SERVICE_KEY = "kv-cache"
-
-
-def parse_duration(v: Any, default: float) -> float:
-    """The framework's Go-style durations ("2s", "500ms", "1m"), plus `None` → `default` and a bare number
-    (also as a string, as llm-d's samples write it) in seconds."""
-    if v is None:
-        return default
-    if isinstance(v, str) and re.fullmatch(r"\s*[0-9]*\.?[0-9]+\s*", v):
-        return float(v)
-    return framework_parse_duration(v.strip() if isinstance(v, str) else v)
 
 
 @dataclass
@@ -45,29 +31,38 @@ class KVCacheSettings:
     events_enabled: bool = True
 
     @classmethod
-    def from_params(cls, p: dict[str, Any]) -> KVCacheSettings:
-        tpc = p.get("tokenProcessorConfig") or {}
-        bs = tpc.get("blockSizeTokens", tpc.get("blockSize", p.get("blockSize")))
-        idx = p.get("indexerConfig") or {}
-        kbi = idx.get("kvBlockIndexConfig") or {}
-        mem = kbi.get("inMemoryConfig") or {}
-        redis = kbi.get("redisConfig") or kbi.get("valkeyConfig") or {}
-        weights = {str(b["name"]): float(b.get("weight", 1.0)) for b in idx.get("kvCacheBackendConfigs") or []}
-        addr = redis.get("address")
+    def from_params(cls, p: Params) -> KVCacheSettings:
+        """llm-d's `tokenProcessorConfig`, `indexerConfig` and `kvEventsConfig`, checked key by key."""
+        tpc = p.section("tokenProcessorConfig")
+        bs = 0
+        for src, key in ((tpc, "blockSizeTokens"), (tpc, "blockSize"), (p, "blockSize")):
+            if src.has(key):
+                bs = src.int(key, 0, min=1)
+                break
+        sizes = tpc.section("blockSizes")
+        idx = p.section("indexerConfig")
+        kbi = idx.section("kvBlockIndexConfig")
+        mem = kbi.section("inMemoryConfig")
+        redis = kbi.section("redisConfig") if kbi.has("redisConfig") else kbi.section("valkeyConfig")
+        weights: dict[str, float] = {}
+        for i, b in enumerate(idx.list("kvCacheBackendConfigs")):
+            backend = Params(p.plugin, b, path=f"{idx.path}.kvCacheBackendConfigs[{i}]")
+            weights[backend.str("name", "")] = backend.float("weight", 1.0, min=0.0)
+        addr = redis.optional_str("address")
         if addr:
-            addr = str(addr).replace("valkeys://", "rediss://").replace("valkey://", "redis://")
-        kec = p.get("kvEventsConfig") or {}
+            addr = addr.replace("valkeys://", "rediss://").replace("valkey://", "redis://")
+        kec = p.section("kvEventsConfig")
         return cls(
-            block_size=int(bs) if bs else None,
-            block_sizes={str(k): int(v) for k, v in (tpc.get("blockSizes") or {}).items()},
+            block_size=bs or None,
+            block_sizes={str(k): sizes.int(str(k), 0, min=1) for k in sizes.raw},
             hash_seed=str(tpc.get("hashSeed", "")),
             tier_weights=weights,
-            max_keys=int(mem["size"]) if mem.get("size") else None,
-            max_pods_per_key=int(mem["podCacheSize"]) if mem.get("podCacheSize") else None,
-            engine_run_size=int(mem.get("engineRunSize", 65536)) if mem.get("compactEngineMap") else None,
+            max_keys=mem.int("size", 0, min=0) or None,
+            max_pods_per_key=mem.int("podCacheSize", 0, min=0) or None,
+            engine_run_size=mem.int("engineRunSize", 65536, min=1) if mem.bool("compactEngineMap", False) else None,
             redis_address=addr,
             pool=PoolConfig.from_params(kec),
-            events_enabled=bool(kec.get("enabled", True)),
+            events_enabled=kec.bool("enabled", True),
         )
 
 

@@ -1,75 +1,165 @@
-"""The seam between the protocol server and scheduling.
+"""The Director: objective → priority, admission, candidates, data producers, scheduling, hooks.
 
-The ext_proc server only calls a `Director`: `handle_request` turns a parsed request into a
-`RoutingDecision` or raises a `RequestError` (400/429/503...). Admission, candidate location
-(subset hint), data producers, the scheduler and pre-request hooks all live behind it.
+Order follows GIE's director: the protocol layer has already applied model rewrites; then priority from the
+InferenceObjective named by `x-gateway-inference-objective`; candidates (subset hint; none → 503); admission
+(legacy: sheddable + saturated → 429; or the flow-control queue); DataProducers within one 400 ms budget (a
+failure never fails the request); Schedule (failure → 429); PreRequest hooks. The response hooks get the
+endpoint that served the request (Envoy's `-served` metadata, else the pick).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+import asyncio
+import logging
+from collections.abc import Mapping
 
-from epp.framework.errors import ServiceUnavailable
-from epp.framework.types import Endpoint, InferenceRequest, Usage
+from epp.datalayer.objectives import ObjectiveStore
+from epp.framework import (
+    Endpoint,
+    EndpointView,
+    InferenceRequest,
+    Response,
+    ServiceUnavailable,
+    TooManyRequests,
+    Usage,
+)
+from epp.requestcontrol.flowcontrol import FlowController
+from epp.requestcontrol.pipeline import Pipeline
+from epp.requestcontrol.types import RoutingDecision, locate_candidates
+from epp.scheduling import SchedulingFailed
+from epp.scheduling.metrics import SCHEDULER_ATTEMPTS
 
+log = logging.getLogger(__name__)
 
-@dataclass(slots=True)
-class RoutingDecision:
-    endpoints: list[Endpoint]  # best first; the rest are fallbacks
-    # Extra keys for the `envoy.lb` dynamic metadata namespace (besides the destination).
-    metadata: dict[str, Any] = field(default_factory=dict)
-    # Extra request headers to set (e.g. disaggregation hints).
-    headers: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def destination(self) -> str:
-        return ",".join(ep.hostport for ep in self.endpoints)
-
-
-class Director(Protocol):
-    async def handle_request(self, request: InferenceRequest) -> RoutingDecision: ...
-
-    def handle_response_headers(
-        self, request: InferenceRequest, decision: RoutingDecision, status: int, served: str | None
-    ) -> None: ...
-
-    def handle_response_complete(
-        self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
-    ) -> None: ...
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+PRODUCER_BUDGET_SECONDS = 0.4
 
 
-def locate_candidates(endpoints: Sequence[Endpoint], subset: list[str] | None) -> list[Endpoint]:
-    """Apply the subset hint: `ip:port` entries match exactly, bare IPs match every port of that IP."""
-    if subset is None:
-        return list(endpoints)
-    exact = set(subset)
-    ips = {s for s in subset if s.count(":") == 0 or (s.startswith("[") and s.endswith("]"))}
-    return [ep for ep in endpoints if ep.hostport in exact or ep.address in ips or f"[{ep.address}]" in ips]
-
-
-class RoundRobinDirector:
-    """The skeleton's director: subset-aware round-robin. The framework's scheduler replaces it."""
-
-    def __init__(self, endpoints: Any) -> None:
-        self._view = endpoints
-        self._next = 0
+class SchedulingDirector:
+    def __init__(
+        self,
+        endpoints: EndpointView,
+        pipeline: Pipeline,
+        objectives: ObjectiveStore | None = None,
+        *,
+        flow_controller: FlowController | None = None,
+        producer_budget: float = PRODUCER_BUDGET_SECONDS,
+    ) -> None:
+        self.view = endpoints
+        self.pipeline = pipeline
+        self.scheduler = pipeline.scheduler
+        self.detector = pipeline.saturation_detector
+        self.objectives = objectives or ObjectiveStore()
+        self.flow_controller = flow_controller
+        self.producer_budget = producer_budget
+        self._producers = list(pipeline.producers)
+        self._pre_request = list(pipeline.pre_request)
+        self._received = list(pipeline.response_received)
+        self._complete = list(pipeline.response_complete)
 
     async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
-        candidates = locate_candidates(self._view.endpoints(), request.subset)
+        headers = request.headers
+        if request.objective is None:
+            request.objective = headers.get(OBJECTIVE_HEADER) or None
+        request.priority = self.objectives.priority(request.objective)
+        fid = headers.get(FAIRNESS_HEADER)
+        if fid:
+            request.fairness_id = fid
+
+        candidates = locate_candidates(self.view.endpoints(), request.subset)
         if not candidates:
             raise ServiceUnavailable("failed to find candidate endpoints for serving the request")
-        i = self._next % len(candidates)
-        self._next += 1
-        return RoutingDecision(endpoints=[candidates[i]])
+
+        if self.flow_controller is not None:
+            await self.flow_controller.enqueue_and_wait(request, candidates)
+        elif request.sheddable and self.detector.saturation(candidates) >= 1.0:
+            raise TooManyRequests("system saturated, sheddable request dropped")
+
+        if self._producers:
+            await self._prepare(request, candidates)
+
+        try:
+            result = self.scheduler.schedule(request, candidates)
+        except SchedulingFailed as e:
+            SCHEDULER_ATTEMPTS.labels("failure", request.target_model, "", "", "").inc()
+            raise TooManyRequests(f"failed to find target endpoint: {e}") from None
+        primary = result.targets[0]
+        SCHEDULER_ATTEMPTS.labels(
+            "success", request.target_model, primary.pod_name, primary.namespace, str(primary.port)
+        ).inc()
+        for hook in self._pre_request:
+            try:
+                hook.pre_request(request, result)
+            except Exception:
+                log.exception("PreRequest plugin %s failed for request %s", hook.name, request.request_id)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "request %s model %s priority %d → %s",
+                request.request_id,
+                request.target_model,
+                request.priority,
+                ",".join(ep.hostport for ep in result.targets),
+            )
+        return RoutingDecision(endpoints=list(result.targets), result=result)
+
+    async def _prepare(self, request: InferenceRequest, candidates: list[Endpoint]) -> None:
+        """Run DataProducers in dependency order (the builder's) within one budget."""
+        current = ""
+        try:
+            async with asyncio.timeout(self.producer_budget):
+                for producer in self._producers:
+                    current = producer.name
+                    try:
+                        await producer.prepare(request, candidates)
+                    except Exception:
+                        log.exception("DataProducer %s failed for request %s", producer.name, request.request_id)
+        except TimeoutError:
+            log.warning(
+                "data producers exceeded the %.0f ms budget (at %s) for request %s; scheduling without their data",
+                self.producer_budget * 1000,
+                current,
+                request.request_id,
+            )
+
+    @staticmethod
+    def _endpoint_for(decision: RoutingDecision | None) -> Endpoint | None:
+        if decision is None:
+            return None
+        if decision.served is not None:
+            return decision.served
+        return decision.endpoints[0] if decision.endpoints else None
 
     def handle_response_headers(
-        self, request: InferenceRequest, decision: RoutingDecision, status: int, served: str | None
+        self,
+        request: InferenceRequest,
+        decision: RoutingDecision,
+        status: int,
+        served: str | None,
+        headers: Mapping[str, str],
     ) -> None:
-        return None
+        if served:
+            endpoint = self.view.get_by_hostport(served)
+            if endpoint is None:
+                endpoint = next((ep for ep in decision.endpoints if ep.hostport == served), None)
+            decision.served = endpoint
+        if not self._received:
+            return
+        endpoint = self._endpoint_for(decision)
+        response = Response(status=status, headers=dict(headers))
+        for hook in self._received:
+            try:
+                hook.response_received(request, response, endpoint)
+            except Exception:
+                log.exception("ResponseReceived plugin %s failed for request %s", hook.name, request.request_id)
+        decision.response_headers.update(response.set_headers)
 
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None:
-        return None
+        endpoint = self._endpoint_for(decision)
+        for hook in self._complete:
+            try:
+                hook.response_complete(request, endpoint, usage)
+            except Exception:
+                log.exception("ResponseComplete plugin %s failed for request %s", hook.name, request.request_id)

@@ -14,11 +14,19 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from epp.config.loader import DEFAULT_PRIORITY_BAND_MAX_BYTES, FlowControlSpec, PriorityBandSpec
-from epp.framework import Endpoint, InferenceRequest, SaturationDetector, ServiceUnavailable, TooManyRequests
+from epp.framework import (
+    Endpoint,
+    FairnessPolicy,
+    InferenceRequest,
+    Plugin,
+    SaturationDetector,
+    ServiceUnavailable,
+    TooManyRequests,
+    UsageLimitPolicy,
+)
 from epp.requestcontrol import flowcontrol_metrics as m
+from epp.requestcontrol.flowcontrol_spec import DEFAULT_PRIORITY_BAND_MAX_BYTES, FlowControlSpec, PriorityBandSpec
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +85,7 @@ class FlowController:
         detector: SaturationDetector,
         pool_name: str = "default",
         *,
-        plugins: Mapping[str, Any] | None = None,
+        plugins: Mapping[str, Plugin] | None = None,
         poll_interval: float = 0.005,
     ) -> None:
         self.spec = spec
@@ -85,7 +93,7 @@ class FlowController:
         self._plugins = dict(plugins or {})
         limit = self._plugins.get(spec.usage_limit_policy_ref or "")
         # static-usage-limit-policy: dispatch while saturation < threshold (GIE default 1.0)
-        self.threshold = float(getattr(limit, "threshold", 1.0))
+        self.threshold = limit.threshold if isinstance(limit, UsageLimitPolicy) else 1.0
         self.pool = pool_name
         self.poll_interval = poll_interval
         self._bands: dict[int, _Band] = {}
@@ -101,7 +109,7 @@ class FlowController:
             t = self._templates.get(priority) or self.spec.default_priority_band or PriorityBandSpec(priority=priority)
             max_bytes = t.max_bytes if t.max_bytes else DEFAULT_PRIORITY_BAND_MAX_BYTES
             fairness = self._plugins.get(t.fairness_policy_ref or "")
-            strict = bool(getattr(fairness, "strict", False))
+            strict = fairness.strict if isinstance(fairness, FairnessPolicy) else False
             band = self._bands[priority] = _Band(priority, max_bytes, t.max_requests, strict)
             self._order = sorted(self._bands, reverse=True)
         return band

@@ -25,14 +25,14 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
 
-from epp.datastore import Datastore
+from epp.framework.context import EndpointView
 from epp.framework.errors import InternalError, RequestError, ServiceUnavailable
 from epp.framework.types import InferenceRequest, Usage
-from epp.metrics import RequestMetrics
 from epp.protocol.openai import bodyless_request, parse_request
 from epp.protocol.rewrite import ModelNameRewriter
 from epp.protocol.usage import MAX_JSON_USAGE_BYTES, SSEUsageReader, usage_from_json
-from epp.requestcontrol.director import Director, RoutingDecision, locate_candidates
+from epp.requestcontrol.types import Director, RoutingDecision, locate_candidates
+from epp.server.metrics import RequestMetrics
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class PayloadTooLarge(RequestError):
 
 DESTINATION_KEY = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE = "envoy.lb"
-SERVED_KEY = "x-gateway-destination-endpoint-served"
+SERVED_METADATA_KEY = "x-gateway-destination-endpoint-served"  # envoy.lb metadata: the endpoint that served
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 BODY_CHUNK_LIMIT = 62_000  # GIE's BodyByteLimit: Envoy takes at most 64 KiB per streamed chunk
@@ -95,8 +95,8 @@ def _served(md: base_pb2.Metadata) -> str | None:
     fm = md.filter_metadata
     if DESTINATION_NAMESPACE in fm:
         fields = fm[DESTINATION_NAMESPACE].fields
-        if SERVED_KEY in fields:
-            return fields[SERVED_KEY].string_value or None
+        if SERVED_METADATA_KEY in fields:
+            return fields[SERVED_METADATA_KEY].string_value or None
     return None
 
 
@@ -131,7 +131,7 @@ class ServerState:
     def __init__(
         self,
         director: Director,
-        datastore: Datastore,
+        datastore: EndpointView,
         metrics: RequestMetrics,
         model_rewrites: Mapping[str, str] | None = None,
         request_body_mode: int = FULL_DUPLEX,
@@ -352,7 +352,7 @@ class RequestStream:
             served = _served(msg.metadata_context) if msg.HasField("metadata_context") else None
             assert self.decision is not None
             try:
-                self.s.director.handle_response_headers(req, self.decision, self.status, served)
+                self.s.director.handle_response_headers(req, self.decision, self.status, served, headers)
             except Exception:  # a plugin bug must not turn a good response into an error
                 log.exception("director.handle_response_headers failed for request %s", req.request_id)
             if "text/event-stream" in headers.get("content-type", ""):
@@ -361,8 +361,8 @@ class RequestStream:
                 self._resp_json = []
         if msg.response_headers.end_of_stream:
             self.complete()
-        # Plugins may ask for response headers (e.g. session-affinity's x-session-token) via request.data.
-        extra = req.data.get("response_headers") if req is not None else None
+        # Headers the director's response hooks added (e.g. session-affinity's token).
+        extra = self.decision.response_headers if self.decision is not None else None
         if extra:
             mutation = pb.HeaderMutation(set_headers=[_set(k, str(v)) for k, v in extra.items()])
             return [

@@ -17,12 +17,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from epp.app import Runtime
-from epp.metrics import REGISTRY, RequestMetrics, request_metrics
 from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, ExtProcServicer, ServerState
 from epp.server.health import Health
+from epp.server.metrics import REGISTRY, RequestMetrics, request_metrics
 from epp.server.metrics_http import MetricsHTTP
 from epp.server.tls import load_credentials, self_signed_dir
+from epp.wiring.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from epp.framework.errors import TokenizationError
+
 log = logging.getLogger(__name__)
 
-
-class TokenizationError(Exception):
-    """The prompt could not be tokenized (unknown model, bad messages, server error)."""
+__all__ = ["HFBackend", "HTTPBackend", "PromptTokenizer", "TokenizationError"]
 
 
 def _flatten_content(content: Any) -> Any:

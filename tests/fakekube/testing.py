@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
+from epp.datalayer.objectives import ObjectiveStore
 from epp.discovery.informer import Backoff
 from epp.discovery.kubernetes import KubernetesDiscoveryConfig, KubernetesEndpointSource
-from epp.requestcontrol.objectives import ObjectiveStore
 from tests.fakekube.server import FakeKube
 
 

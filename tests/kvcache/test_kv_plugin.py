@@ -1,4 +1,5 @@
-"""The precise-prefix-cache plugins, called directly: tokenize → keys → index → scores → speculative."""
+"""The precise-prefix-cache plugins, built by the config builder and called directly: token-producer → keys → index
+→ scores → speculative entries."""
 
 from __future__ import annotations
 
@@ -9,15 +10,22 @@ from typing import Any
 
 import msgspec
 import pytest
+import yaml
 
-from epp.datastore import Datastore
-from epp.framework import registry
-from epp.framework.context import PluginContext
-from epp.framework.types import CycleState, Endpoint, InferenceRequest, ProfileResult, SchedulingResult
+from epp.config import parse_config
+from epp.datalayer.datastore import Datastore
+from epp.framework import TOKENIZED_PROMPT, CycleState, Endpoint, InferenceRequest, ProfileResult, SchedulingResult
 from epp.kvcache.events import decode_batch
-from epp.kvcache.service import SERVICE_KEY, KVCacheService
+from epp.kvcache.service import KVCacheService
+from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
+from epp.plugins.producers.token_producer import TokenProducer
+from epp.plugins.scorers.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
+from epp.plugins.scorers.prefix_cache_scorer import PrefixCacheScorer
+from epp.requestcontrol.pipeline import Pipeline
+from epp.tokenization.prompt import PromptTokenizer
 from epp.tokenization.qwen import QWEN25_MODEL
-from plugins.precise_prefix_cache import MATCH_KEY, PrecisePrefixCacheScorer
+from epp.wiring import build_pipeline, plugin_context
+from epp.wiring.services import EppServices
 
 BS = 16
 PARAMS: dict[str, Any] = {
@@ -27,14 +35,30 @@ PARAMS: dict[str, Any] = {
 }
 
 
-def make(params: dict[str, Any] | None = None) -> tuple[PrecisePrefixCacheScorer, PluginContext, Datastore]:
-    ds = Datastore()
-    ctx = PluginContext(endpoints=ds)
-    factory = registry.get_factory("precise-prefix-cache-scorer")
-    assert factory is not None
-    plugin = factory("kv", params or PARAMS, ctx)
+class Rig:
+    """A pipeline built from `plugins` (the builder adds the token-producer the precise plugins need)."""
+
+    def __init__(self, plugins: list[dict[str, Any]]) -> None:
+        self.ds = Datastore()
+        self.ctx = plugin_context(self.ds)
+        self.pipeline: Pipeline = build_pipeline(parse_config(yaml.safe_dump({"plugins": plugins})), self.ctx)
+        assert isinstance(self.ctx.services, EppServices) and self.ctx.services.kv is not None
+        self.svc: KVCacheService = self.ctx.services.kv
+
+    async def prepare(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        for producer in self.pipeline.producers:
+            await producer.prepare(request, endpoints)
+
+
+def make(params: dict[str, Any] | None = None) -> tuple[PrecisePrefixCacheScorer, Rig]:
+    rig = Rig([{"type": "precise-prefix-cache-scorer", "name": "kv", "parameters": params or PARAMS}])
+    plugin = rig.pipeline.plugins["kv"]
     assert isinstance(plugin, PrecisePrefixCacheScorer)
-    return plugin, ctx, ds
+    return plugin, rig
+
+
+def tokens(req: InferenceRequest) -> list[int]:
+    return req.data.require(TOKENIZED_PROMPT).token_ids
 
 
 def chat_request(text: str, rid: str = "r1") -> InferenceRequest:
@@ -70,47 +94,47 @@ LONG = "Summarize the following report. " + " ".join(f"Section {i}: the quarterl
 
 
 async def test_scores_follow_the_longest_cached_prefix(vllm_kv: Any) -> None:
-    plugin, ctx, _ = make()
-    svc = ctx.services[SERVICE_KEY]
+    plugin, rig = make()
+    svc = rig.svc
     req = chat_request(LONG)
-    await plugin.prepare(req, EPS)  # tokenizes; nothing cached yet
-    toks = req.data["tokens"]
+    await rig.prepare(req, EPS)  # tokenizes; nothing cached yet
+    toks = tokens(req)
     n = len(toks) // BS
     assert n >= 10
     assert plugin.score(CycleState(), req, EPS) == [0.0, 0.0, 0.0]
     store_tokens(vllm_kv, svc, EPS[1].hostport, toks, n, 1000)  # pod1: the whole prompt
     store_tokens(vllm_kv, svc, EPS[2].hostport, toks, n // 2, 2000)  # pod2: the first half
     req2 = chat_request(LONG, "r2")
-    await plugin.prepare(req2, EPS)
+    await rig.prepare(req2, EPS)
     s = plugin.score(CycleState(), req2, EPS)
     assert s[0] == 0.0 and s[1] == pytest.approx(1.0) and s[2] == pytest.approx((n // 2) / n)
     # a different user turn shares only the system prompt + start of the template
     other = chat_request("Something else entirely, unrelated to any report.", "r3")
-    await plugin.prepare(other, EPS)
+    await rig.prepare(other, EPS)
     assert max(plugin.score(CycleState(), other, EPS)) < 0.5
 
 
 async def test_speculative_entry_routes_a_burst_then_expires() -> None:
-    plugin, _ctx, _ = make({**PARAMS, "speculativeTTL": "200ms"})
+    plugin, rig = make({**PARAMS, "speculativeTTL": "200ms"})
     req = chat_request(LONG)
-    await plugin.prepare(req, EPS)
+    await rig.prepare(req, EPS)
     assert plugin.score(CycleState(), req, EPS) == [0.0, 0.0, 0.0]
     plugin.pre_request(req, SchedulingResult({"default": ProfileResult([EPS[2]])}, "default"))
     burst = chat_request(LONG, "r2")
-    await plugin.prepare(burst, EPS)
+    await rig.prepare(burst, EPS)
     assert plugin.score(CycleState(), burst, EPS) == [0.0, 0.0, 1.0]
     await asyncio.sleep(0.25)
     later = chat_request(LONG, "r3")
-    await plugin.prepare(later, EPS)
+    await rig.prepare(later, EPS)
     assert plugin.score(CycleState(), later, EPS) == [0.0, 0.0, 0.0]
 
 
 async def test_cache_salt_isolates_and_tiers_weigh(vllm_kv: Any) -> None:
-    plugin, ctx, _ = make({**PARAMS, "indexerConfig": {"kvCacheBackendConfigs": [{"name": "cpu", "weight": 0.5}]}})
-    svc = ctx.services[SERVICE_KEY]
+    plugin, rig = make({**PARAMS, "indexerConfig": {"kvCacheBackendConfigs": [{"name": "cpu", "weight": 0.5}]}})
+    svc = rig.svc
     req = chat_request(LONG)
-    await plugin.prepare(req, EPS)
-    toks = req.data["tokens"]
+    await rig.prepare(req, EPS)
+    toks = tokens(req)
     n = len(toks) // BS
     store_tokens(vllm_kv, svc, EPS[0].hostport, toks, n, 1000)
     # the same blocks offloaded to CPU on pod1 (a store without tokens = tier update of known blocks)
@@ -122,38 +146,44 @@ async def test_cache_salt_isolates_and_tiers_weigh(vllm_kv: Any) -> None:
     svc.index.add(None, [k for k in ev_keys if k is not None], EPS[1].hostport, 1)  # ...and kept on its CPU
     svc.index.evict(range(4000, 4000 + n), EPS[1].hostport, 0)
     req2 = chat_request(LONG, "r2")
-    await plugin.prepare(req2, EPS)
+    await rig.prepare(req2, EPS)
     assert plugin.score(CycleState(), req2, EPS) == [pytest.approx(1.0), pytest.approx(0.5), 0.0]
     salted = chat_request(LONG, "r3")
     salted.body["cache_salt"] = "tenant-a"
-    await plugin.prepare(salted, EPS)
+    await rig.prepare(salted, EPS)
     assert plugin.score(CycleState(), salted, EPS) == [0.0, 0.0, 0.0]
 
 
 async def test_untokenizable_request_scores_zero_without_error() -> None:
-    plugin, _, _ = make()
+    plugin, rig = make()
     req = InferenceRequest("r", "/v1/completions", "completions", "m", "unknown-model", body={}, prompt=None)
-    await plugin.prepare(req, EPS)
-    assert MATCH_KEY not in req.data
+    await rig.prepare(req, EPS)
+    assert TOKENIZED_PROMPT not in req.data and plugin.match_key not in req.data
     assert plugin.score(CycleState(), req, EPS) == [0.0, 0.0, 0.0]
 
 
 async def test_plugin_registers_pool_and_follows_datastore() -> None:
-    plugin, ctx, ds = make()
+    rig = Rig(
+        [
+            {"type": "precise-prefix-cache-scorer", "name": "kv", "parameters": PARAMS},
+            {"type": "precise-prefix-cache-producer", "name": "p", "parameters": PARAMS},
+        ]
+    )
+    kv, producer = rig.pipeline.plugins["kv"], rig.pipeline.plugins["p"]
+    assert isinstance(kv, PrecisePrefixCacheScorer) and isinstance(producer, PrecisePrefixCacheProducer)
+    assert producer.index is kv.index is rig.svc  # one shared index and event pool
+    tok = rig.pipeline.plugins["token-producer"]  # added once, for both
+    assert isinstance(tok, TokenProducer) and isinstance(tok.tokenizer, PromptTokenizer)
+    assert [p.name for p in rig.pipeline.producers] == ["token-producer", "kv", "p"]
     # one event-pool task and one tokenizer preload, whatever number of plugins share them
-    assert ctx.background == [plugin.service.pool.run, plugin.tokenizer.warm]
-    again = registry.get_factory("precise-prefix-cache-producer")
-    assert again is not None
-    producer = again("p", PARAMS, ctx)
-    assert producer.service is plugin.service  # one shared index and pool
-    assert len(ctx.background) == 2
-    task = asyncio.create_task(ctx.background[0]())
+    assert rig.ctx.background == [rig.svc.pool.run, tok.tokenizer.warm]
+    task = asyncio.create_task(rig.ctx.background[0]())
     try:
-        await plugin.service.pool.started()
-        ds.upsert(EPS[0])
-        assert EPS[0].hostport in plugin.service.pool._subs
-        ds.remove(EPS[0].name)
-        assert EPS[0].hostport not in plugin.service.pool._subs
+        await rig.svc.pool.started()
+        rig.ds.upsert(EPS[0])
+        assert EPS[0].hostport in rig.svc.pool._subs
+        rig.ds.remove(EPS[0].name)
+        assert EPS[0].hostport not in rig.svc.pool._subs
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -162,40 +192,48 @@ async def test_plugin_registers_pool_and_follows_datastore() -> None:
 
 async def test_producer_feeds_the_generic_prefix_cache_scorer(vllm_kv: Any) -> None:
     """llm-d's current pipeline: precise-prefix-cache-producer → prefix-cache-scorer(prefixMatchInfoProducerName)."""
-    ds = Datastore()
-    ctx = PluginContext(endpoints=ds)
-    producer = registry.get_factory("precise-prefix-cache-producer")("precise", PARAMS, ctx)  # type: ignore[misc]
-    scorer = registry.get_factory("prefix-cache-scorer")("pcs", {"prefixMatchInfoProducerName": "precise"}, ctx)  # type: ignore[misc]
+    rig = Rig(
+        [
+            {"type": "precise-prefix-cache-producer", "name": "precise", "parameters": PARAMS},
+            {"type": "prefix-cache-scorer", "name": "pcs", "parameters": {"prefixMatchInfoProducerName": "precise"}},
+        ]
+    )
+    scorer = rig.pipeline.plugins["pcs"]
+    assert isinstance(scorer, PrefixCacheScorer)
     req = chat_request(LONG)
-    await producer.prepare(req, EPS)
-    toks = req.data["tokens"]
+    await rig.prepare(req, EPS)
+    toks = tokens(req)
     n = len(toks) // BS
-    store_tokens(vllm_kv, ctx.services[SERVICE_KEY], EPS[0].hostport, toks, n // 4, 100)
+    store_tokens(vllm_kv, rig.svc, EPS[0].hostport, toks, n // 4, 100)
     req2 = chat_request(LONG, "r2")
-    await producer.prepare(req2, EPS)
+    await rig.prepare(req2, EPS)
     s = scorer.score(CycleState(), req2, EPS)
     assert s == [pytest.approx((n // 4) / n), 0.0, 0.0]
 
 
 async def test_block_size_learned_from_scraped_cache_config() -> None:
-    plugin, ctx, _ = make({"kvEventsConfig": {"enabled": False}})
-    svc = ctx.services[SERVICE_KEY]
+    plugin, rig = make({"kvEventsConfig": {"enabled": False}})
+    svc = rig.svc
     req = chat_request(LONG)
-    await plugin.prepare(req, EPS)  # nothing known yet: no keys, no score
-    assert MATCH_KEY not in req.data and svc.block_size_for(QWEN25_MODEL) is None
+    await rig.prepare(req, EPS)  # nothing known yet: no keys, no score
+    assert plugin.match_key not in req.data and svc.block_size_for(QWEN25_MODEL) is None
     eps = [Endpoint("m0", "10.0.0.9", 8000)]
     eps[0].metrics.cache_block_size = 32  # vllm:cache_config_info{block_size="32"}
     req2 = chat_request(LONG, "r2")
-    await plugin.prepare(req2, eps)
-    assert req2.data[MATCH_KEY].block_size == 32
-    assert req2.data[MATCH_KEY].total_blocks == len(req2.data["tokens"]) // 32
-    assert ctx.background == [plugin.tokenizer.warm]  # events disabled: no pool task, only the tokenizer preload
+    await rig.prepare(req2, eps)
+    match = req2.data.require(plugin.match_key)
+    assert match.block_size == 32
+    assert match.total_blocks == len(tokens(req2)) // 32
+    tok = rig.pipeline.plugins["token-producer"]
+    assert isinstance(tok, TokenProducer) and isinstance(tok.tokenizer, PromptTokenizer)
+    assert rig.ctx.background == [tok.tokenizer.warm]  # events disabled: no pool task, only the tokenizer preload
 
 
 def test_token_producer_llmd_style_vllm_backend() -> None:
+    from epp.framework import Params
+    from epp.tokenization.factory import tokenizer_from_params
     from epp.tokenization.prompt import HTTPBackend
-    from plugins.precise_prefix_cache import build_tokenizer
 
-    tok = build_tokenizer({"vllm": {"url": "http://10.0.0.5:8000", "timeout": "3s"}})
+    tok = tokenizer_from_params(Params("t", {"vllm": {"url": "http://10.0.0.5:8000", "timeout": "3s"}}))
     assert isinstance(tok.backend, HTTPBackend)
     assert tok.backend.url == "http://10.0.0.5:8000/tokenize" and tok.backend.timeout == 3.0

@@ -12,7 +12,7 @@ import pytest
 import zmq
 from prometheus_client import CollectorRegistry
 
-from epp.framework.types import Endpoint
+from epp.framework import DataMap, Endpoint
 from epp.kvcache.index import MemoryIndex
 from epp.kvcache.ingest import EventApplier
 from epp.kvcache.metrics import PoolMetrics
@@ -82,7 +82,7 @@ def endpoint(name: str, port: int, pub: Any) -> Endpoint:
         name=name,
         address="127.0.0.1",
         port=port,
-        attributes={EVENTS_ENDPOINT_ATTR: pub.endpoint, REPLAY_ENDPOINT_ATTR: pub.replay},
+        attributes=DataMap({EVENTS_ENDPOINT_ATTR: pub.endpoint, REPLAY_ENDPOINT_ATTR: pub.replay}),
     )
 
 
@@ -198,7 +198,7 @@ async def test_central_bind_mode_takes_pod_from_topic(publishers: Any, vllm_kv: 
         # vLLM connects its PUB (no '*' in the endpoint) to our bound SUB
         a = publishers.start(topic=f"kv@10.0.0.7:8000@{MODEL}", endpoint=f"tcp://127.0.0.1:{port}")
         # discovery still tells the pool where this pod's replay socket is
-        r.pool.endpoint_added(Endpoint("p", "10.0.0.7", 8000, attributes={REPLAY_ENDPOINT_ATTR: a.replay}))
+        r.pool.endpoint_added(Endpoint("p", "10.0.0.7", 8000, attributes=DataMap({REPLAY_ENDPOINT_ATTR: a.replay})))
         await asyncio.sleep(0.3)
         a.publish(batch(kv, stored(kv, [1, 2, 3], None, TOKENS[: 3 * BS])))
         await until(lambda: r.blocks(TOKENS, "10.0.0.7:8000") == 3)

@@ -1,0 +1,1 @@
+"""The data layer's plugin types (`dataLayer.sources`): they configure the metrics scraper."""

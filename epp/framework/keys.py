@@ -1,0 +1,14 @@
+"""The data keys built-in plugins exchange. A plugin's private keys live in its own module."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from epp.framework.state import DataKey
+from epp.framework.types import PrefixCacheMatchInfo, TokenizedPrompt
+
+# The prompt's token ids (token-producer); read by the precise prefix-cache producer.
+TOKENIZED_PROMPT: Final = DataKey[TokenizedPrompt]("tokenized-prompt")
+
+# How much of the prompt each endpoint caches, per producer: `PREFIX_CACHE_MATCH_INFO.of(<producer name>)`.
+PREFIX_CACHE_MATCH_INFO: Final = DataKey[PrefixCacheMatchInfo]("prefix-cache-match-info")

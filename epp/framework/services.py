@@ -1,0 +1,63 @@
+"""The shared services a plugin may ask its PluginContext for, as interfaces.
+
+The wiring layer implements them (epp.kvcache, epp.tokenization); plugins see only these Protocols, so the
+plugin layer never imports the KV-event machinery or a tokenizer backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from epp.framework.params import Params, PluginConfigError
+from epp.framework.types import Endpoint, PrefixMatch
+
+
+class Tokenizer(Protocol):
+    """Prompt → token ids exactly as the model server renders them. Raises TokenizationError."""
+
+    async def tokenize(
+        self,
+        model: str,
+        *,
+        prompt: str | list[Any] | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]: ...
+
+
+class KVCacheIndex(Protocol):
+    """Which endpoint holds which KV blocks of a prompt, fed by the engines' KV events. Endpoints by hostport."""
+
+    def block_size_for(self, model: str, endpoints: Sequence[Endpoint] = ()) -> int | None: ...
+
+    def request_keys(
+        self, tokens: Sequence[int], model: str, endpoints: Sequence[Endpoint] = (), cache_salt: str | None = None
+    ) -> list[int]: ...
+
+    async def match(self, keys: Sequence[int], pods: Iterable[str] | None = None) -> Mapping[str, PrefixMatch]: ...
+
+    def speculate(self, keys: Sequence[int], pod: str, ttl: float) -> None: ...
+
+
+class Services(Protocol):
+    """Factories for the shared services, configured from the asking plugin's parameters."""
+
+    def tokenizer(self, params: Params) -> Tokenizer:
+        """A tokenizer from `tokenizer: {type: hf|vllm, ...}` (or those keys at the top level of `params`)."""
+        ...
+
+    def kv_cache(self, params: Params) -> KVCacheIndex:
+        """The EPP's one KV-block index (the first caller's `tokenProcessorConfig`/`indexerConfig`/
+        `kvEventsConfig` configure it; later callers share it)."""
+        ...
+
+
+class NoServices:
+    """A context without the EPP's services (unit tests of plugins that need none)."""
+
+    def tokenizer(self, params: Params) -> Tokenizer:
+        raise PluginConfigError(f"{params.plugin}: no tokenizer service in this context")
+
+    def kv_cache(self, params: Params) -> KVCacheIndex:
+        raise PluginConfigError(f"{params.plugin}: no KV-cache service in this context")

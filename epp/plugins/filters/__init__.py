@@ -1,0 +1,1 @@
+"""Filters: narrow a profile's candidates."""

@@ -1,0 +1,12 @@
+"""decode-filter (llm-d): endpoints that decode (role decode, prefill-decode, both, encode-prefill-decode) or have
+no role."""
+
+from __future__ import annotations
+
+from epp.plugins.filters._role import RoleFilter
+
+
+class DecodeFilter(RoleFilter):
+    type_name = "decode-filter"
+    roles = frozenset({"decode", "prefill-decode", "both", "encode-prefill-decode"})
+    keep_unlabeled = True

@@ -1,0 +1,1 @@
+"""Flow-control policies (flowControl.priorityBands / usageLimitPolicyPluginRef)."""

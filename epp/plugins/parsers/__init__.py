@@ -1,0 +1,1 @@
+"""Request parsers (parser.pluginRef)."""

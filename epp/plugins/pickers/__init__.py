@@ -1,0 +1,1 @@
+"""Pickers: choose the targets from the weighted scores."""

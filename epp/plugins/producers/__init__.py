@@ -1,0 +1,1 @@
+"""Data producers: request data computed before scheduling (tokens, prefix matches)."""

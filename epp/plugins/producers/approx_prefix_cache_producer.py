@@ -1,0 +1,248 @@
+"""approx-prefix-cache-producer (GIE's default prefix producer): a router-side index of what each endpoint caches.
+
+The EPP remembers which prompt blocks it sent where. A request's text is cut into blocks of
+blockSizeTokens x 4 characters, chained-hashed (h_i = H(h_{i-1}, block_i), seeded with the target model and
+cache_salt) and matched against the index: an endpoint's match is its run of consecutive hits from the first
+block (GIE counts every holder of each hash until a hash nobody holds; a pod whose head blocks were evicted
+would then score blocks it cannot reuse). PreRequest records the chosen endpoint's hashes in its bounded LRU.
+
+H is Python's built-in hash of a (int, str) tuple: SipHash for the block text combined with the xxHash-style
+tuple mixer, 64-bit, C speed, and randomized per process — fine, because this index never leaves the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from typing import Any, Self
+
+from epp.framework import (
+    PREFIX_CACHE_MATCH_INFO,
+    DataKey,
+    Endpoint,
+    InferenceRequest,
+    Params,
+    Plugin,
+    PluginConfigError,
+    PluginContext,
+    PrefixCacheMatchInfo,
+    SchedulingResult,
+)
+
+AVERAGE_CHARS_PER_TOKEN = 4
+PREFILL_PROFILE = "prefill"
+# The prompt's block hashes, from prepare() to PreRequest (one key per producer instance).
+BLOCK_HASHES = DataKey[list[int]]("approx-prefix-block-hashes")
+
+
+def request_text(request: InferenceRequest) -> str:
+    """The text whose prefix the model server would cache, per API type (only compared within this process)."""
+    body = request.body
+    if request.api == "chat" or request.messages is not None:
+        messages = request.messages if request.messages is not None else body.get("messages") or []
+        parts = []
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                parts.append(f"{m.get('role', '')}\x00{content}\x01")
+            else:
+                parts.append(json.dumps(m, separators=(",", ":"), ensure_ascii=False, default=str))
+        return "".join(parts)
+    if request.api == "completions":
+        prompt = request.prompt if request.prompt is not None else body.get("prompt")
+        return prompt if isinstance(prompt, str) else json.dumps(prompt, separators=(",", ":"))
+    if request.api == "responses":
+        obj: Any = [body.get("instructions"), body.get("tools"), body.get("input")]
+    elif request.api == "conversations":
+        obj = body.get("items")
+    elif request.api == "embeddings":
+        obj = body.get("input")
+    else:
+        obj = request.prompt if request.prompt is not None else body.get("prompt", body.get("messages"))
+    return "" if obj is None else json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def block_hashes(text: str, block_chars: int, max_blocks: int, seed: int) -> list[int]:
+    """Chained hashes of the text's blocks (a trailing partial block too); [] below one full block."""
+    if len(text) < block_chars:
+        return []
+    end = min(len(text), max_blocks * block_chars)
+    out = []
+    h = seed
+    for i in range(0, end, block_chars):
+        h = hash((h, text[i : i + block_chars]))
+        out.append(h)
+    return out
+
+
+class PrefixIndex:
+    """Per-endpoint LRU of block hashes plus the reverse map hash → endpoints holding it."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._lru: dict[str, OrderedDict[int, None]] = {}
+        self._holders: dict[int, set[str]] = {}
+
+    def match(self, hashes: Sequence[int]) -> dict[str, float]:
+        """Each endpoint's longest run of consecutive hits from the first block (llm-d's longest prefix)."""
+        holders = self._holders
+        first = holders.get(hashes[0]) if hashes else None
+        if not first:
+            return {}
+        counts: dict[str, float] = {}
+        active = set(first)
+        depth = 1
+        for i in range(1, len(hashes)):
+            eps = holders.get(hashes[i])
+            if not eps:
+                break
+            if not active <= eps:
+                for name in active - eps:
+                    counts[name] = depth
+                active &= eps
+                if not active:
+                    break
+            depth += 1
+        for name in active:
+            counts[name] = depth
+        return counts
+
+    def add(self, endpoint: str, hashes: Sequence[int], capacity: int | None = None) -> None:
+        lru = self._lru.get(endpoint)
+        if lru is None:
+            lru = self._lru[endpoint] = OrderedDict()
+        holders = self._holders
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                s = holders.get(h)
+                if s is None:
+                    holders[h] = {endpoint}
+                else:
+                    s.add(endpoint)
+        cap = capacity or self.capacity
+        while len(lru) > cap:
+            old, _ = lru.popitem(last=False)
+            self._drop_holder(old, endpoint)
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        lru = self._lru.pop(endpoint, None)
+        for h in lru or ():
+            self._drop_holder(h, endpoint)
+
+    def _drop_holder(self, h: int, endpoint: str) -> None:
+        s = self._holders.get(h)
+        if s is not None:
+            s.discard(endpoint)
+            if not s:
+                del self._holders[h]
+
+    def size(self, endpoint: str | None = None) -> int:
+        if endpoint is not None:
+            return len(self._lru.get(endpoint, ()))
+        return sum(len(v) for v in self._lru.values())
+
+
+class ApproxPrefixCacheProducer(Plugin):
+    type_name = "approx-prefix-cache-producer"
+
+    def __init__(
+        self,
+        name: str | None = None,
+        block_size_tokens: int = 16,
+        max_blocks: int = 256,
+        lru_capacity: int = 31250,
+        auto_tune: bool = True,
+    ) -> None:
+        super().__init__(name)
+        self.block_size_tokens = block_size_tokens
+        self.max_blocks = max_blocks
+        self.auto_tune = auto_tune
+        self.index = PrefixIndex(lru_capacity)
+        self.key = PREFIX_CACHE_MATCH_INFO.of(self.name)
+        self._hashes_key = BLOCK_HASHES.of(self.name)
+
+    @classmethod
+    def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
+        if params.has("blockSize") and not params.has("blockSizeTokens"):
+            raise PluginConfigError(
+                f"{name}: parameter 'blockSize' (characters) is deprecated: set 'blockSizeTokens' instead",
+                key="blockSize",
+            )
+        params.get("blockSize")
+        block_tokens = params.int("blockSizeTokens", 16, min=1)
+        if params.has("hashBlockSize"):  # v1.0 scorer parameter, in characters
+            block_tokens = max(1, params.int("hashBlockSize", 64, min=1) // AVERAGE_CHARS_PER_TOKEN)
+        max_blocks = params.int("maxPrefixBlocksToMatch", 256, min=1)
+        max_tokens = params.int("maxPrefixTokensToMatch", 0, min=0)
+        if max_tokens > 0:
+            max_blocks = max(1, max_tokens // block_tokens)
+        producer = cls(
+            name,
+            block_size_tokens=block_tokens,
+            max_blocks=max_blocks,
+            lru_capacity=params.int("lruCapacityPerServer", 31250, min=1),
+            auto_tune=params.bool("autoTune", True),
+        )
+        context.endpoints.subscribe(producer)
+        return producer
+
+    def produces(self) -> Collection[DataKey[Any]]:
+        return (self.key,)
+
+    # Datastore listener: prune endpoints that left the pool.
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        return None
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        self.index.remove_endpoint(endpoint.name)
+
+    def _block_tokens(self, endpoints: Sequence[Endpoint]) -> int:
+        if self.auto_tune:
+            for ep in endpoints:
+                if ep.metrics.cache_block_size > 0:
+                    return ep.metrics.cache_block_size
+        return self.block_size_tokens
+
+    def hashes_for(self, request: InferenceRequest, block_tokens: int) -> list[int]:
+        text = request_text(request)
+        salt = request.body.get("cache_salt") if isinstance(request.body, dict) else None
+        seed = hash((request.target_model, salt if isinstance(salt, str) else ""))
+        return block_hashes(text, block_tokens * AVERAGE_CHARS_PER_TOKEN, self.max_blocks, seed)
+
+    async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        self.produce(request, endpoints)
+
+    def produce(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> PrefixCacheMatchInfo:
+        """Hash the prompt once and match it; the result goes to request.data for scorers and PreRequest."""
+        block_tokens = self._block_tokens(endpoints)
+        hashes = self.hashes_for(request, block_tokens)
+        info = PrefixCacheMatchInfo(len(hashes), block_tokens, self.index.match(hashes) if hashes else {})
+        request.data.put(self.key, info)
+        request.data.put(self._hashes_key, hashes)
+        return info
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        hashes = request.data.get(self._hashes_key)
+        if not hashes:
+            return
+        targets = [r.targets[0] for name, r in result.profile_results.items() if r.targets and name == PREFILL_PROFILE]
+        primary = result.targets
+        if primary:
+            targets.insert(0, primary[0])
+        if not targets:
+            return
+        try:
+            # Off the response's critical path: runs right after the director hands back its decision.
+            asyncio.get_running_loop().call_soon(self._record, targets, hashes)
+        except RuntimeError:
+            self._record(targets, hashes)
+
+    def _record(self, targets: Sequence[Endpoint], hashes: Sequence[int]) -> None:
+        for ep in targets:
+            cap = ep.metrics.cache_num_blocks if self.auto_tune and ep.metrics.cache_num_blocks > 0 else None
+            self.index.add(ep.name, hashes, cap)

@@ -1,0 +1,136 @@
+"""precise-prefix-cache-producer (llm-d): how much of the prompt's KV blocks each endpoint holds, from the KV events
+the engines publish.
+
+It consumes the prompt's token ids (TOKENIZED_PROMPT; a token-producer is added with this plugin's tokenizer
+settings when none is configured), looks the blocks up in the EPP's KV-block index and publishes the framework's
+PrefixCacheMatchInfo under `PREFIX_CACHE_MATCH_INFO.of(<its name>)`, so the generic `prefix-cache-scorer` with
+`prefixMatchInfoProducerName` scores it (llm-d's current pipeline). After the pick it writes speculative entries
+for the chosen endpoints (primary and, for P/D, prefill) so a burst of the same prefix sticks before the engine's
+events arrive. The index (one per EPP) is configured from `tokenProcessorConfig`, `indexerConfig` and
+`kvEventsConfig`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from epp.framework import (
+    PREFIX_CACHE_MATCH_INFO,
+    TOKENIZED_PROMPT,
+    DataKey,
+    Endpoint,
+    InferenceRequest,
+    KVCacheIndex,
+    Params,
+    Plugin,
+    PluginContext,
+    PrefixCacheMatchInfo,
+    SchedulingResult,
+)
+
+TOKEN_PRODUCER = "token-producer"
+# Tokenizer settings llm-d and older pyepp configs put on this plugin; they configure the auto-added token-producer.
+TOKENIZER_KEYS = (
+    "tokenizer",
+    "type",
+    "url",
+    "vllm",
+    "models",
+    "modelTokenizerMap",
+    "dir",
+    "cacheSize",
+    "offloadChars",
+    "timeout",
+)
+
+
+@dataclass(slots=True)
+class PreciseMatch:
+    """Per endpoint hostport: consecutive cached blocks from block 0 and their tier-weighted sum."""
+
+    total_blocks: int
+    block_size: int
+    blocks: dict[str, int] = field(default_factory=dict)
+    weighted: dict[str, float] = field(default_factory=dict)
+    keys: list[int] = field(default_factory=list)
+
+
+# The full match (block keys included, for the speculative entries), one key per producer instance.
+PRECISE_MATCH = DataKey[PreciseMatch]("precise-prefix-match")
+
+
+class PrecisePrefixCacheProducer(Plugin):
+    type_name = "precise-prefix-cache-producer"
+
+    def __init__(self, name: str, index: KVCacheIndex, speculative: bool = True, speculative_ttl: float = 2.0) -> None:
+        super().__init__(name)
+        self.index = index
+        self.speculative = speculative
+        self.speculative_ttl = speculative_ttl
+        self.info_key = PREFIX_CACHE_MATCH_INFO.of(self.name)
+        self.match_key = PRECISE_MATCH.of(self.name)
+
+    @classmethod
+    def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
+        index = context.services.kv_cache(params)
+        tokenizer = {k: params.raw[k] for k in TOKENIZER_KEYS if params.has(k)}
+        context.require_producer(TOKENIZED_PROMPT, TOKEN_PRODUCER, TOKEN_PRODUCER, tokenizer, requested_by=name)
+        for k in tokenizer:
+            params.get(k)
+        return cls(
+            name,
+            index,
+            speculative=params.bool("speculativeIndexing", True),
+            speculative_ttl=params.duration("speculativeTTL", 2.0),
+        )
+
+    def produces(self) -> Collection[DataKey[Any]]:
+        return (self.info_key, self.match_key)
+
+    def consumes(self) -> Collection[DataKey[Any]]:
+        return (TOKENIZED_PROMPT,)
+
+    async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        data = request.data
+        data.pop(self.match_key)
+        data.pop(self.info_key)
+        prompt = data.get(TOKENIZED_PROMPT)
+        if prompt is None or not prompt.token_ids:
+            return
+        index = self.index
+        salt = request.body.get("cache_salt")
+        keys = index.request_keys(
+            prompt.token_ids, request.target_model, endpoints, salt if isinstance(salt, str) else None
+        )
+        if not keys:
+            return
+        matches = await index.match(keys, [ep.hostport for ep in endpoints])
+        bs = index.block_size_for(request.target_model, endpoints) or 0
+        info = PreciseMatch(
+            total_blocks=len(keys),
+            block_size=bs,
+            blocks={k: m.blocks for k, m in matches.items()},
+            weighted={k: m.weighted for k, m in matches.items()},
+            keys=keys,
+        )
+        data.put(self.match_key, info)
+        data.put(
+            self.info_key,
+            PrefixCacheMatchInfo(
+                total_blocks=len(keys),
+                block_size_tokens=bs,
+                matches={ep.name: info.weighted[ep.hostport] for ep in endpoints if ep.hostport in info.weighted},
+            ),
+        )
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        info = request.data.get(self.match_key)
+        if not self.speculative or info is None:
+            return
+        seen: set[str] = set()
+        for pr in result.profile_results.values():  # primary (decode) and, for P/D, the prefill pick
+            if pr is not None and pr.targets and pr.targets[0].hostport not in seen:
+                seen.add(pr.targets[0].hostport)
+                self.index.speculate(info.keys, pr.targets[0].hostport, self.speculative_ttl)

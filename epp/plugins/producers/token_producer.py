@@ -1,0 +1,58 @@
+"""token-producer (llm-d; formerly `tokenizer`): the prompt's token ids, exactly as the model server renders them.
+
+Writes TOKENIZED_PROMPT for the plugins that consume it (the precise prefix-cache producer). The tokenizer comes
+from the EPP's services, configured by `tokenizer: {type: hf|vllm, ...}` or llm-d's `vllm: {url}`; a request that
+cannot be tokenized is logged and scheduled without token data.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+from typing import Any, Self
+
+from epp.framework import (
+    TOKENIZED_PROMPT,
+    DataKey,
+    Endpoint,
+    InferenceRequest,
+    Params,
+    Plugin,
+    PluginContext,
+    TokenizationError,
+    TokenizedPrompt,
+    Tokenizer,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TokenProducer(Plugin):
+    type_name = "token-producer"
+    aliases = ("tokenizer",)
+
+    def __init__(self, name: str, tokenizer: Tokenizer) -> None:
+        super().__init__(name)
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
+        return cls(name, context.services.tokenizer(params))
+
+    def produces(self) -> Collection[DataKey[Any]]:
+        return (TOKENIZED_PROMPT,)
+
+    async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        if TOKENIZED_PROMPT in request.data:
+            return
+        try:
+            toks = await self.tokenizer.tokenize(
+                request.target_model,
+                prompt=request.prompt if request.messages is None else None,
+                messages=request.messages,
+                chat_template_kwargs=request.body.get("chat_template_kwargs"),
+            )
+        except TokenizationError as e:
+            log.info("request %s: not tokenized, no prefix score: %s", request.request_id, e)
+            return
+        request.data.put(TOKENIZED_PROMPT, TokenizedPrompt(toks))

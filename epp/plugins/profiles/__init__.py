@@ -1,0 +1,1 @@
+"""Profile handlers: which scheduling profiles run, and which result is primary."""

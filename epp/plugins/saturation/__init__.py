@@ -1,0 +1,1 @@
+"""Saturation detectors: admission's view of pool load."""

@@ -1,0 +1,1 @@
+"""Scorers: one score in [0, 1] per candidate."""

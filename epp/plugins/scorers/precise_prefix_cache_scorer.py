@@ -1,0 +1,25 @@
+"""precise-prefix-cache-scorer (llm-d, deprecated alias kvcache-aware-scorer): the precise prefix-cache producer
+and its scorer in one plugin. Score = matched blocks / prompt blocks (tier-weighted), 0 without a cached prefix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from epp.framework import CycleState, Endpoint, InferenceRequest
+from epp.plugins.producers.precise_prefix_cache_producer import PreciseMatch, PrecisePrefixCacheProducer
+
+
+def match_scores(info: PreciseMatch | None, endpoints: Sequence[Endpoint]) -> list[float]:
+    """matched/total (tier-weighted), clipped to [0, 1]; 0 for endpoints without a cached prefix."""
+    if info is None or info.total_blocks == 0:
+        return [0.0] * len(endpoints)
+    t = float(info.total_blocks)
+    return [min(1.0, info.weighted.get(ep.hostport, 0.0) / t) for ep in endpoints]
+
+
+class PrecisePrefixCacheScorer(PrecisePrefixCacheProducer):
+    type_name = "precise-prefix-cache-scorer"
+    aliases = ("kvcache-aware-scorer",)
+
+    def score(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        return match_scores(request.data.get(self.match_key), endpoints)

@@ -1,0 +1,27 @@
+"""The built plugin graph request control runs (assembled from the config by epp.wiring.builder)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from epp.framework import (
+    DataProducer,
+    Plugin,
+    PreRequest,
+    ResponseComplete,
+    ResponseReceived,
+    SaturationDetector,
+)
+from epp.scheduling import Scheduler
+
+
+@dataclass
+class Pipeline:
+    plugins: dict[str, Plugin]
+    scheduler: Scheduler
+    saturation_detector: SaturationDetector
+    # In dependency order: a producer runs after the producers of the keys it consumes.
+    producers: list[DataProducer] = field(default_factory=list)
+    pre_request: list[PreRequest] = field(default_factory=list)
+    response_received: list[ResponseReceived] = field(default_factory=list)
+    response_complete: list[ResponseComplete] = field(default_factory=list)

@@ -1,0 +1,254 @@
+"""Build the plugin pipeline from an EppConfig: instantiate plugins, add the producers they need, order the
+producers by their data dependencies, apply GIE's defaults and assemble the profiles.
+
+Errors are ConfigErrors naming the plugin, the parameter key and its line in the file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from epp.config.loader import ConfigError, EppConfig, PluginSpec
+from epp.config.yamlmarks import line_of
+from epp.framework import (
+    DataKey,
+    DataProducer,
+    Filter,
+    Params,
+    Picker,
+    Plugin,
+    PluginConfigError,
+    PluginContext,
+    PluginRegistry,
+    PreRequest,
+    ProfileHandler,
+    ResponseComplete,
+    ResponseReceived,
+    SaturationDetector,
+    Scorer,
+)
+from epp.requestcontrol.pipeline import Pipeline
+from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
+from epp.wiring.builtins import register_builtins
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Built:
+    plugin: Plugin
+    where: str  # "<file>:<line>: plugins[i]" or a note for auto-added plugins
+
+
+class _Builder:
+    def __init__(self, config: EppConfig, context: PluginContext, registry: PluginRegistry) -> None:
+        self.config = config
+        self.context = context
+        self.registry = registry
+        self.src = config.source if not config.default_plugins else "<default config>"
+        self.built: dict[str, _Built] = {}
+
+    def loc(self, line: int) -> str:
+        return f"{self.src}:{line}" if line else self.src
+
+    def instantiate(self, spec: PluginSpec, where: str, *, record: bool = True) -> Plugin:
+        loc = self.loc(spec.line)
+        factory = self.registry.factory(spec.type)
+        if factory is None:
+            known = ", ".join(self.registry.known_types())
+            raise ConfigError(f"{loc}: {where}.type: unknown plugin type {spec.type!r} (known: {known})")
+        try:
+            plugin = factory(spec.name, Params(spec.name, spec.parameters), self.context)
+        except PluginConfigError as e:
+            pline = e.line or (line_of(spec.parameters, e.key.split(".")[0]) if e.key else 0)
+            key = f"{where}.parameters.{e.key}" if e.key else f"{where}.parameters"
+            raise ConfigError(f"{self.loc(pline) if pline else loc}: {key}: {e}") from None
+        except (ValueError, TypeError, KeyError) as e:
+            raise ConfigError(f"{loc}: {where} ({spec.type}): {e}") from None
+        if not isinstance(plugin, Plugin):
+            raise ConfigError(
+                f"{loc}: {where} ({spec.type}): the factory returned {type(plugin).__name__}, not a Plugin"
+            )
+        if plugin.name != spec.name:
+            plugin.name = spec.name
+        if record:
+            self.built[spec.name] = _Built(plugin, f"{loc}: {where}")
+        return plugin
+
+    def producers_of(self, key: DataKey[object]) -> list[Plugin]:
+        return [b.plugin for b in self.built.values() if key in b.plugin.produces()]
+
+    def add_required_producers(self) -> None:
+        """Producers other plugins asked for, unless a configured plugin already produces the key."""
+        reqs = self.context.requirements
+        done = 0
+        while done < len(reqs):  # an added producer may require another
+            req = reqs[done]
+            done += 1
+            if self.producers_of(req.key):
+                continue
+            who = req.requested_by or "a plugin"
+            existing = self.built.get(req.name)
+            if existing is not None:
+                raise ConfigError(
+                    f"{existing.where}: {who} needs {req.key.name} from a {req.type} named {req.name!r}, "
+                    f"but the plugin of that name ({existing.plugin.type_name}) does not produce it"
+                )
+            spec = PluginSpec(name=req.name, type=req.type, parameters=req.parameters)
+            self.instantiate(spec, f"(added for {who}: {req.type})")
+
+    def check_consumers(self) -> None:
+        for b in self.built.values():
+            for key in b.plugin.consumes():
+                if not self.producers_of(key):
+                    raise ConfigError(
+                        f"{b.where}: {b.plugin.type_name} {b.plugin.name!r} needs {key.name}, which no configured "
+                        f"plugin produces (configure its producer, or name the right one in the parameters)"
+                    )
+
+    def ordered_producers(self) -> list[DataProducer]:
+        """DataProducers, each after the producers of the keys it consumes (else in config order)."""
+        producers: list[Plugin] = [b.plugin for b in self.built.values() if isinstance(b.plugin, DataProducer)]
+        deps: dict[str, set[str]] = {}
+        for p in producers:
+            wanted = set(p.consumes())
+            deps[p.name] = {q.name for q in producers if q is not p and wanted.intersection(q.produces())}
+        order: list[DataProducer] = []
+        placed: set[str] = set()
+        while len(order) < len(producers):
+            ready = next((p for p in producers if p.name not in placed and deps[p.name] <= placed), None)
+            if ready is None:
+                stuck = ", ".join(p.name for p in producers if p.name not in placed)
+                raise ConfigError(f"{self.src}: plugins: data producers depend on each other in a cycle ({stuck})")
+            assert isinstance(ready, DataProducer)
+            order.append(ready)
+            placed.add(ready.name)
+        return order
+
+
+def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRegistry | None = None) -> Pipeline:
+    b = _Builder(config, context, registry or register_builtins())
+    for i, spec in enumerate(config.plugins):
+        b.instantiate(spec, f"plugins[{i}]")
+    b.add_required_producers()
+    b.check_consumers()
+    producers = b.ordered_producers()
+    plugins = {name: built.plugin for name, built in b.built.items()}
+
+    profiles = _profiles(b, plugins)
+    handlers = [p for p in plugins.values() if isinstance(p, ProfileHandler)]
+    if len(handlers) > 1:
+        names = ", ".join(h.name for h in handlers)
+        raise ConfigError(f"{config.source}: plugins: more than one profile handler ({names})")
+    handler: ProfileHandler
+    if handlers:
+        handler = handlers[0]
+    elif len(profiles) == 1:
+        default = _default(b, "single-profile-handler")
+        assert isinstance(default, ProfileHandler)
+        handler = default
+    else:
+        raise ConfigError(
+            f"{config.source}: schedulingProfiles: {len(profiles)} profiles need a profile handler plugin "
+            "(single-profile-handler runs exactly one)"
+        )
+    max_profiles = getattr(handler, "max_profiles", None)
+    if max_profiles is not None and len(profiles) > max_profiles:
+        raise ConfigError(
+            f"{config.source}: schedulingProfiles: {handler.name} supports {max_profiles} profile, got {len(profiles)}"
+        )
+
+    detector = _saturation_detector(b, plugins)
+    everything = list(plugins.values())
+    return Pipeline(
+        plugins=plugins,
+        scheduler=Scheduler(profiles, handler),
+        saturation_detector=detector,
+        producers=producers,
+        pre_request=[p for p in everything if isinstance(p, PreRequest)],
+        response_received=[p for p in everything if isinstance(p, ResponseReceived)],
+        response_complete=[p for p in everything if isinstance(p, ResponseComplete)],
+    )
+
+
+def _default(b: _Builder, type_name: str) -> Plugin:
+    """A plugin GIE adds by default (it is not one of the configured plugins)."""
+    return b.instantiate(
+        PluginSpec(name=type_name, type=type_name, parameters={}), f"(default {type_name})", record=False
+    )
+
+
+def _profiles(b: _Builder, plugins: dict[str, Plugin]) -> dict[str, SchedulerProfile]:
+    config = b.config
+    out: dict[str, SchedulerProfile] = {}
+    if not config.profiles:
+        # GIE default: one profile named "default" with every Filter, Scorer and Picker plugin (weight 1).
+        members: list[tuple[str, float | None, int]] = [(n, None, 0) for n, p in plugins.items() if _is_member(p)]
+        out["default"] = _profile(b, "default", members, plugins)
+        return out
+    for i, prof in enumerate(config.profiles):
+        members = [(r.ref, r.weight, r.line) for r in prof.plugins]
+        out[prof.name] = _profile(b, prof.name, members, plugins, f"schedulingProfiles[{i}]")
+    return out
+
+
+def _is_member(p: Plugin) -> bool:
+    return isinstance(p, Filter | Scorer | Picker) and not isinstance(p, ProfileHandler)
+
+
+def _profile(
+    b: _Builder,
+    name: str,
+    members: Sequence[tuple[str, float | None, int]],
+    plugins: dict[str, Plugin],
+    where: str = "schedulingProfiles",
+) -> SchedulerProfile:
+    source = b.config.source
+    filters: list[Filter] = []
+    scorers: list[WeightedScorer] = []
+    picker: Picker | None = None
+    for j, (ref, weight, line) in enumerate(members):
+        p = plugins[ref]
+        loc = f"{source}:{line}" if line else source
+        used = False
+        if isinstance(p, Filter):
+            filters.append(p)
+            used = True
+        if isinstance(p, Scorer):
+            scorers.append(WeightedScorer(p, 1.0 if weight is None else weight))
+            used = True
+        if isinstance(p, Picker):
+            if picker is not None:
+                raise ConfigError(f"{loc}: {where}.plugins[{j}]: profile {name!r} has a second picker {ref!r}")
+            picker = p
+            used = True
+        if not used:
+            raise ConfigError(
+                f"{loc}: {where}.plugins[{j}].pluginRef: {ref!r} is not a filter, scorer or picker "
+                f"(type {p.type_name or '?'})"
+            )
+    if picker is None:
+        default = _default(b, "max-score-picker")
+        assert isinstance(default, Picker)
+        picker = default
+    return SchedulerProfile(name, filters, scorers, picker)
+
+
+def _saturation_detector(b: _Builder, plugins: dict[str, Plugin]) -> SaturationDetector:
+    config = b.config
+    if config.saturation_detector is not None:
+        p = plugins[config.saturation_detector]
+        if not isinstance(p, SaturationDetector):
+            raise ConfigError(
+                f"{config.source}:{line_of(config.raw.get('saturationDetector'), 'pluginRef')}: "
+                f"saturationDetector.pluginRef: {p.name!r} is not a saturation detector"
+            )
+        return p
+    configured = [p for p in plugins.values() if p.type_name == "utilization-detector"]
+    if len(configured) == 1 and isinstance(configured[0], SaturationDetector):
+        return configured[0]
+    default = _default(b, "utilization-detector")
+    assert isinstance(default, SaturationDetector)
+    return default

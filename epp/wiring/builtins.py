@@ -1,0 +1,101 @@
+"""The built-in plugin types, registered explicitly: this list is the catalog.
+
+`register_builtins()` is called once by the wiring (and by `epp validate`); it also loads third-party types from
+the `epp.plugins` entry-point group. Nothing registers as a side effect of an import.
+"""
+
+from __future__ import annotations
+
+from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlugin
+from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
+from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
+from epp.framework import REGISTRY, Plugin, PluginRegistry
+from epp.plugins.filters.by_label import ByLabelFilter
+from epp.plugins.filters.decode_filter import DecodeFilter
+from epp.plugins.filters.encode_filter import EncodeFilter
+from epp.plugins.filters.label_selector_filter import LabelSelectorFilter
+from epp.plugins.filters.prefill_filter import PrefillFilter
+from epp.plugins.flowcontrol.fcfs_ordering_policy import FCFSOrderingPolicy
+from epp.plugins.flowcontrol.global_strict_fairness_policy import GlobalStrictFairnessPolicy
+from epp.plugins.flowcontrol.round_robin_fairness_policy import RoundRobinFairnessPolicy
+from epp.plugins.flowcontrol.static_usage_limit_policy import StaticUsageLimitPolicy
+from epp.plugins.parsers.openai_parser import OpenAIParser
+from epp.plugins.parsers.passthrough_parser import PassthroughParser
+from epp.plugins.parsers.vllmgrpc_parser import VLLMGRPCParser
+from epp.plugins.pickers.max_score_picker import MaxScorePicker
+from epp.plugins.pickers.random_picker import RandomPicker
+from epp.plugins.pickers.round_robin_picker import RoundRobinPicker
+from epp.plugins.pickers.weighted_random_picker import WeightedRandomPicker
+from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
+from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
+from epp.plugins.producers.token_producer import TokenProducer
+from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
+from epp.plugins.saturation.utilization_detector import UtilizationDetector
+from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
+from epp.plugins.scorers.kv_cache_utilization_scorer import KVCacheUtilizationScorer
+from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
+from epp.plugins.scorers.lora_affinity_scorer import LoraAffinityScorer
+from epp.plugins.scorers.no_hit_lru_scorer import NoHitLRUScorer
+from epp.plugins.scorers.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
+from epp.plugins.scorers.prefix_cache_scorer import PrefixCacheScorer
+from epp.plugins.scorers.queue_scorer import QueueScorer
+from epp.plugins.scorers.running_requests_size_scorer import RunningRequestsSizeScorer
+from epp.plugins.scorers.session_affinity_scorer import SessionAffinityScorer
+
+BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
+    # filters
+    ByLabelFilter,
+    DecodeFilter,
+    EncodeFilter,
+    LabelSelectorFilter,
+    PrefillFilter,
+    # scorers
+    ActiveRequestScorer,
+    KVCacheUtilizationScorer,
+    LoadAwareScorer,
+    LoraAffinityScorer,
+    NoHitLRUScorer,
+    PrecisePrefixCacheScorer,
+    PrefixCacheScorer,
+    QueueScorer,
+    RunningRequestsSizeScorer,
+    SessionAffinityScorer,
+    # pickers
+    MaxScorePicker,
+    RandomPicker,
+    RoundRobinPicker,
+    WeightedRandomPicker,
+    # profile handlers
+    SingleProfileHandler,
+    # data producers
+    ApproxPrefixCacheProducer,
+    PrecisePrefixCacheProducer,
+    TokenProducer,
+    # admission: saturation detector (also a filter) and flow-control policies
+    UtilizationDetector,
+    FCFSOrderingPolicy,
+    GlobalStrictFairnessPolicy,
+    RoundRobinFairnessPolicy,
+    StaticUsageLimitPolicy,
+    # data layer
+    CoreMetricsExtractorPlugin,
+    EndpointNotificationSource,
+    MetricsDataSource,
+    # request parsers
+    OpenAIParser,
+    PassthroughParser,
+    VLLMGRPCParser,
+)
+
+
+def register_builtins(registry: PluginRegistry = REGISTRY) -> PluginRegistry:
+    """Register every built-in type (idempotent), then third-party entry points."""
+    for cls in BUILTIN_PLUGINS:
+        registry.register(cls)
+    registry.load_entry_points()
+    return registry
+
+
+def known_types() -> list[str]:
+    """Every plugin type this EPP knows (built-ins, aliases and entry points)."""
+    return register_builtins().known_types()

@@ -1,0 +1,35 @@
+"""The EPP's shared services behind the framework's `Services` interface: the KV-block index (epp.kvcache) and
+tokenizers (epp.tokenization), created on first request from the asking plugin's parameters."""
+
+from __future__ import annotations
+
+from epp.framework import EndpointView, KVCacheIndex, Params, Tokenizer
+from epp.framework.context import BackgroundTask
+from epp.kvcache.service import KVCacheService, KVCacheSettings
+from epp.tokenization.factory import tokenizer_from_params
+from epp.tokenization.prompt import PromptTokenizer
+
+
+class EppServices:
+    """One KV-cache service per EPP (its event pool follows the endpoints); one tokenizer per token producer."""
+
+    def __init__(self, endpoints: EndpointView, background: list[BackgroundTask]) -> None:
+        self._endpoints = endpoints
+        self._background = background
+        self.kv: KVCacheService | None = None
+        self.tokenizers: list[PromptTokenizer] = []
+
+    def tokenizer(self, params: Params) -> Tokenizer:
+        tok = tokenizer_from_params(params)
+        self.tokenizers.append(tok)
+        self._background.append(tok.warm)  # preload at startup, not on the first request
+        return tok
+
+    def kv_cache(self, params: Params) -> KVCacheIndex:
+        if self.kv is None:
+            svc = KVCacheService(KVCacheSettings.from_params(params))
+            if svc.settings.events_enabled:
+                self._endpoints.subscribe(svc.pool)
+                self._background.append(svc.pool.run)
+            self.kv = svc
+        return self.kv

@@ -1,0 +1,267 @@
+"""The Helm chart lints, renders, validates against Kubernetes' schemas (and the CRDs' own), and says what we mean."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from epp.config import parse_config
+from epp.datalayer.datastore import Datastore
+from epp.server.health import INFERENCE_EXTENSION, LIVENESS
+from epp.wiring import plugin_context
+from epp.wiring.builder import build_pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "pyepp"
+KUBE_VERSION = "1.31.0"
+BASE = {"inferencePool": {"modelServers": {"matchLabels": {"app": "vllm-qwen"}}}}
+
+
+def render(
+    values: dict[str, Any] | None = None, name: str = "qwen-pool", namespace: str = "llm"
+) -> list[dict[str, Any]]:
+    with helm_python.Chart.load(CHART) as chart:
+        out = chart.render(values if values is not None else BASE, name=name, namespace=namespace)
+    docs: list[dict[str, Any]] = []
+    for path, text in sorted(out.items()):
+        if path.endswith(".txt"):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(docs, kind)
+    assert len(found) == 1, f"{kind}: {len(found)}"
+    return found[0]
+
+
+def crd_schemas() -> dict[str, dict[str, Any]]:
+    with helm_python.Chart.load(CHART) as chart:
+        crds = [yaml.safe_load(c["data"]) for c in chart.crds]
+    return {c["spec"]["names"]["kind"]: c["spec"]["versions"][0]["schema"]["openAPIV3Schema"] for c in crds}
+
+
+def test_lint_is_clean() -> None:
+    report = helm_python.lint(CHART, BASE, strict=True, kube_version=f"v{KUBE_VERSION}")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_matchlabels_are_required() -> None:
+    with pytest.raises(helm_python.HelmError, match="matchLabels is required"):
+        render({})
+    # (helm lint deliberately tolerates `fail`, so this is a render-time check, like GIE's _validations.tpl.)
+
+
+def test_manifests_validate_against_kubernetes_schemas() -> None:
+    values = {**BASE, "experimentalHttpRoute": {"enabled": True}, "monitoring": {"prometheus": {"enabled": True}}}
+    docs = render(values)
+    core = {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap"}
+    assert core <= {d["kind"] for d in docs}
+    for d in docs:
+        if d["kind"] in core:
+            kubernetes_validate.validate(d, KUBE_VERSION, strict=True)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        bad = one(docs, "Deployment")
+        bad["spec"]["replicas"] = "three"
+        kubernetes_validate.validate(bad, KUBE_VERSION, strict=True)
+    with helm_python.Chart.load(CHART) as chart:
+        for crd in chart.crds:
+            kubernetes_validate.validate(yaml.safe_load(crd["data"]), KUBE_VERSION, strict=True)
+
+
+def test_custom_resources_validate_against_the_crds() -> None:
+    values = {**BASE, "inferenceObjectives": [{"name": "critical", "priority": 10}, {"name": "batch", "priority": -1}]}
+    docs = render(values)
+    schemas = crd_schemas()
+    pool = one(docs, "InferencePool")
+    jsonschema.validate(pool, schemas["InferencePool"])
+    for obj in by_kind(docs, "InferenceObjective"):
+        jsonschema.validate(obj, schemas["InferenceObjective"])
+        assert obj["spec"]["poolRef"] == {
+            "group": "inference.networking.k8s.io",
+            "kind": "InferencePool",
+            "name": "qwen-pool",
+        }
+    assert {o["metadata"]["name"]: o["spec"]["priority"] for o in by_kind(docs, "InferenceObjective")} == {
+        "critical": 10,
+        "batch": -1,
+    }
+    broken = dict(pool, spec={**pool["spec"], "targetPorts": []})
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schemas["InferencePool"])
+    assert pool["spec"]["selector"]["matchLabels"] == {"app": "vllm-qwen"}
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+    assert pool["spec"]["endpointPickerRef"] == {
+        "group": "",
+        "kind": "Service",
+        "name": "qwen-pool-epp",
+        "port": {"number": 9002},
+        "failureMode": "FailOpen",
+    }
+
+
+def test_deployment_args_ports_probes_and_security() -> None:
+    docs = render({**BASE, "inferenceExtension": {"replicas": 2, "flags": {"log-level": "debug"}}})
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["args"][0] == "serve"
+    for arg in (
+        "--pool-name=qwen-pool",
+        "--pool-namespace=llm",
+        "--pool-group=inference.networking.k8s.io",
+        "--config-file=/config/default-plugins.yaml",
+        "--grpc-port=9002",
+        "--grpc-health-port=9003",
+        "--metrics-port=9090",
+        "--log-level=debug",
+    ):
+        assert arg in c["args"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": 9002, "grpc-health": 9003, "metrics": 9090}
+    assert c["readinessProbe"]["grpc"] == {"port": 9003, "service": "inference-extension"}
+    assert c["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
+    assert {c["livenessProbe"]["grpc"]["service"], c["readinessProbe"]["grpc"]["service"]} <= {
+        LIVENESS,
+        INFERENCE_EXTENSION,
+    }
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["allowPrivilegeEscalation"] is False
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/cache"]] and "emptyDir" in volumes[mounts["/tmp"]]
+    assert volumes[mounts["/config"]]["configMap"]["name"] == "qwen-pool-epp"
+    assert {e["name"] for e in c["env"]} >= {"NAMESPACE", "POD_NAME", "PYEPP_CACHE"}
+    assert c["resources"]["requests"]["cpu"]
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    svc = one(docs, "Service")
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"grpc": 9002, "grpc-health": 9003, "metrics": 9090}
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_rbac_is_read_only_and_minimal() -> None:
+    docs = render()
+    role = one(docs, "Role")
+    rules = {
+        (g, r): sorted(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+    }
+    assert rules == {
+        ("", "pods"): ["get", "list", "watch"],
+        ("inference.networking.k8s.io", "inferencepools"): ["get", "list", "watch"],
+        ("inference.networking.x-k8s.io", "inferenceobjectives"): ["get", "list", "watch"],
+    }
+    binding = one(docs, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    assert by_kind(docs, "ClusterRole") == []
+
+
+def test_config_weights_come_from_values() -> None:
+    values = {
+        **BASE,
+        "inferenceExtension": {
+            "scheduling": {
+                "scorers": [
+                    {"type": "queue-scorer", "weight": 1},
+                    {"type": "prefix-cache-scorer", "name": "precise", "weight": 5, "parameters": {"blockSize": 64}},
+                ],
+                "picker": {"type": "max-score-picker"},
+                "extraPlugins": [{"type": "decode-filter"}],
+            }
+        },
+    }
+    cm = one(render(values), "ConfigMap")
+    cfg = parse_config(cm["data"]["default-plugins.yaml"]).raw
+    assert cfg["kind"] == "EndpointPickerConfig"
+    assert cfg["apiVersion"] == "inference.networking.x-k8s.io/v1alpha1"
+    (profile,) = cfg["schedulingProfiles"]
+    assert profile["plugins"] == [
+        {"pluginRef": "queue-scorer", "weight": 1},
+        {"pluginRef": "precise", "weight": 5},
+        {"pluginRef": "max-score-picker"},
+    ]
+    plugins = {p.get("name", p["type"]): p for p in cfg["plugins"]}
+    assert plugins["precise"] == {"type": "prefix-cache-scorer", "name": "precise", "parameters": {"blockSize": 64}}
+    assert "decode-filter" in plugins
+    default_cfg = parse_config(one(render(), "ConfigMap")["data"]["default-plugins.yaml"]).raw
+    weights = {p["pluginRef"]: p.get("weight") for p in default_cfg["schedulingProfiles"][0]["plugins"]}
+    assert weights == {
+        "queue-scorer": 2,
+        "kv-cache-utilization-scorer": 2,
+        "prefix-cache-scorer": 3,
+        "max-score-picker": None,
+    }
+
+
+def test_optional_objects_toggle() -> None:
+    docs = render()
+    assert by_kind(docs, "HTTPRoute") == [] and by_kind(docs, "ServiceMonitor") == []
+    values = {
+        **BASE,
+        "experimentalHttpRoute": {"enabled": True, "inferenceGatewayName": "gw", "baseModel": "Qwen/Qwen2.5"},
+        "monitoring": {"prometheus": {"enabled": True}},
+    }
+    docs = render(values)
+    route = one(docs, "HTTPRoute")
+    assert route["spec"]["parentRefs"][0]["name"] == "gw"
+    assert route["spec"]["rules"][0]["backendRefs"][0] == {
+        "group": "inference.networking.k8s.io",
+        "kind": "InferencePool",
+        "name": "qwen-pool",
+    }
+    assert route["spec"]["rules"][0]["timeouts"]["request"] == "300s"
+    mon = one(docs, "ServiceMonitor")
+    assert mon["spec"]["endpoints"][0]["port"] == "metrics"
+    assert mon["spec"]["selector"]["matchLabels"].items() <= one(docs, "Service")["metadata"]["labels"].items()
+
+
+def test_grpc_model_servers_get_h2c() -> None:
+    pool = one(render({"inferencePool": {**BASE["inferencePool"], "modelServerProtocol": "grpc"}}), "InferencePool")
+    assert pool["spec"]["appProtocol"] == "kubernetes.io/h2c"
+    with pytest.raises(helm_python.HelmError, match="modelServerProtocol"):
+        render({"inferencePool": {**BASE["inferencePool"], "modelServerProtocol": "udp"}})
+
+
+def test_sample_kv_events_values_render() -> None:
+    values = yaml.safe_load((ROOT / "config" / "values-vllm-kv-events.yaml").read_text())
+    docs = render(values)
+    for d in docs:
+        if d["kind"] in {"Deployment", "ConfigMap", "Service"}:
+            kubernetes_validate.validate(d, KUBE_VERSION, strict=True)
+    jsonschema.validate(one(docs, "InferencePool"), crd_schemas()["InferencePool"])
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["replicas"] >= 2  # active-active
+    cfg = parse_config(one(docs, "ConfigMap")["data"]["default-plugins.yaml"]).raw
+    # Same pipeline as the project's precise-prefix sample config, only with vLLM's event port 5557.
+    sample = yaml.safe_load((ROOT / "config" / "llm-d-precise-prefix.yaml").read_text())
+    assert sorted(p["type"] for p in cfg["plugins"]) == sorted(p["type"] for p in sample["plugins"])
+    refs = [p["pluginRef"] for p in cfg["schedulingProfiles"][0]["plugins"]]
+    assert refs == [p["pluginRef"] for p in sample["schedulingProfiles"][0]["plugins"]]
+    assert cfg["dataLayer"] == sample["dataLayer"]
+    producer = next(p for p in cfg["plugins"] if p["type"] == "precise-prefix-cache-producer")
+    assert producer["parameters"]["kvEventsConfig"]["podDiscoveryConfig"]["socketPort"] == 5557
+
+
+def test_default_config_builds_with_the_plugin_registry() -> None:
+    """The chart's default EndpointPickerConfig is one the EPP accepts (same path as `epp validate`)."""
+    cm = one(render(), "ConfigMap")
+    config = parse_config(cm["data"]["default-plugins.yaml"])
+    pipeline = build_pipeline(config, plugin_context(Datastore(), "qwen-pool"))
+    assert list(pipeline.scheduler.profiles) == ["default"]
+    assert {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer", "max-score-picker"} <= {
+        p.get("type") for p in config.raw["plugins"]
+    }

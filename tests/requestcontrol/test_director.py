@@ -1,0 +1,308 @@
+"""The SchedulingDirector: priority, admission (legacy and flow control), producers, scheduling, hooks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from epp.config import parse_config
+from epp.datalayer.datastore import Datastore
+from epp.datalayer.objectives import ObjectiveStore
+from epp.framework import (
+    Endpoint,
+    InferenceRequest,
+    Metrics,
+    Plugin,
+    ServiceUnavailable,
+    TooManyRequests,
+)
+from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
+from epp.requestcontrol.director import SchedulingDirector
+from epp.requestcontrol.flowcontrol import FlowController
+from epp.requestcontrol.flowcontrol_spec import FlowControlSpec, PriorityBandSpec
+from epp.wiring import plugin_context
+from epp.wiring.builder import build_pipeline
+
+
+def pool(n: int, **metrics: Any) -> Datastore:
+    ds = Datastore()
+    eps = []
+    for i in range(n):
+        e = Endpoint(f"pod-{i}", f"10.0.0.{i + 1}", 8000, labels={"accelerator": "gpu"})
+        e.metrics = Metrics(update_time=time.monotonic(), **metrics)
+        eps.append(e)
+    ds.replace_all(eps)
+    return ds
+
+
+def fresh(ds: Datastore, **metrics: Any) -> None:
+    for e in ds.endpoints():
+        e.metrics = Metrics(update_time=time.monotonic(), **metrics)
+
+
+def director(ds: Datastore, yaml_text: str = "{}", **kw: Any) -> SchedulingDirector:
+    cfg = parse_config(yaml_text)
+    pipeline = build_pipeline(cfg, plugin_context(ds))
+    return SchedulingDirector(ds, pipeline, ObjectiveStore(cfg.objectives), **kw)
+
+
+def chat(text: str, rid: str = "r", headers: dict[str, str] | None = None) -> InferenceRequest:
+    msgs = [{"role": "user", "content": text}]
+    body = {"model": "m", "messages": msgs}
+    return InferenceRequest(
+        rid,
+        "/v1/chat/completions",
+        "chat",
+        "m",
+        "m",
+        body,
+        headers=headers or {},
+        messages=msgs,
+        body_size=len(json.dumps(body)),
+    )
+
+
+async def test_default_config_prefers_idle_pod_then_prefix_affinity() -> None:
+    ds = pool(3)
+    eps = ds.endpoints()
+    eps[0].metrics = Metrics(waiting_queue_size=4, update_time=time.monotonic())
+    eps[1].metrics = Metrics(waiting_queue_size=0, kv_cache_usage_percent=0.1, update_time=time.monotonic())
+    eps[2].metrics = Metrics(waiting_queue_size=4, update_time=time.monotonic())
+    d = director(ds)
+    long_prompt = "You are a helpful assistant. " * 200
+    first = await d.handle_request(chat(long_prompt + "Q1"))
+    assert first.destination == "10.0.0.2:8000"
+    await asyncio.sleep(0)  # the prefix index records the pick right after the decision
+    # pod-1 gets a bit busier, but it holds the prompt's prefix: prefix (w=3) outweighs queue (w=2)
+    eps[1].metrics = Metrics(waiting_queue_size=2, kv_cache_usage_percent=0.1, update_time=time.monotonic())
+    eps[0].metrics = Metrics(waiting_queue_size=0, update_time=time.monotonic())
+    second = await d.handle_request(chat(long_prompt + "Q2"))
+    assert second.destination == "10.0.0.2:8000"
+    other = await d.handle_request(chat("completely different " * 100))
+    assert other.destination == "10.0.0.1:8000"
+
+
+async def test_sheddable_request_rejected_when_saturated() -> None:
+    ds = pool(2, waiting_queue_size=10)  # queue 10 ≥ threshold 5 → saturation 2.0
+    d = director(ds, "objectives:\n- {name: batch, priority: -1}\n- {name: chat, priority: 10}\n")
+    batch = chat("hi", headers={"x-gateway-inference-objective": "batch"})
+    with pytest.raises(TooManyRequests) as ei:
+        await d.handle_request(batch)
+    assert ei.value.status == 429 and b"system saturated, sheddable request dropped" in ei.value.body()
+    assert batch.priority == -1 and batch.objective == "batch"
+    critical = chat("hi", headers={"x-gateway-inference-objective": "chat"})
+    assert (await d.handle_request(critical)).endpoints and critical.priority == 10
+    fresh(ds, waiting_queue_size=0)
+    assert (await d.handle_request(chat("hi", headers={"x-gateway-inference-objective": "batch"}))).endpoints
+
+
+async def test_stale_metrics_count_as_saturated() -> None:
+    ds = pool(1)
+    ds.endpoints()[0].metrics = Metrics(update_time=time.monotonic() - 5)
+    d = director(ds, "objectives: [{name: batch, priority: -5}]")
+    with pytest.raises(TooManyRequests):
+        await d.handle_request(chat("x", headers={"x-gateway-inference-objective": "batch"}))
+
+
+async def test_candidates_subset_and_scheduling_failure() -> None:
+    ds = pool(3)
+    d = director(ds)
+    r = chat("hi")
+    r.subset = ["10.0.0.3:8000"]
+    assert (await d.handle_request(r)).destination == "10.0.0.3:8000"
+    r = chat("hi")
+    r.subset = []
+    with pytest.raises(ServiceUnavailable, match="candidate"):
+        await d.handle_request(r)
+    with pytest.raises(ServiceUnavailable):
+        await director(Datastore()).handle_request(chat("hi"))
+    strict = director(
+        ds,
+        "plugins:\n- type: label-selector-filter\n  parameters: {matchLabels: {accelerator: tpu}}\n"
+        "- type: queue-scorer\n",
+    )
+    with pytest.raises(TooManyRequests, match="failed to find target endpoint"):
+        await strict.handle_request(chat("hi"))
+
+
+async def test_fallback_endpoints_in_the_decision() -> None:
+    ds = pool(4)
+    for i, e in enumerate(ds.endpoints()):
+        e.metrics = Metrics(waiting_queue_size=i, update_time=time.monotonic())
+    d = director(ds, "plugins:\n- type: queue-scorer\n- type: max-score-picker\n  parameters: {maxNumOfEndpoints: 3}\n")
+    dec = await d.handle_request(chat("hi"))
+    assert dec.destination == "10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000"
+
+
+class SlowProducer(Plugin):
+    def __init__(self, name: str, delay: float, fail: bool = False) -> None:
+        super().__init__(name)
+        self.delay = delay
+        self.fail = fail
+        self.finished = False
+
+    async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        await asyncio.sleep(self.delay)
+        if self.fail:
+            raise RuntimeError("tokenizer exploded")
+        self.finished = True
+
+
+async def test_data_producers_budget_and_failures_do_not_fail_the_request() -> None:
+    ds = pool(2)
+    d = director(ds, "plugins: [{type: queue-scorer}]", producer_budget=0.05)
+    slow, broken = SlowProducer("slow", 5.0), SlowProducer("broken", 0, fail=True)
+    d._producers = [broken, slow]
+    t0 = time.monotonic()
+    assert (await d.handle_request(chat("hi"))).endpoints
+    assert time.monotonic() - t0 < 1.0 and not slow.finished
+
+
+async def test_response_hooks_drive_active_request_bookkeeping() -> None:
+    ds = pool(2)
+    d = director(ds, "plugins: [{type: active-request-scorer}]")
+    scorer = d.pipeline.plugins["active-request-scorer"]
+    assert isinstance(scorer, ActiveRequestScorer)
+    r1, r2 = chat("a", rid="1"), chat("b", rid="2")
+    d1 = await d.handle_request(r1)
+    d2 = await d.handle_request(r2)
+    assert d1.endpoints[0] is not d2.endpoints[0]  # the second goes to the idle pod
+    assert sorted(scorer.counts.values()) == [1, 1]
+    d.handle_response_headers(r1, d1, 200, d1.destination, {})
+    d.handle_response_complete(r1, d1, None)
+    d.handle_response_complete(r2, d2, None)
+    assert scorer.counts == {}
+
+
+def fc_director(ds: Datastore, spec: FlowControlSpec, objectives: str = "{}") -> SchedulingDirector:
+    cfg = parse_config(objectives)
+    pipeline = build_pipeline(cfg, plugin_context(ds))
+    fc = FlowController(spec, pipeline.saturation_detector, plugins=pipeline.plugins, poll_interval=0.002)
+    return SchedulingDirector(ds, pipeline, ObjectiveStore(cfg.objectives), flow_controller=fc)
+
+
+OBJ = "objectives:\n- {name: high, priority: 10}\n- {name: low, priority: -1}\n"
+
+
+async def dispatch_order(d: SchedulingDirector, ds: Datastore) -> list[str]:
+    """Queue six requests on a saturated pool, then free it; returns the order they were let through."""
+    order: list[str] = []
+
+    async def send(name: str, objective: str, tenant: str) -> None:
+        h = {"x-gateway-inference-objective": objective, "x-gateway-inference-fairness-id": tenant}
+        await d.handle_request(chat("hi", rid=name, headers=h))
+        order.append(name)
+
+    tasks = []
+    for name, obj, tenant in [
+        ("a1", "low", "A"),
+        ("a2", "low", "A"),
+        ("a3", "low", "A"),
+        ("b1", "low", "B"),
+        ("b2", "low", "B"),
+        ("h1", "high", "C"),
+    ]:
+        tasks.append(asyncio.create_task(send(name, obj, tenant)))
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.02)
+    assert order == [] and d.flow_controller is not None and d.flow_controller.queued() == 6
+    fresh(ds, waiting_queue_size=0)
+    await asyncio.wait_for(asyncio.gather(*tasks), 2)
+    return order
+
+
+async def test_flow_control_global_strict_fairness_and_usage_limit() -> None:
+    ds = pool(1, waiting_queue_size=50)
+    policies = "plugins:\n- type: queue-scorer\n- type: global-strict-fairness-policy\n"
+    strict = PriorityBandSpec(0, fairness_policy_ref="global-strict-fairness-policy")
+    spec = FlowControlSpec(default_priority_band=strict)
+    d = fc_director(ds, spec, policies + OBJ)
+    # strict priority, then one FCFS order across tenants
+    assert await dispatch_order(d, ds) == ["h1", "a1", "a2", "a3", "b1", "b2"]
+    # static-usage-limit-policy: saturation 2.0 is under a threshold of 3 → no queueing at all
+    cfg = parse_config(
+        "plugins:\n- type: queue-scorer\n- type: static-usage-limit-policy\n  parameters: {threshold: 3}\n"
+    )
+    fresh(ds, waiting_queue_size=10)
+    pipeline = build_pipeline(cfg, plugin_context(ds))
+    limited = FlowControlSpec(usage_limit_policy_ref="static-usage-limit-policy")
+    fc = FlowController(limited, pipeline.saturation_detector, plugins=pipeline.plugins)
+    d2 = SchedulingDirector(ds, pipeline, flow_controller=fc)
+    assert (await asyncio.wait_for(d2.handle_request(chat("x")), 1)).endpoints and fc.queued() == 0
+
+
+async def test_flow_control_dispatches_by_priority_then_round_robin() -> None:
+    ds = pool(1, waiting_queue_size=50)  # saturated: everything queues
+    d = fc_director(ds, FlowControlSpec(), OBJ)
+    order = await dispatch_order(d, ds)
+    assert order[0] == "h1"  # strict priority first
+    assert order[1:] == ["a1", "b1", "a2", "b2", "a3"]  # round-robin across fairness ids within the band
+
+
+async def test_flow_control_ttl_capacity_and_cancel() -> None:
+    ds = pool(1, waiting_queue_size=50)
+    spec = FlowControlSpec(max_requests=2, default_request_ttl=0.05)
+    d = fc_director(ds, spec)
+    fc = d.flow_controller
+    assert fc is not None
+    waiting = [asyncio.create_task(d.handle_request(chat("x", rid=str(i)))) for i in range(2)]
+    await asyncio.sleep(0.005)
+    with pytest.raises(TooManyRequests, match="capacity"):
+        await d.handle_request(chat("x", rid="over"))
+    for t in waiting:
+        with pytest.raises(ServiceUnavailable, match="timed out in queue"):
+            await t
+    assert fc.queued() == 0
+    # a cancelled client frees its slot
+    d2 = fc_director(ds, FlowControlSpec(max_requests=1))
+    t = asyncio.create_task(d2.handle_request(chat("x")))
+    await asyncio.sleep(0.005)
+    assert d2.flow_controller is not None and d2.flow_controller.queued() == 1
+    t.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await t
+    assert d2.flow_controller.queued() == 0
+
+
+async def test_flow_control_band_limits_and_fast_path() -> None:
+    ds = pool(1)
+    spec = FlowControlSpec(priority_bands=[PriorityBandSpec(priority=0, max_requests=1)])
+    d = fc_director(ds, spec)
+    assert (await d.handle_request(chat("x"))).endpoints  # unsaturated and nothing queued: no queueing
+    fresh(ds, waiting_queue_size=50)
+    t = asyncio.create_task(d.handle_request(chat("x", rid="q")))
+    await asyncio.sleep(0.005)
+    with pytest.raises(TooManyRequests):
+        await d.handle_request(chat("x", rid="q2"))
+    fresh(ds, waiting_queue_size=0)
+    assert (await asyncio.wait_for(t, 1)).endpoints
+
+
+def attempts(status: str) -> float:
+    from epp.scheduling.metrics import SCHEDULER_ATTEMPTS
+
+    return sum(
+        smp.value
+        for metric in SCHEDULER_ATTEMPTS.collect()
+        for smp in metric.samples
+        if smp.name.endswith("_total") and smp.labels["status"] == status
+    )
+
+
+async def test_scheduler_metrics_and_debug_decision_log(caplog: pytest.LogCaptureFixture) -> None:
+    ds = pool(2)
+    d = director(ds)
+    ok0, fail0 = attempts("success"), attempts("failure")
+    with caplog.at_level("DEBUG", logger="epp"):
+        dec = await d.handle_request(chat("hello", rid="logged"))
+    assert attempts("success") == ok0 + 1
+    assert any("logged" in r.getMessage() and dec.destination in r.getMessage() for r in caplog.records)
+    strict = director(ds, "plugins:\n- type: label-selector-filter\n  parameters: {matchLabels: {x: y}}\n")
+    with pytest.raises(TooManyRequests):
+        await strict.handle_request(chat("x"))
+    assert attempts("failure") == fail0 + 1

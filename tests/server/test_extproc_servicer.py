@@ -1,0 +1,465 @@
+"""The ext_proc servicer driven directly over gRPC (grpc.aio client, no Envoy): message order, errors, lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
+
+from e2e.harness.directors import RoundRobinDirector
+from epp.config import parse_config
+from epp.datalayer.datastore import Datastore
+from epp.discovery.static import StaticEndpointSource
+from epp.framework.errors import TooManyRequests
+from epp.framework.types import Endpoint, InferenceRequest, Usage
+from epp.requestcontrol.types import RoutingDecision
+from epp.server.extproc import BODY_CHUNK_LIMIT
+from epp.server.metrics import RequestMetrics
+from epp.server.runner import EppServer, ServeOptions
+from epp.wiring.runtime import Runtime
+
+DEST = "x-gateway-destination-endpoint"
+Mode = processing_mode_pb2.ProcessingMode
+
+
+@dataclass
+class RecordingDirector:
+    """Round-robin, plus a record of every call; `fail` makes handle_request raise it."""
+
+    inner: RoundRobinDirector
+    fail: BaseException | None = None
+    fail_response_headers: bool = False
+    fallbacks: bool = False
+    metadata: dict[str, object] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    requests: list[InferenceRequest] = field(default_factory=list)
+    response_headers: list[tuple[int, str | None]] = field(default_factory=list)
+    completed: list[tuple[str, Usage | None]] = field(default_factory=list)
+
+    async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
+        self.requests.append(request)
+        if self.fail is not None:
+            raise self.fail
+        d = await self.inner.handle_request(request)
+        if self.fallbacks:
+            d.endpoints = list(self.inner._view.endpoints())[::-1]
+        d.metadata.update(self.metadata)
+        d.headers.update(self.headers)
+        return d
+
+    def handle_response_headers(
+        self,
+        request: InferenceRequest,
+        decision: RoutingDecision,
+        status: int,
+        served: str | None,
+        headers: Mapping[str, str],
+    ) -> None:
+        self.response_headers.append((status, served))
+        if self.fail_response_headers:
+            raise RuntimeError("plugin bug")
+
+    def handle_response_complete(
+        self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
+    ) -> None:
+        self.completed.append((request.request_id, usage))
+
+
+@dataclass
+class Harness:
+    server: EppServer
+    director: RecordingDirector
+    channel: grpc.aio.Channel
+    stub: pb_grpc.ExternalProcessorStub
+    registry: CollectorRegistry
+
+
+@pytest.fixture
+async def epp() -> AsyncIterator[Harness]:
+    ds = Datastore()
+    eps = [Endpoint(name=f"ep{i}", address="10.0.0.1", port=8000 + i) for i in range(2)]
+    director = RecordingDirector(RoundRobinDirector(ds))
+    config = parse_config("modelRewrites: {alias: real}\n")
+    runtime = Runtime(config=config, datastore=ds, director=director, sources=[StaticEndpointSource(eps)])
+    registry = CollectorRegistry()
+    opts = ServeOptions(bind_address="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0, drain_timeout=5)
+    server = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.ports['grpc']}")
+    for _ in range(100):
+        if ds.synced:
+            break
+        await asyncio.sleep(0.01)
+    yield Harness(server, director, channel, pb_grpc.ExternalProcessorStub(channel), registry)
+    await channel.close()
+    await server.stop()
+
+
+def headers_msg(
+    path: str = "/v1/completions",
+    method: str = "POST",
+    eos: bool = False,
+    extra: dict[str, str] | None = None,
+    mode: int = Mode.FULL_DUPLEX_STREAMED,
+    subset: list[str] | None = None,
+) -> pb.ProcessingRequest:
+    hs = {":path": path, ":method": method, ":authority": "gw", "x-request-id": "rid-1", **(extra or {})}
+    msg = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hs.items()]
+            ),
+            end_of_stream=eos,
+        ),
+        protocol_config=pb.ProtocolConfiguration(request_body_mode=mode, response_body_mode=mode),
+    )
+    if subset is not None:
+        msg.metadata_context.filter_metadata["envoy.lb.subset_hint"].update(
+            {"x-gateway-destination-endpoint-subset": subset}
+        )
+    return msg
+
+
+def body_msg(data: bytes, eos: bool) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=data, end_of_stream=eos))
+
+
+def resp_headers_msg(
+    status: int = 200, ctype: str = "application/json", served: str | None = None
+) -> pb.ProcessingRequest:
+    msg = pb.ProcessingRequest(
+        response_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[
+                    base_pb2.HeaderValue(key=":status", raw_value=str(status).encode()),
+                    base_pb2.HeaderValue(key="content-type", raw_value=ctype.encode()),
+                ]
+            )
+        )
+    )
+    if served:
+        msg.metadata_context.filter_metadata["envoy.lb"].update({"x-gateway-destination-endpoint-served": served})
+    return msg
+
+
+def resp_body_msg(data: bytes, eos: bool) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(response_body=pb.HttpBody(body=data, end_of_stream=eos))
+
+
+def set_headers(resp: pb.ProcessingResponse) -> dict[str, str]:
+    which = resp.request_headers if resp.HasField("request_headers") else resp.request_body
+    return {h.header.key: h.header.raw_value.decode() for h in which.response.header_mutation.set_headers}
+
+
+async def exchange(
+    call: grpc.aio.StreamStreamCall, msgs: list[pb.ProcessingRequest], expect: int
+) -> list[pb.ProcessingResponse]:
+    for m in msgs:
+        await call.write(m)
+    out = []
+    for _ in range(expect):
+        r = await asyncio.wait_for(call.read(), 5)
+        assert r is not grpc.aio.EOF
+        out.append(r)
+    return out
+
+
+async def test_streamed_request_split_anywhere_is_reassembled(epp: Harness) -> None:
+    body = json.dumps({"model": "m", "prompt": "naïve café ✓ " * 20_000}, ensure_ascii=False).encode()
+    cut = body.index("✓".encode()) + 1  # inside a UTF-8 character
+    parts = [body[:cut], body[cut : cut + 7], body[cut + 7 :]]
+    call = epp.stub.Process()
+    msgs = [headers_msg(extra={DEST: "6.6.6.6:1"}), *(body_msg(p, i == 2) for i, p in enumerate(parts))]
+    for m in msgs:
+        await call.write(m)
+    first = await asyncio.wait_for(call.read(), 5)
+    assert first.HasField("request_headers")
+    hs = set_headers(first)
+    assert hs[DEST] in {"10.0.0.1:8000", "10.0.0.1:8001"}
+    assert hs["content-length"] == str(len(body))
+    assert first.request_headers.response.clear_route_cache
+    opt = next(h for h in first.request_headers.response.header_mutation.set_headers if h.header.key == DEST)
+    assert opt.append_action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+    assert first.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DEST].string_value == hs[DEST]
+    got = b""
+    while True:
+        r = await asyncio.wait_for(call.read(), 5)
+        sr = r.request_body.response.body_mutation.streamed_response
+        assert len(sr.body) <= BODY_CHUNK_LIMIT
+        got += sr.body
+        if sr.end_of_stream:
+            break
+    assert got == body
+    assert epp.director.requests[0].prompt == "naïve café ✓ " * 20_000
+    call.cancel()
+
+
+async def test_model_rewrite_changes_body_and_content_length(epp: Harness) -> None:
+    call = epp.stub.Process()
+    body = b'{"model": "alias", "prompt": "x"}'
+    first, second = await exchange(call, [headers_msg(), body_msg(body, True)], 2)
+    new = second.request_body.response.body_mutation.streamed_response.body
+    assert json.loads(new) == {"model": "real", "prompt": "x"}
+    assert set_headers(first)["content-length"] == str(len(new))
+    # response: model name rewritten back, split across chunks
+    reply = b'{"id":"1","model":"real","usage":{"prompt_tokens":3,"completion_tokens":2}}'
+    cut = reply.index(b"real") + 2
+    rs = await exchange(
+        call, [resp_headers_msg(), resp_body_msg(reply[:cut], False), resp_body_msg(reply[cut:], True)], 3
+    )
+    out = b"".join(r.response_body.response.body_mutation.streamed_response.body for r in rs[1:])
+    assert json.loads(out)["model"] == "alias"
+    assert rs[2].response_body.response.body_mutation.streamed_response.end_of_stream
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    assert epp.director.completed == [("rid-1", Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5))]
+
+
+async def test_rewrite_header_wins_over_config(epp: Harness) -> None:
+    call = epp.stub.Process()
+    msgs = [
+        headers_msg(extra={"x-gateway-model-name-rewrite": "hdr"}),
+        body_msg(b'{"model":"alias","prompt":"x"}', True),
+    ]
+    _, second = await exchange(call, msgs, 2)
+    assert json.loads(second.request_body.response.body_mutation.streamed_response.body)["model"] == "hdr"
+    assert epp.director.requests[0].target_model == "hdr"
+    call.cancel()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (b"", 400, "empty"),
+        (b'{"model": "\xff"}', 400, "UTF-8"),
+        (b"{", 400, "not valid JSON"),
+        (b'{"model": 5, "prompt": "x"}', 400, "model not found"),
+        (b'{"model": "m"}', 400, "prompt not found"),
+    ],
+)
+async def test_bad_bodies_get_immediate_400(epp: Harness, body: bytes, status: int, fragment: str) -> None:
+    call = epp.stub.Process()
+    (resp,) = await exchange(call, [headers_msg(), body_msg(body, True)], 1)
+    ir = resp.immediate_response
+    assert ir.status.code == status
+    assert fragment in json.loads(ir.body)["error"]["message"]
+    assert {h.header.key: h.header.raw_value for h in ir.headers.set_headers}["content-type"] == b"application/json"
+    call.cancel()
+    assert epp.director.completed == []
+
+
+async def test_429_and_internal_500_are_immediate(epp: Harness) -> None:
+    epp.director.fail = TooManyRequests("system saturated, sheddable request dropped")
+    call = epp.stub.Process()
+    (resp,) = await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 1)
+    assert resp.immediate_response.status.code == 429
+    call.cancel()
+    epp.director.fail = RuntimeError("boom")
+    call = epp.stub.Process()
+    (resp,) = await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 1)
+    assert resp.immediate_response.status.code == 500
+    assert "RuntimeError: boom" in json.loads(resp.immediate_response.body)["error"]["message"]
+    call.cancel()
+
+
+async def test_subset_hint_and_extra_metadata_headers(epp: Harness) -> None:
+    epp.director.metadata["x-extra"] = "v"
+    epp.director.headers["x-prefill"] = "10.0.0.9:1"
+    call = epp.stub.Process()
+    msgs = [headers_msg(subset=["10.0.0.1:8001"]), body_msg(b'{"model":"m","prompt":"x"}', True)]
+    first, _ = await exchange(call, msgs, 2)
+    hs = set_headers(first)
+    assert hs[DEST] == "10.0.0.1:8001"
+    assert hs["x-prefill"] == "10.0.0.9:1"
+    lb = first.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    assert lb["x-extra"].string_value == "v"
+    assert epp.director.requests[0].subset == ["10.0.0.1:8001"]
+    call.cancel()
+    call = epp.stub.Process()
+    (resp,) = await exchange(call, [headers_msg(subset=[]), body_msg(b'{"model":"m","prompt":"x"}', True)], 1)
+    assert resp.immediate_response.status.code == 503
+
+
+async def test_bodyless_get_routed_at_headers(epp: Harness) -> None:
+    call = epp.stub.Process()
+    (resp,) = await exchange(call, [headers_msg("/v1/models", "GET", eos=True, extra={DEST: "6.6.6.6:1"})], 1)
+    assert set_headers(resp)[DEST].startswith("10.0.0.1:")
+    assert resp.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DEST].string_value
+    call.cancel()
+    assert epp.director.requests == []
+
+
+async def test_buffered_mode_answers_headers_then_decides_in_body(epp: Harness) -> None:
+    call = epp.stub.Process()
+    (first,) = await exchange(call, [headers_msg(mode=Mode.BUFFERED, extra={DEST: "6.6.6.6:1"})], 1)
+    assert list(first.request_headers.response.header_mutation.remove_headers) == [DEST]
+    (second,) = await exchange(call, [body_msg(b'{"model":"alias","prompt":"x"}', True)], 1)
+    hs = set_headers(second)
+    assert hs[DEST].startswith("10.0.0.1:")
+    assert json.loads(second.request_body.response.body_mutation.body) == {"model": "real", "prompt": "x"}
+    assert hs["content-length"] == str(len(second.request_body.response.body_mutation.body))
+    call.cancel()
+
+
+async def test_sse_usage_served_metadata_and_completion_once(epp: Harness) -> None:
+    call = epp.stub.Process()
+    chat = b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}'
+    await exchange(call, [headers_msg("/v1/chat/completions"), body_msg(chat, True)], 2)
+    events = [
+        b'data: {"model":"m","choices":[{"delta":{"content":"a"}}],"usage":null}\n\n',
+        b'data: {"model":"m","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+    stream = b"".join(events)
+    parts = [stream[i : i + 13] for i in range(0, len(stream), 13)]
+    msgs = [resp_headers_msg(ctype="text/event-stream", served="10.0.0.1:8000")]
+    msgs += [resp_body_msg(p, i == len(parts) - 1) for i, p in enumerate(parts)]
+    rs = await exchange(call, msgs, 1 + len(parts))
+    assert b"".join(r.response_body.response.body_mutation.streamed_response.body for r in rs[1:]) == stream
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    assert epp.director.response_headers == [(200, "10.0.0.1:8000")]
+    assert epp.director.completed == [("rid-1", Usage(prompt_tokens=4, completion_tokens=1, total_tokens=5))]
+
+
+async def test_client_cancel_still_completes_once(epp: Harness) -> None:
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True), resp_headers_msg()], 3)
+    call.cancel()
+    for _ in range(100):
+        if epp.director.completed:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert epp.director.completed == [("rid-1", None)]
+    assert epp.registry.get_sample_value("inference_objective_running_requests", {"model_name": "m"}) == 0
+
+
+async def test_health_services(epp: Harness) -> None:
+    for port in (epp.server.ports["health"], epp.server.ports["grpc"]):
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            for svc in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor", "inference-extension"):
+                r = await stub.Check(health_pb2.HealthCheckRequest(service=svc))
+                assert r.status == health_pb2.HealthCheckResponse.SERVING, svc
+
+
+async def test_readiness_waits_for_sync() -> None:
+    ds = Datastore()
+    runtime = Runtime(config=parse_config(""), datastore=ds, director=RoundRobinDirector(ds), sources=[])
+    registry = CollectorRegistry()
+    opts = ServeOptions(bind_address="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0)
+    server = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.ports['health']}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+
+            async def status(svc: str) -> int:
+                return int((await stub.Check(health_pb2.HealthCheckRequest(service=svc))).status)
+
+            assert await status("liveness") == health_pb2.HealthCheckResponse.SERVING
+            assert await status("readiness") == health_pb2.HealthCheckResponse.NOT_SERVING
+            ds.synced = True
+            for _ in range(100):
+                if await status("readiness") == health_pb2.HealthCheckResponse.SERVING:
+                    break
+                await asyncio.sleep(0.02)
+            assert await status("envoy.service.ext_proc.v3.ExternalProcessor") == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await server.stop()
+
+
+async def test_graceful_stop_drains_in_flight_stream(epp: Harness) -> None:
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 2)
+    stopping = asyncio.create_task(epp.server.stop())
+    await asyncio.sleep(0.2)
+    assert not stopping.done()  # waits for the open stream
+    assert not epp.server.health.ready
+    rs = await exchange(call, [resp_headers_msg(), resp_body_msg(b'{"usage":{"prompt_tokens":1}}', True)], 2)
+    assert rs[1].response_body.response.body_mutation.streamed_response.end_of_stream
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    await asyncio.wait_for(stopping, 5)
+    assert epp.director.completed[0][1] == Usage(prompt_tokens=1, total_tokens=1)
+
+
+async def test_request_trailers_end_the_body(epp: Harness) -> None:
+    call = epp.stub.Process()
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    rs = await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', False), trailers], 3)
+    assert set_headers(rs[0])[DEST].startswith("10.0.0.1:")
+    sr = rs[1].request_body.response.body_mutation.streamed_response
+    assert (sr.body, sr.end_of_stream) == (b'{"model":"m","prompt":"x"}', False)
+    assert rs[2].HasField("request_trailers")
+    call.cancel()
+
+
+async def test_oversized_body_gets_413(epp: Harness) -> None:
+    epp.server.state.max_body_bytes = 100_000
+    call = epp.stub.Process()
+    (resp,) = await exchange(call, [headers_msg(), body_msg(b"x" * 60_000, False), body_msg(b"x" * 60_000, False)], 1)
+    assert resp.immediate_response.status.code == 413
+    assert "exceeds 100000 bytes" in json.loads(resp.immediate_response.body)["error"]["message"]
+    call.cancel()
+
+
+async def test_response_hook_failure_does_not_break_the_response(epp: Harness) -> None:
+    epp.director.fail_response_headers = True
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 2)
+    rs = await exchange(call, [resp_headers_msg(), resp_body_msg(b'{"ok":1}', True)], 2)
+    assert rs[0].HasField("response_headers")
+    assert rs[1].response_body.response.body_mutation.streamed_response.body == b'{"ok":1}'
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    assert len(epp.director.completed) == 1
+
+
+async def test_port_in_use_is_a_clear_bind_error() -> None:
+    import socket
+
+    from epp.server.runner import BindError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ds = Datastore()
+        runtime = Runtime(config=parse_config(""), datastore=ds, director=RoundRobinDirector(ds), sources=[])
+        registry = CollectorRegistry()
+        opts = ServeOptions(bind_address="127.0.0.1", grpc_port=port, grpc_health_port=0, metrics_port=0)
+        server = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
+        with pytest.raises(BindError, match=f"grpc port 127.0.0.1:{port}"):
+            await server.start()
+
+
+async def test_fallback_list_in_header_and_metadata(epp: Harness) -> None:
+    epp.director.fallbacks = True
+    call = epp.stub.Process()
+    first, _ = await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 2)
+    assert set_headers(first)[DEST] == "10.0.0.1:8001,10.0.0.1:8000"
+    assert (
+        first.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DEST].string_value
+        == "10.0.0.1:8001,10.0.0.1:8000"
+    )
+    call.cancel()
+
+
+def test_cert_path_without_files_is_a_clear_error(tmp_path: Path) -> None:
+    from epp.server.tls import TLSError, load_credentials
+
+    with pytest.raises(TLSError, match=r"tls\.crt/tls\.key"):
+        load_credentials(tmp_path)

@@ -1,0 +1,102 @@
+"""Tokenization as vLLM does it: chat template + no added specials, completions with specials; cache; /tokenize."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from epp.tokenization.prompt import HFBackend, HTTPBackend, PromptTokenizer, TokenizationError
+from epp.tokenization.qwen import QWEN25_MODEL, load_qwen25_tokenizer, qwen25_tokenizer_dir
+
+
+@pytest.fixture(scope="module")
+def hf() -> Any:
+    return load_qwen25_tokenizer()
+
+
+async def test_chat_matches_vllm_rendering(hf: Any) -> None:
+    tok = PromptTokenizer(HFBackend({QWEN25_MODEL: qwen25_tokenizer_dir()}, offload_chars=10))
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]}]
+    got = await tok.tokenize(QWEN25_MODEL, messages=msgs)
+    text = hf.apply_chat_template(
+        [{"role": "user", "content": "hello\nworld"}], tokenize=False, add_generation_prompt=True
+    )
+    assert got == hf(text, add_special_tokens=False)["input_ids"]
+    assert got[-3:] == hf("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    assert await tok.tokenize(QWEN25_MODEL, messages=msgs) == got and tok.hits == 1
+
+
+async def test_completion_prompt_ids_and_errors() -> None:
+    tok = PromptTokenizer(HFBackend({QWEN25_MODEL: qwen25_tokenizer_dir()}), cache_size=2)
+    ids = await tok.tokenize(QWEN25_MODEL, prompt="The quick brown fox")
+    assert ids and await tok.tokenize(QWEN25_MODEL, prompt=[1, 2, 3]) == [1, 2, 3]
+    big = "word " * 5000  # tokenized on the worker thread, concurrently with small ones
+    res = await asyncio.gather(*(tok.tokenize(QWEN25_MODEL, prompt=big + str(i)) for i in range(3)),
+                               tok.tokenize(QWEN25_MODEL, prompt="small"))  # fmt: skip
+    assert all(len(r) > 4000 for r in res[:3])
+    assert len(tok._cache) == 2  # bounded
+    with pytest.raises(TokenizationError):
+        await tok.tokenize("no-such-model", prompt="x")
+    with pytest.raises(TokenizationError):
+        await tok.tokenize(QWEN25_MODEL, messages=[{"content": "no role"}])
+    with pytest.raises(TokenizationError):
+        await tok.tokenize(QWEN25_MODEL, prompt=["a", "b"])
+
+
+async def test_http_tokenize_endpoint() -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(body)
+        if body.get("model") == "bad":
+            return web.json_response({"error": "nope"}, status=404)
+        return web.json_response({"count": 3, "max_model_len": 100, "tokens": [7, 8, 9]})
+
+    app = web.Application()
+    app.router.add_post("/tokenize", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    backend = HTTPBackend(f"http://127.0.0.1:{port}")
+    try:
+        tok = PromptTokenizer(backend)
+        assert await tok.tokenize("m", messages=[{"role": "user", "content": "hi"}]) == [7, 8, 9]
+        assert seen[0]["add_generation_prompt"] is True and seen[0]["messages"][0]["content"] == "hi"
+        assert await tok.tokenize("m", prompt="hi") == [7, 8, 9]
+        with pytest.raises(TokenizationError, match="HTTP 404"):
+            await tok.tokenize("bad", prompt="x")
+    finally:
+        await backend.close()
+        await runner.cleanup()
+
+
+async def test_warm_preloads_tokenizer_before_first_request(tmp_path: Any) -> None:
+    import shutil
+
+    d = tmp_path / "tok"
+    shutil.copytree(qwen25_tokenizer_dir(), d)  # a directory no other test has loaded in this process
+    backend = HFBackend({QWEN25_MODEL: d})
+    assert str(d) not in HFBackend._loaded
+    await PromptTokenizer(backend).warm()
+    assert str(d) in HFBackend._loaded
+    assert await backend.completion(QWEN25_MODEL, "Hello world") == [9707, 1879]
+
+
+async def test_precise_plugin_schedules_the_preload() -> None:
+    from epp.config import parse_config
+    from epp.datalayer.datastore import Datastore
+    from epp.wiring import build_pipeline, plugin_context
+
+    # The precise producer asks for a token-producer; the tokenizer it builds is preloaded in the background.
+    ctx = plugin_context(Datastore())
+    cfg = parse_config("plugins: [{type: precise-prefix-cache-scorer, parameters: {kvEventsConfig: {enabled: false}}}]")
+    build_pipeline(cfg, ctx)
+    warms = [b for b in ctx.background if getattr(b, "__name__", "") == "warm"]
+    assert len(warms) == 1
+    await warms[0]()
