@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class _Built:
     plugin: Plugin
-    where: str  # "<file>:<line>: plugins[i]" or a note for auto-added plugins
+    where: str  # "<file>:<line>: plugins[i]" (an added producer: the plugin that asked for it)
+    path: str  # "plugins[i]"
+    line: int
 
 
 class _Builder:
@@ -53,7 +55,8 @@ class _Builder:
     def loc(self, line: int) -> str:
         return f"{self.src}:{line}" if line else self.src
 
-    def instantiate(self, spec: PluginSpec, where: str, *, record: bool = True) -> Plugin:
+    def instantiate(self, spec: PluginSpec, where: str, *, record: bool = True, note: str = "") -> Plugin:
+        """Build one plugin; `where` is its config path for errors, `note` says why an unlisted one exists."""
         loc = self.loc(spec.line)
         factory = self.registry.factory(spec.type)
         if factory is None:
@@ -64,9 +67,9 @@ class _Builder:
         except PluginConfigError as e:
             pline = e.line or (line_of(spec.parameters, e.key.split(".")[0]) if e.key else 0)
             key = f"{where}.parameters.{e.key}" if e.key else f"{where}.parameters"
-            raise ConfigError(f"{self.loc(pline) if pline else loc}: {key}: {e}") from None
+            raise ConfigError(f"{self.loc(pline) if pline else loc}: {key}: {e}{note}") from None
         except (ValueError, TypeError, KeyError) as e:
-            raise ConfigError(f"{loc}: {where} ({spec.type}): {e}") from None
+            raise ConfigError(f"{loc}: {where} ({spec.type}): {e}{note}") from None
         if not isinstance(plugin, Plugin):
             raise ConfigError(
                 f"{loc}: {where} ({spec.type}): the factory returned {type(plugin).__name__}, not a Plugin"
@@ -74,7 +77,7 @@ class _Builder:
         if plugin.name != spec.name:
             plugin.name = spec.name
         if record:
-            self.built[spec.name] = _Built(plugin, f"{loc}: {where}")
+            self.built[spec.name] = _Built(plugin, f"{loc}: {where}", where, spec.line)
         return plugin
 
     def producers_of(self, key: DataKey[object]) -> list[Plugin]:
@@ -96,8 +99,10 @@ class _Builder:
                     f"{existing.where}: {who} needs {req.key.name} from a {req.type} named {req.name!r}, "
                     f"but the plugin of that name ({existing.plugin.type_name}) does not produce it"
                 )
-            spec = PluginSpec(name=req.name, type=req.type, parameters=req.parameters)
-            self.instantiate(spec, f"(added for {who}: {req.type})")
+            asker = self.built.get(req.requested_by)
+            spec = PluginSpec(name=req.name, type=req.type, parameters=req.parameters, line=asker.line if asker else 0)
+            where = asker.path if asker else "plugins"
+            self.instantiate(spec, where, note=f" (in the {req.type} added for {who})")
 
     def check_consumers(self) -> None:
         for b in self.built.values():

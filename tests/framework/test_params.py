@@ -1,0 +1,33 @@
+"""Params: typed getters whose errors name the plugin, the (dotted) key and its line in the file."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.config.yamlmarks import load_marked
+from epp.framework import Params, PluginConfigError
+
+
+def test_nested_sections_name_the_dotted_path_and_line() -> None:
+    raw = load_marked("kvEventsConfig:\n  topicFilter: kv@\n  concurrency: many\n")
+    p = Params("precise", raw)
+    kec = p.section("kvEventsConfig")
+    assert kec.str("topicFilter", "") == "kv@"
+    with pytest.raises(PluginConfigError) as e:
+        kec.int("concurrency", 4)
+    assert e.value.key == "kvEventsConfig.concurrency" and e.value.line == 3
+    assert "precise: parameter 'kvEventsConfig.concurrency': expected an integer, got 'many'" in str(e.value)
+
+
+def test_quoted_booleans_are_errors_not_true() -> None:
+    p = Params("p", {"speculativeIndexing": "false"})
+    with pytest.raises(PluginConfigError, match=r"speculativeIndexing.*expected true or false"):
+        p.bool("speculativeIndexing", True)
+
+
+def test_section_must_be_a_mapping_and_unread_keys_are_listed() -> None:
+    p = Params("p", {"a": 1, "tokenizer": "qwen"})
+    with pytest.raises(PluginConfigError, match="'tokenizer': expected a mapping"):
+        p.section("tokenizer")
+    assert p.section("absent").raw == {}
+    assert p.unread() == ["a"]

@@ -1,0 +1,178 @@
+"""The pipeline builder: required producers are added, producers run in dependency order, a consumer without a
+producer is a config error that names it."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import pytest
+
+from epp.config import ConfigError, parse_config
+from epp.datalayer.datastore import Datastore
+from epp.framework import (
+    PREFIX_CACHE_MATCH_INFO,
+    TOKENIZED_PROMPT,
+    DataKey,
+    Endpoint,
+    InferenceRequest,
+    Plugin,
+    PluginRegistry,
+)
+from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
+from epp.plugins.producers.token_producer import TokenProducer
+from epp.requestcontrol.pipeline import Pipeline
+from epp.tokenization.prompt import HTTPBackend, PromptTokenizer
+from epp.tokenization.qwen import QWEN25_MODEL, load_qwen25_tokenizer
+from epp.wiring import build_pipeline, plugin_context, register_builtins
+
+SRC = "epp.yaml"
+
+
+def build(text: str, registry: PluginRegistry | None = None) -> Pipeline:
+    return build_pipeline(parse_config(text, SRC), plugin_context(Datastore()), registry)
+
+
+def test_a_consumer_without_its_producer_is_an_error_naming_it() -> None:
+    text = """
+plugins:
+- type: queue-scorer
+- name: pcs
+  type: prefix-cache-scorer
+  parameters: {prefixMatchInfoProducerName: precise}
+"""
+    with pytest.raises(ConfigError) as e:
+        build(text)
+    msg = str(e.value)
+    assert msg.startswith(f"{SRC}:4: plugins[1]") and "prefix-cache-match-info/precise" in msg and "'pcs'" in msg
+
+
+def test_the_default_prefix_producer_is_added_once_with_the_forwarded_parameters() -> None:
+    p = build("plugins: [{type: prefix-cache-scorer, parameters: {blockSizeTokens: 32}}, {type: no-hit-lru-scorer}]")
+    auto = p.plugins["approx-prefix-cache-producer"]
+    assert isinstance(auto, ApproxPrefixCacheProducer) and auto.block_size_tokens == 32
+    assert [x.name for x in p.producers] == ["approx-prefix-cache-producer"]
+
+
+def test_a_name_clash_with_a_required_producer_is_an_error() -> None:
+    text = "plugins: [{name: approx-prefix-cache-producer, type: queue-scorer}, {type: prefix-cache-scorer}]"
+    with pytest.raises(ConfigError, match="needs prefix-cache-match-info/approx-prefix-cache-producer"):
+        build(text)
+
+
+X = DataKey[int]("x")
+Y = DataKey[int]("y")
+
+
+class _Producer(Plugin):
+    makes: tuple[DataKey[Any], ...] = ()
+    needs: tuple[DataKey[Any], ...] = ()
+
+    def produces(self) -> Collection[DataKey[Any]]:
+        return self.makes
+
+    def consumes(self) -> Collection[DataKey[Any]]:
+        return self.needs
+
+    async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        for k in self.needs:
+            request.data.require(k)
+        for k in self.makes:
+            request.data.put(k, 1)
+
+
+class MakesX(_Producer):
+    type_name = "makes-x"
+    makes = (X,)
+
+
+class MakesYFromX(_Producer):
+    type_name = "makes-y-from-x"
+    makes, needs = (Y,), (X,)
+
+
+class MakesXFromY(_Producer):
+    type_name = "makes-x-from-y"
+    makes, needs = (X,), (Y,)
+
+
+def registry() -> PluginRegistry:
+    reg = register_builtins(PluginRegistry())
+    for cls in (MakesX, MakesYFromX, MakesXFromY):
+        reg.register(cls)
+    return reg
+
+
+async def test_producers_run_after_what_they_consume_whatever_the_config_order() -> None:
+    p = build("plugins: [{type: makes-y-from-x}, {type: queue-scorer}, {type: makes-x}]", registry())
+    assert [x.name for x in p.producers] == ["makes-x", "makes-y-from-x"]
+    r = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {})
+    for producer in p.producers:
+        await producer.prepare(r, [])
+    assert r.data.get(Y) == 1
+
+
+def test_a_dependency_cycle_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"cycle.*makes-y-from-x.*makes-x-from-y"):
+        build("plugins: [{type: makes-y-from-x}, {type: makes-x-from-y}]", registry())
+
+
+def test_precise_prefix_plugins_consume_the_token_producer() -> None:
+    p = build("plugins: [{type: precise-prefix-cache-producer, parameters: {kvEventsConfig: {enabled: false}}}]")
+    tok = p.plugins["token-producer"]  # added, because nothing configured produces the tokens
+    assert isinstance(tok, TokenProducer)
+    assert [x.name for x in p.producers] == ["token-producer", "precise-prefix-cache-producer"]
+    assert TOKENIZED_PROMPT in tok.produces()
+    assert (
+        PREFIX_CACHE_MATCH_INFO.of("precise-prefix-cache-producer")
+        in p.plugins["precise-prefix-cache-producer"].produces()
+    )
+
+
+async def test_a_token_producer_listed_after_the_precise_producer_is_the_one_used(thread_sim: Any) -> None:
+    """Its `vllm.url` takes effect: tokens come from that server (and none when it is down), not a local tokenizer."""
+    text = f"""
+plugins:
+- type: precise-prefix-cache-producer
+  parameters: {{kvEventsConfig: {{enabled: false}}, tokenProcessorConfig: {{blockSize: 16}}}}
+- type: token-producer
+  parameters: {{vllm: {{url: "{thread_sim.url}"}}}}
+"""
+    p = build(text)
+    assert [x.name for x in p.producers] == ["token-producer", "precise-prefix-cache-producer"]
+    tok = p.plugins["token-producer"]
+    assert isinstance(tok, TokenProducer) and isinstance(tok.tokenizer, PromptTokenizer)
+    assert isinstance(tok.tokenizer.backend, HTTPBackend)
+    prompt = "The quick brown fox jumps over the lazy dog. " * 8
+    r = InferenceRequest("r", "/v1/completions", "completions", QWEN25_MODEL, QWEN25_MODEL, {}, prompt=prompt)
+    for producer in p.producers:
+        await producer.prepare(r, [])
+    got = r.data.get(TOKENIZED_PROMPT)
+    assert got is not None and got.token_ids == load_qwen25_tokenizer()(prompt)["input_ids"]
+    match = r.data.get(PREFIX_CACHE_MATCH_INFO.of("precise-prefix-cache-producer"))
+    assert match is not None and match.total_blocks == len(got.token_ids) // 16
+    thread_sim.stop()
+    r2 = InferenceRequest("r2", "/v1/completions", "completions", QWEN25_MODEL, QWEN25_MODEL, {}, prompt=prompt + "!")
+    for producer in p.producers:
+        await producer.prepare(r2, [])
+    assert TOKENIZED_PROMPT not in r2.data
+
+
+@pytest.mark.parametrize(
+    ("parameters", "where"),
+    [
+        # a quoted "false" used to be bool("false") == True
+        ('    speculativeIndexing: "false"\n', "4: plugins[0].parameters.speculativeIndexing: "),
+        (
+            "    kvEventsConfig:\n      topicFilter: kv@\n      concurrency: lots\n",
+            "6: plugins[0].parameters.kvEventsConfig.concurrency: ",
+        ),
+        ("    tokenProcessorConfig: {blockSize: 0}\n", "4: plugins[0].parameters.tokenProcessorConfig.blockSize: "),
+        ("    tokenizer: {type: magic}\n", "4: plugins[0].parameters.tokenizer.type: "),
+    ],
+)
+def test_precise_parameters_are_checked_with_key_and_line(parameters: str, where: str) -> None:
+    text = "plugins:\n- type: precise-prefix-cache-producer\n  parameters:\n" + parameters
+    with pytest.raises(ConfigError) as e:
+        build(text)
+    assert str(e.value).startswith(f"{SRC}:{where}"), str(e.value)
