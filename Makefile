@@ -24,8 +24,8 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
 lint: setup
-	$(PY) -m ruff check epp tests e2e
-	$(PY) -m ruff format --check epp tests e2e
+	$(PY) -m ruff check epp tests e2e examples
+	$(PY) -m ruff format --check epp tests e2e examples
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache
 
