@@ -70,6 +70,9 @@ class _Builder:
             raise ConfigError(f"{self.loc(pline) if pline else loc}: {key}: {e}{note}") from None
         except (ValueError, TypeError, KeyError) as e:
             raise ConfigError(f"{loc}: {where} ({spec.type}): {e}{note}") from None
+        except Exception as e:  # a third-party factory's own failure still names the plugin and the line
+            log.exception("plugin factory for %s failed", spec.type)
+            raise ConfigError(f"{loc}: {where} ({spec.type}): {type(e).__name__}: {e}{note}") from None
         if not isinstance(plugin, Plugin):
             raise ConfigError(
                 f"{loc}: {where} ({spec.type}): the factory returned {type(plugin).__name__}, not a Plugin"

@@ -16,7 +16,9 @@ from epp.framework import (
     DataKey,
     Endpoint,
     InferenceRequest,
+    Params,
     Plugin,
+    PluginContext,
     PluginRegistry,
 )
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
@@ -176,3 +178,19 @@ def test_precise_parameters_are_checked_with_key_and_line(parameters: str, where
     with pytest.raises(ConfigError) as e:
         build(text)
     assert str(e.value).startswith(f"{SRC}:{where}"), str(e.value)
+
+
+class Exploding(Plugin):
+    type_name = "exploding"
+
+    @classmethod
+    def from_config(cls, name: str, params: Params, context: PluginContext) -> Exploding:
+        raise RuntimeError("cannot reach the license server")
+
+
+def test_a_factory_crash_is_a_config_error_with_the_line() -> None:
+    reg = register_builtins(PluginRegistry())
+    reg.register(Exploding)
+    with pytest.raises(ConfigError) as e:
+        build("plugins:\n- type: queue-scorer\n- type: exploding\n", reg)
+    assert str(e.value) == f"{SRC}:3: plugins[1] (exploding): RuntimeError: cannot reach the license server"
