@@ -7,23 +7,17 @@ protocol tests that need a deterministic spread over backends.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Self
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext, ProfileResult
-from epp.plugins.pickers._common import max_endpoints
+from epp.framework import CycleState, Endpoint, InferenceRequest, ProfileResult
+from epp.plugins.pickers._common import CountPicker
 
 
-class RoundRobinPicker(Plugin):
+class RoundRobinPicker(CountPicker):
     type_name = "round-robin-picker"
 
     def __init__(self, name: str | None = None, max_num: int = 1) -> None:
-        super().__init__(name)
-        self.max_num = max_num
+        super().__init__(name, max_num)
         self._next = 0
-
-    @classmethod
-    def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        return cls(name, max_endpoints(params))
 
     def pick(
         self, state: CycleState, request: InferenceRequest, scored: Sequence[tuple[Endpoint, float]]

@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import Self
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext, ProfileResult
-from epp.plugins.pickers._common import PICKER_RANDOM, max_endpoints, random_pick
+from epp.framework import CycleState, Endpoint, InferenceRequest, ProfileResult
+from epp.plugins.pickers._common import PICKER_RANDOM, CountPicker, random_pick
 
 
-class WeightedRandomPicker(Plugin):
+class WeightedRandomPicker(CountPicker):
     type_name = "weighted-random-picker"
-
-    def __init__(self, name: str | None = None, max_num: int = 1) -> None:
-        super().__init__(name)
-        self.max_num = max_num
-
-    @classmethod
-    def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        return cls(name, max_endpoints(params))
 
     def pick(
         self, state: CycleState, request: InferenceRequest, scored: Sequence[tuple[Endpoint, float]]
