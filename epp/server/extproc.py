@@ -395,7 +395,12 @@ class RequestStream:
                 self._resp_json.append(chunk)
             else:  # too big to parse for usage: stop holding it
                 self._resp_json = None
-        out_chunk = self._rewriter.feed(chunk, eos) if self._rewriter is not None else chunk
+        if self._rewriter is not None:
+            # BUFFERED: this one message is the whole body (end_of_stream is false only when trailers follow), so
+            # nothing may be held back for a later chunk.
+            out_chunk = self._rewriter.feed(chunk, eos or self.response_mode == BUFFERED)
+        else:
+            out_chunk = chunk
         if eos:
             self.complete()
         if self.response_mode == FULL_DUPLEX:

@@ -342,6 +342,20 @@ async def test_buffered_response_rewrite_fixes_content_length(epp: Harness) -> N
     assert epp.director.completed == [("rid-1", Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5))]
 
 
+async def test_buffered_response_body_without_eos_is_flushed_whole(epp: Harness) -> None:
+    """BUFFERED sends the whole body in one message, with end_of_stream false when trailers follow: the rewriter
+    must not hold back a tail that could start a split model name (no later body message would carry it)."""
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(mode=Mode.BUFFERED), body_msg(b'{"model":"alias","prompt":"x"}', True)], 2)
+    reply = b'{"model":"real","text":"ends in \\"'  # the last '"' could start '"model":"real"'
+    await exchange(call, [resp_headers_msg(extra={"content-length": str(len(reply))})], 1)
+    (rb,) = await exchange(call, [resp_body_msg(reply, False)], 1)
+    new = rb.response_body.response.body_mutation.body
+    assert new == b'{"model":"alias","text":"ends in \\"'
+    assert mutation(rb.response_body.response) == ({"content-length": str(len(new))}, [])
+    call.cancel()
+
+
 async def test_streamed_response_rewrite_drops_content_length(epp: Harness) -> None:
     """FULL_DUPLEX_STREAMED: the length is unknown when the headers go out, so content-length is dropped (Envoy
     drops it too in this mode; not relying on that) and the body goes chunked. A response hook's headers stay."""
