@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from e2e.harness.backends import CACHED_TOKENS, PROMPT_TOKENS, BackendPool
-from e2e.harness.http import metric_value, post_json, post_json_lines, request, sse_events
+from e2e.harness.http import metric_value, post_json, post_json_lines, request, sse_events, wire_request
 from e2e.harness.stack import Stack, endpoints_yaml, start_stack
 
 pytestmark = pytest.mark.e2e
@@ -228,6 +228,52 @@ def test_buffered_mode(stack_factory: Callable[..., Stack]) -> None:
     assert r.status == 400
     text = s.epp.metrics_text()
     assert metric_value(text, "inference_objective_output_tokens_count", {"model_name": "m1"}) == 3
+
+
+# Rewrites in both directions where the names differ in length, so rewriting the body changes its length.
+LENGTH_CHANGING_REWRITES = {"tiny": "a-much-longer-target-model-name", "a-much-longer-client-model-name": "t"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "response_mode"),
+    [
+        ("BUFFERED", None),
+        ("FULL_DUPLEX_STREAMED", None),
+        ("FULL_DUPLEX_STREAMED", "BUFFERED"),
+        ("BUFFERED", "FULL_DUPLEX_STREAMED"),
+    ],
+)
+def test_length_changing_model_rewrite_keeps_framing_right(
+    stack_factory: Callable[..., Stack], mode: str, response_mode: str | None
+) -> None:
+    """A model rewrite that changes the body length, both ways: the backend gets a body whose length matches its
+    content-length, and the client (read off the socket) a complete body that matches its content-length or
+    chunked framing, valid JSON / SSE with the client's own model name, for every body-mode combination."""
+    rewrites = "".join(f"  {k}: {v}\n" for k, v in LENGTH_CHANGING_REWRITES.items())
+    s = stack_factory(backends=1, mode=mode, response_mode=response_mode, extra_config="modelRewrites:\n" + rewrites)
+    json_ct = {"content-type": "application/json"}
+    for client, target in [*LENGTH_CHANGING_REWRITES.items(), ("same-name", "same-name")]:
+        body = json.dumps({"model": client, "prompt": "x"}).encode()
+        r = wire_request(s.url + "/v1/completions", "POST", body, json_ct)
+        assert r.status == 200, (client, r.status, r.headers, r.raw[:300])
+        assert r.framing_ok, (client, r.framing_error, r.headers)
+        if (response_mode or mode) == "BUFFERED":  # the whole body is known: an exact length, not chunked
+            assert "content-length" in r.headers, r.headers
+        reply = r.json()
+        assert reply["model"] == client
+        echo = reply["echo"]
+        assert echo["received_model"] == target
+        if "content-length" in echo["headers"]:  # the request side: the backend's framing matches its body
+            assert int(echo["headers"]["content-length"]) == echo["body_len"], (client, echo["headers"])
+        else:
+            assert echo["headers"].get("transfer-encoding") == "chunked", echo["headers"]
+        chat = {"model": client, "messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 3}
+        r = wire_request(s.url + "/v1/chat/completions", "POST", json.dumps(chat).encode(), json_ct)
+        assert r.status == 200, (client, r.status, r.headers, r.raw[:300])
+        assert r.framing_ok, (client, r.framing_error, r.headers)
+        events = sse_events(r.body)
+        assert events[-1] == "[DONE]" and len(events) == 4
+        assert all(e["model"] == client for e in events[:-1])
 
 
 def test_sigterm_mid_stream_lets_the_sse_response_finish(stack_factory: Callable[..., Stack]) -> None:

@@ -16,5 +16,6 @@ The whole gateway (what most tests want), via the pytest fixture `stack_factory`
 - `procs.EnvoyProcess(opts, workdir).wait_ready()` (admin /ready), `procs.EppProcess(config_path, workdir)
   .wait_ready()` (gRPC health `readiness` SERVING), `.stop()`, `.terminate()`, `.log_text()`, `.metrics_text()`;
 - `backends.BackendPool().start(n)` — aiohttp echo backends on a background thread (JSON echo or SSE, with usage);
-- `http.request/post_json/sse_events/metric_value` — blocking client helpers and a /metrics reader.
+- `http.request/post_json/sse_events/metric_value` — blocking client helpers and a /metrics reader;
+  `http.wire_request` reads a response off the socket to EOF and checks its framing (content-length, chunked).
 """

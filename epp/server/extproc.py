@@ -7,8 +7,9 @@ streamed back in chunks of at most 62,000 bytes. BUFFERED: the headers phase is 
 client-sent destination), and the decision rides on the body response's header mutation.
 
 Response path: status and content type from the headers, the body is passed back chunk by chunk (model name
-rewritten back to the client's), usage read from JSON or SSE, and `handle_response_complete` runs exactly once,
-also when the stream dies early. Every failure becomes an ImmediateResponse with a JSON error body.
+rewritten back to the client's; then the upstream content-length is dropped at the headers phase, and in BUFFERED
+mode set to the rewritten body's length), usage read from JSON or SSE, and `handle_response_complete` runs
+exactly once, also when the stream dies early. Every failure becomes an ImmediateResponse with a JSON error body.
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ class RequestStream:
         "_body",
         "_body_size",
         "_resp_json",
+        "_restore_length",
         "_rewriter",
         "_sse",
         "decision",
@@ -196,6 +198,7 @@ class RequestStream:
         self.status = 0
         self.response_size = 0
         self._rewriter: ModelNameRewriter | None = None
+        self._restore_length = False  # content-length dropped at response headers (body rewritten)
         self._sse: SSEUsageReader | None = None
         self._resp_json: list[bytes] | None = None
 
@@ -363,8 +366,17 @@ class RequestStream:
             self.complete()
         # Headers the director's response hooks added (e.g. session-affinity's token).
         extra = self.decision.response_headers if self.decision is not None else None
-        if extra:
-            mutation = pb.HeaderMutation(set_headers=[_set(k, str(v)) for k, v in extra.items()])
+        set_headers = [_set(k, str(v)) for k, v in extra.items()] if extra else []
+        remove: list[str] = []
+        if self._rewriter is not None and not msg.response_headers.end_of_stream and "content-length" in headers:
+            # The body will have the model name rewritten back, so its length may change and the upstream's
+            # content-length would be stale (in BUFFERED mode Envoy answers a length-changing body mutation
+            # with a 500). Drop it, as GIE does: Envoy then frames the body itself (chunked on HTTP/1.1), and
+            # in BUFFERED mode the body response sets the exact new length.
+            remove.append("content-length")
+            self._restore_length = True
+        if set_headers or remove:
+            mutation = pb.HeaderMutation(set_headers=set_headers, remove_headers=remove)
             return [
                 pb.ProcessingResponse(
                     response_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=mutation))
@@ -383,7 +395,12 @@ class RequestStream:
                 self._resp_json.append(chunk)
             else:  # too big to parse for usage: stop holding it
                 self._resp_json = None
-        out_chunk = self._rewriter.feed(chunk, eos) if self._rewriter is not None else chunk
+        if self._rewriter is not None:
+            # BUFFERED: this one message is the whole body (end_of_stream is false only when trailers follow), so
+            # nothing may be held back for a later chunk.
+            out_chunk = self._rewriter.feed(chunk, eos or self.response_mode == BUFFERED)
+        else:
+            out_chunk = chunk
         if eos:
             self.complete()
         if self.response_mode == FULL_DUPLEX:
@@ -405,6 +422,10 @@ class RequestStream:
         common = pb.CommonResponse()
         if out_chunk is not chunk:
             common.body_mutation.body = out_chunk
+        if self._restore_length and self.response_mode == BUFFERED:
+            # The whole body is in this one message and Envoy still holds the headers; it applies this header
+            # mutation before checking content-length against the mutated body.
+            common.header_mutation.set_headers.append(_set("content-length", str(len(out_chunk))))
         return [pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))]
 
     def complete(self) -> None:

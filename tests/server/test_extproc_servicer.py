@@ -43,6 +43,7 @@ class RecordingDirector:
     fallbacks: bool = False
     metadata: dict[str, object] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
+    set_response_headers: dict[str, str] = field(default_factory=dict)  # as session-affinity's response hook does
     requests: list[InferenceRequest] = field(default_factory=list)
     response_headers: list[tuple[int, str | None]] = field(default_factory=list)
     completed: list[tuple[str, Usage | None]] = field(default_factory=list)
@@ -67,6 +68,7 @@ class RecordingDirector:
         headers: Mapping[str, str],
     ) -> None:
         self.response_headers.append((status, served))
+        decision.response_headers.update(self.set_response_headers)
         if self.fail_response_headers:
             raise RuntimeError("plugin bug")
 
@@ -136,16 +138,19 @@ def body_msg(data: bytes, eos: bool) -> pb.ProcessingRequest:
 
 
 def resp_headers_msg(
-    status: int = 200, ctype: str = "application/json", served: str | None = None
+    status: int = 200,
+    ctype: str = "application/json",
+    served: str | None = None,
+    extra: dict[str, str] | None = None,
+    eos: bool = False,
 ) -> pb.ProcessingRequest:
+    hs = {":status": str(status), "content-type": ctype, **(extra or {})}
     msg = pb.ProcessingRequest(
         response_headers=pb.HttpHeaders(
             headers=base_pb2.HeaderMap(
-                headers=[
-                    base_pb2.HeaderValue(key=":status", raw_value=str(status).encode()),
-                    base_pb2.HeaderValue(key="content-type", raw_value=ctype.encode()),
-                ]
-            )
+                headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hs.items()]
+            ),
+            end_of_stream=eos,
         )
     )
     if served:
@@ -309,6 +314,83 @@ async def test_buffered_mode_answers_headers_then_decides_in_body(epp: Harness) 
     assert hs[DEST].startswith("10.0.0.1:")
     assert json.loads(second.request_body.response.body_mutation.body) == {"model": "real", "prompt": "x"}
     assert hs["content-length"] == str(len(second.request_body.response.body_mutation.body))
+    call.cancel()
+
+
+def mutation(common: pb.CommonResponse) -> tuple[dict[str, str], list[str]]:
+    """(set headers, removed headers) of a response's header mutation."""
+    m = common.header_mutation
+    return {h.header.key: h.header.raw_value.decode() for h in m.set_headers}, list(m.remove_headers)
+
+
+async def test_buffered_response_rewrite_fixes_content_length(epp: Harness) -> None:
+    """Rewriting "real" back to "alias" makes the body longer: the upstream content-length is dropped at the
+    headers phase (as GIE does) and, the whole body being known in BUFFERED mode, set to the new length with the
+    body mutation (Envoy applies that header mutation before it checks the length, else it answers 500)."""
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(mode=Mode.BUFFERED), body_msg(b'{"model":"alias","prompt":"x"}', True)], 2)
+    reply = b'{"id":"1","model":"real","usage":{"prompt_tokens":3,"completion_tokens":2}}'
+    (rh,) = await exchange(call, [resp_headers_msg(extra={"content-length": str(len(reply))})], 1)
+    assert mutation(rh.response_headers.response) == ({}, ["content-length"])
+    (rb,) = await exchange(call, [resp_body_msg(reply, True)], 1)
+    new = rb.response_body.response.body_mutation.body
+    assert json.loads(new)["model"] == "alias"
+    assert len(new) == len(reply) + 1
+    assert mutation(rb.response_body.response) == ({"content-length": str(len(new))}, [])
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    assert epp.director.completed == [("rid-1", Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5))]
+
+
+async def test_buffered_response_body_without_eos_is_flushed_whole(epp: Harness) -> None:
+    """BUFFERED sends the whole body in one message, with end_of_stream false when trailers follow: the rewriter
+    must not hold back a tail that could start a split model name (no later body message would carry it)."""
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(mode=Mode.BUFFERED), body_msg(b'{"model":"alias","prompt":"x"}', True)], 2)
+    reply = b'{"model":"real","text":"ends in \\"'  # the last '"' could start '"model":"real"'
+    await exchange(call, [resp_headers_msg(extra={"content-length": str(len(reply))})], 1)
+    (rb,) = await exchange(call, [resp_body_msg(reply, False)], 1)
+    new = rb.response_body.response.body_mutation.body
+    assert new == b'{"model":"alias","text":"ends in \\"'
+    assert mutation(rb.response_body.response) == ({"content-length": str(len(new))}, [])
+    call.cancel()
+
+
+async def test_streamed_response_rewrite_drops_content_length(epp: Harness) -> None:
+    """FULL_DUPLEX_STREAMED: the length is unknown when the headers go out, so content-length is dropped (Envoy
+    drops it too in this mode; not relying on that) and the body goes chunked. A response hook's headers stay."""
+    epp.director.set_response_headers["x-session-token"] = "tok"
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(), body_msg(b'{"model":"alias","prompt":"x"}', True)], 2)
+    rs = await exchange(
+        call, [resp_headers_msg(extra={"content-length": "17"}), resp_body_msg(b'{"model":"real"}', True)], 2
+    )
+    assert mutation(rs[0].response_headers.response) == ({"x-session-token": "tok"}, ["content-length"])
+    sr = rs[1].response_body.response.body_mutation.streamed_response
+    assert (sr.body, sr.end_of_stream) == (b'{"model":"alias"}', True)
+    assert mutation(rs[1].response_body.response) == ({}, [])
+    call.cancel()
+
+
+@pytest.mark.parametrize("mode", [Mode.BUFFERED, Mode.FULL_DUPLEX_STREAMED])
+async def test_response_without_rewrite_keeps_content_length(epp: Harness, mode: int) -> None:
+    call = epp.stub.Process()
+    await exchange(
+        call, [headers_msg(mode=mode), body_msg(b'{"model":"m","prompt":"x"}', True)], 1 + (mode != Mode.BUFFERED)
+    )
+    reply = b'{"model":"m"}'
+    rs = await exchange(call, [resp_headers_msg(extra={"content-length": "13"}), resp_body_msg(reply, True)], 2)
+    assert not rs[0].response_headers.response.HasField("header_mutation")
+    assert not rs[1].response_body.response.HasField("header_mutation")
+    call.cancel()
+
+
+async def test_bodyless_rewritten_response_keeps_its_headers(epp: Harness) -> None:
+    """No body follows (e.g. a 204 / HEAD): nothing will be rewritten, so content-length is left alone."""
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(mode=Mode.BUFFERED), body_msg(b'{"model":"alias","prompt":"x"}', True)], 2)
+    (rh,) = await exchange(call, [resp_headers_msg(status=204, extra={"content-length": "0"}, eos=True)], 1)
+    assert not rh.response_headers.response.HasField("header_mutation")
     call.cancel()
 
 
