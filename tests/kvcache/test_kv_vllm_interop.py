@@ -13,10 +13,12 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from epp.framework import DataMap, Endpoint
+from epp.kvcache.config import PoolConfig
 from epp.kvcache.index import MemoryIndex
 from epp.kvcache.ingest import EventApplier
 from epp.kvcache.metrics import PoolMetrics
-from epp.kvcache.pool import EVENTS_ENDPOINT_ATTR, REPLAY_ENDPOINT_ATTR, EventPool, PoolConfig
+from epp.kvcache.pool import EventPool
+from epp.kvcache.subscriptions import EVENTS_ENDPOINT_ATTR, REPLAY_ENDPOINT_ATTR
 from epp.kvcache.tokens import TokenProcessor
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -93,8 +95,8 @@ async def test_stores_removals_clears_from_real_vllm(rig: Rig, publishers: Any, 
     kv = vllm_kv
     a = publishers.start(topic=f"kv@127.0.0.1:8000@{MODEL}")
     b = publishers.start(topic=f"kv@127.0.0.1:8001@{MODEL}")
-    rig.pool.endpoint_added(endpoint("a", 8000, a))
-    rig.pool.endpoint_added(endpoint("b", 8001, b))
+    rig.pool.subscriptions.endpoint_added(endpoint("a", 8000, a))
+    rig.pool.subscriptions.endpoint_added(endpoint("b", 8001, b))
     # a holds all 8 blocks (two chained events), b only the first 3
     a.publish(batch(kv, stored(kv, [101, 102, 103, 104], None, TOKENS[: 4 * BS])))
     a.publish(batch(kv, stored(kv, [105, 106, 107, 108], 104, TOKENS[4 * BS :])))
@@ -117,12 +119,12 @@ async def test_mid_stream_join_replays_through_vllm_router(rig: Rig, publishers:
     a.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
     a.publish(batch(kv, stored(kv, [5, 6], 4, TOKENS[4 * BS : 6 * BS])))
     await asyncio.sleep(0.2)
-    rig.pool.endpoint_added(endpoint("a", 8000, a))
+    rig.pool.subscriptions.endpoint_added(endpoint("a", 8000, a))
     await asyncio.sleep(0.3)  # let the SUB connect
     a.publish(batch(kv, stored(kv, [7, 8], 6, TOKENS[6 * BS :])))
     await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 8)
     assert rig.metric("kv_cache_events_replays_total", result="ok") >= 1
-    assert rig.pool.stats.skipped_parent == 0
+    assert rig.pool.workers.stats.skipped_parent == 0
 
 
 async def test_gap_replays_missing_batch(
@@ -130,11 +132,11 @@ async def test_gap_replays_missing_batch(
 ) -> None:
     kv = vllm_kv
     a = publishers.start(topic=f"kv@x@{MODEL}")
-    rig.pool.endpoint_added(endpoint("a", 8000, a))
+    rig.pool.subscriptions.endpoint_added(endpoint("a", 8000, a))
     a.publish(batch(kv, stored(kv, [1, 2], None, TOKENS[: 2 * BS])))
     await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 2)
     # lose the next live message (as a full queue or HWM would); the one after reveals the gap
-    real_submit = rig.pool.submit
+    real_submit = rig.pool.workers.submit
     lost: list[int] = []
 
     def lossy(frames: list[bytes], source: str | None, replay: str | None = None) -> bool:
@@ -143,7 +145,7 @@ async def test_gap_replays_missing_batch(
             return False
         return real_submit(frames, source, replay)
 
-    monkeypatch.setattr(rig.pool, "submit", lossy)
+    monkeypatch.setattr(rig.pool.workers, "submit", lossy)
     a.publish(batch(kv, stored(kv, [3, 4], 2, TOKENS[2 * BS : 4 * BS])))
     await until(lambda: bool(lost))
     a.publish(batch(kv, stored(kv, [5, 6, 7, 8], 4, TOKENS[4 * BS :])))
@@ -155,7 +157,7 @@ async def test_gap_replays_missing_batch(
 async def test_publisher_restart_clears_pod(rig: Rig, publishers: Any, vllm_kv: Any) -> None:
     kv = vllm_kv
     a = publishers.start(topic=f"kv@x@{MODEL}")
-    rig.pool.endpoint_added(endpoint("a", 8000, a))
+    rig.pool.subscriptions.endpoint_added(endpoint("a", 8000, a))
     a.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
     a.publish(batch(kv, stored(kv, [5, 6, 7, 8], 4, TOKENS[4 * BS :])))
     await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 8)
@@ -198,7 +200,9 @@ async def test_central_bind_mode_takes_pod_from_topic(publishers: Any, vllm_kv: 
         # vLLM connects its PUB (no '*' in the endpoint) to our bound SUB
         a = publishers.start(topic=f"kv@10.0.0.7:8000@{MODEL}", endpoint=f"tcp://127.0.0.1:{port}")
         # discovery still tells the pool where this pod's replay socket is
-        r.pool.endpoint_added(Endpoint("p", "10.0.0.7", 8000, attributes=DataMap({REPLAY_ENDPOINT_ATTR: a.replay})))
+        r.pool.subscriptions.endpoint_added(
+            Endpoint("p", "10.0.0.7", 8000, attributes=DataMap({REPLAY_ENDPOINT_ATTR: a.replay}))
+        )
         await asyncio.sleep(0.3)
         a.publish(batch(kv, stored(kv, [1, 2, 3], None, TOKENS[: 3 * BS])))
         await until(lambda: r.blocks(TOKENS, "10.0.0.7:8000") == 3)
