@@ -79,9 +79,13 @@ class ShardedWorkers:
         self.seq.forget_pod(pod)
 
     def checkpoints(self, pod: str) -> tuple[Checkpoint, ...]:
-        """The last batch applied from `pod`, for a resync to compare with the publisher's copy."""
-        last, crc = self.seq.last(pod, 0), self.seq.last_crc(pod, 0)
-        return () if last is None else (Checkpoint(0, last, crc or 0),)
+        """The last batch applied from each rank of `pod`, for a resync to compare with the publisher's copy."""
+        out = []
+        for rank in self.seq.ranks(pod):
+            last, crc = self.seq.last(pod, rank), self.seq.last_crc(pod, rank)
+            if last is not None:
+                out.append(Checkpoint(rank, last, crc or 0))
+        return tuple(out)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -170,7 +174,7 @@ class ShardedWorkers:
     async def process(self, pod: str, model: str, seq: int, payload: bytes, replay: str | None) -> None:
         """Check one live batch's seq, replay what is missing before it, then apply it."""
         batch = self.decode(pod, payload)
-        rank = (batch.dp_rank or 0) if batch is not None else 0
+        rank = (batch.dp_rank or 0) if batch is not None else self._sole_rank(pod)
         v = self.seq.check(pod, rank, seq)
         self.metrics.sequence.labels(v.value).inc()
         if v is Verdict.DUPLICATE:
@@ -197,13 +201,21 @@ class ShardedWorkers:
         await self.flush()
 
     async def process_resync(self, r: Resync) -> None:
-        """Replay from after the last applied batch, checking the publisher against the checkpoint."""
-        last = self.seq.last(r.pod, 0)
-        checkpoint = r.checkpoints[0] if r.checkpoints and last is not None else None
-        await self.replayer.replay(
-            r.pod, self.cfg.default_model, 0, r.endpoint, 0 if last is None else last + 1, checkpoint
-        )
+        """For each rank the pod's batches carried (normally the one DP rank of its publisher, whatever its
+        number), replay from after the last applied batch, checking the publisher against that rank's checkpoint;
+        a pod with nothing applied yet replays from 0."""
+        checkpoints = {c.rank: c for c in r.checkpoints}
+        for rank in sorted(set(checkpoints) | set(self.seq.ranks(r.pod))) or [0]:
+            last = self.seq.last(r.pod, rank)
+            checkpoint = checkpoints.get(rank) if last is not None else None
+            start = 0 if last is None else last + 1
+            await self.replayer.replay(r.pod, self.cfg.default_model, rank, r.endpoint, start, checkpoint)
         await self.flush()
+
+    def _sole_rank(self, pod: str) -> int:
+        """The rank to file an undecodable batch under: the pod's only rank when it has one, else 0."""
+        ranks = self.seq.ranks(pod)
+        return ranks[0] if len(ranks) == 1 else 0
 
     # ------------------------------------------------------------ BatchSink (live batches and replays)
     def decode(self, pod: str, payload: bytes) -> EventBatch | None:

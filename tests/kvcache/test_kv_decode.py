@@ -259,3 +259,14 @@ async def test_bad_event_is_skipped_and_dead_replay_endpoint_cools_down() -> Non
     assert reg.get_sample_value("kv_cache_events_replays_total", {"result": "timeout"}) == 1
     assert reg.get_sample_value("kv_cache_events_replays_total", {"result": "cooldown"}) == 1
     assert pool.seq.last("p", 0) == 9  # the stream goes on
+
+
+async def test_undecodable_batch_of_a_dp_rank_is_filed_under_that_rank() -> None:
+    """A rank-3 publisher's bad payload still takes seq 1 of rank 3: no phantom rank 0, no gap at seq 2."""
+    reg = CollectorRegistry()
+    pool = ShardedWorkers(EventApplier(MemoryIndex(), TokenProcessor(2)), PoolConfig(), PoolMetrics(reg))
+    await pool.process("p", "m", 0, msgpack.packb([0.0, [], 3]), None)
+    await pool.process("p", "m", 1, b"\xc1", None)
+    await pool.process("p", "m", 2, msgpack.packb([2.0, [], 3]), None)
+    assert pool.seq.ranks("p") == [3] and pool.seq.last("p", 3) == 2
+    assert reg.get_sample_value("kv_cache_events_sequence_total", {"verdict": "gap"}) is None

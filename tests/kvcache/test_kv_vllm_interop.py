@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from epp.framework import DataMap, Endpoint
 from epp.kvcache.config import PoolConfig
 from epp.kvcache.subscriptions import REPLAY_ENDPOINT_ATTR
-from tests.kvcache.vllm_rig import BS, MODEL, TOKENS, Rig, batch, endpoint, stored, until
+from tests.kvcache.vllm_rig import BS, MODEL, TOKENS, Rig, TcpLink, batch, endpoint, stored, until
 
 
 async def test_stores_removals_clears_from_real_vllm(rig: Rig, publishers: Any, vllm_kv: Any) -> None:
@@ -125,3 +126,78 @@ async def test_central_bind_mode_takes_pod_from_topic(publishers: Any, vllm_kv: 
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+RANK = 2  # a data-parallel rank other than 0: its batches say dp_rank 2 and have their own seq numbering
+
+
+async def dp_rank_pod(rig: Rig, publishers: Any, links: list[TcpLink]) -> tuple[Any, TcpLink]:
+    """A rank-2 vLLM publisher whose PUB our subscription reaches through a link we can cut."""
+    pub = publishers.start(topic=f"kv@x@{MODEL}", rank=RANK)
+    link = await TcpLink(pub.endpoint.removeprefix("tcp://")).start()
+    links.append(link)
+    rig.pool.subscriptions.endpoint_added(endpoint(f"a-rank-{RANK}", 8000 + RANK, pub, events=link.endpoint))
+    return pub, link
+
+
+def spy_replays(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, list[int]]]:
+    """Record each replay request: its start seq and the seqs the publisher answered with."""
+    calls: list[tuple[int, list[int]]] = []
+    real = rig.pool.replayer.frames
+
+    async def frames(endpoint: str, start: int) -> AsyncIterator[list[bytes]]:
+        seqs: list[int] = []
+        calls.append((start, seqs))
+        async for f in real(endpoint, start):
+            if len(f) == 3 and f[0]:
+                seqs.append(int.from_bytes(f[1], "big"))
+            yield f
+
+    monkeypatch.setattr(rig.pool.replayer, "frames", frames)
+    return calls
+
+
+async def test_reconnect_of_a_dp_rank_replays_from_its_last_batch(
+    rig: Rig, publishers: Any, vllm_kv: Any, links: list[TcpLink], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kv, pod = vllm_kv, f"127.0.0.1:{8000 + RANK}"
+    pub, link = await dp_rank_pod(rig, publishers, links)
+    parent = None
+    for i in range(3):  # seqs 0..2, two chained blocks each
+        pub.publish(batch(kv, stored(kv, [10 + 2 * i, 11 + 2 * i], parent, TOKENS[2 * i * BS : (2 * i + 2) * BS])))
+        parent = 11 + 2 * i
+    await until(lambda: rig.blocks(TOKENS, pod) == 6)
+    await until(lambda: rig.metric("kv_cache_events_replays_total", result="ok") == 1)  # the replay on connect
+    assert rig.pool.workers.seq.last(pod, RANK) == 2
+    calls = spy_replays(rig, monkeypatch)
+    await link.cut()  # the network drops: what the publisher sends now is lost on the PUB, kept in its buffer
+    pub.publish(batch(kv, stored(kv, [16, 17], 15, TOKENS[6 * BS :])))
+    await until(lambda: len(pub._buffer) == 4)
+    await link.restore()
+    await until(lambda: rig.blocks(TOKENS, pod) == 8)  # only the replay after the reconnect can bring seq 3
+    # the request starts at our last batch of rank 2 (to check the publisher against it), not at 0
+    assert calls == [(2, [2, 3])]
+    assert rig.metric("kv_cache_events_sequence_total", verdict="restart") == 0
+
+
+async def test_restarted_dp_rank_is_detected_on_reconnect(
+    rig: Rig, publishers: Any, vllm_kv: Any, links: list[TcpLink]
+) -> None:
+    kv, pod = vllm_kv, f"127.0.0.1:{8000 + RANK}"
+    pub, link = await dp_rank_pod(rig, publishers, links)
+    pub.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
+    pub.publish(batch(kv, stored(kv, [5, 6, 7, 8], 4, TOKENS[4 * BS :])))
+    await until(lambda: rig.blocks(TOKENS, pod) == 8)
+    await until(lambda: rig.metric("kv_cache_events_replays_total", result="ok") == 1)
+    await link.cut()
+    # The engine restarts while we are cut off: seqs 0 and 1 again, other blocks, all lost on the PUB. Only the
+    # replay after the reconnect can tell: the publisher's batch 1 is not the batch 1 we applied.
+    pub2 = await publishers.restart(pub)
+    other = list(range(5000, 5000 + 4 * BS))
+    pub2.publish(batch(kv, stored(kv, [901, 902], None, other[: 2 * BS])))
+    pub2.publish(batch(kv, stored(kv, [903, 904], 902, other[2 * BS :])))
+    await until(lambda: len(pub2._buffer) == 2)
+    await link.restore()
+    await until(lambda: rig.blocks(TOKENS, pod) == 0)  # cleared
+    await until(lambda: rig.blocks(other, pod) == 4)  # and refilled by the replay from 0
+    assert rig.metric("kv_cache_events_sequence_total", verdict="restart") == 1
