@@ -1,11 +1,12 @@
 """ZMQ subscriptions to the engines' KV-event publishers, following the Datastore.
 
 Per-pod dialing: one SUB per discovered endpoint, at the address `event_endpoints` gives (an attribute, a port
-label, or the configured port plus the endpoint's DP rank), opened on endpoint_added and closed on
-endpoint_removed. Central bind: one SUB the publishers connect to; the pod comes from the topic
-`kv@<pod>@<model>`. A socket monitor counts libzmq's reconnects, and every (re)connect of a pod with a replay
-socket queues a resync, so the workers replay what the publisher sent while we were not subscribed (and notice
-a publisher that restarted meanwhile). Frames go to the workers as received; they validate them.
+label, or the configured port plus the endpoint's DP rank), opened on endpoint_added, moved when an
+endpoint_updated changes that address, and closed on endpoint_removed. Central bind: one SUB the publishers
+connect to; the pod comes from the topic `kv@<pod>@<model>`. A socket monitor counts libzmq's reconnects, and
+every (re)connect of a pod with a replay socket queues a resync, so the workers replay what the publisher sent
+while we were not subscribed (and notice a publisher that restarted meanwhile). Frames go to the workers as
+received; they validate them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import re
+from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
@@ -39,22 +41,41 @@ def endpoint_rank(ep: Endpoint) -> int:
     return int(m.group(1)) if m else 0
 
 
-def event_endpoints(ep: Endpoint, cfg: PoolConfig) -> tuple[str, str | None]:
-    """Where `ep` publishes: an attribute, else a port label, else the configured port + the DP rank."""
+@dataclass(frozen=True, slots=True)
+class EventEndpoints:
+    pub: str | None  # the PUB socket to subscribe to; None: do not subscribe
+    replay: str | None  # the ROUTER replay socket; None: no replay
+    bad_labels: tuple[tuple[str, str], ...] = ()  # (label, value) pairs whose value is not a port
+
+
+def event_endpoints(ep: Endpoint, cfg: PoolConfig) -> EventEndpoints:
+    """Where `ep` publishes: an attribute, else a port label, else the configured port + the DP rank.
+
+    A port label that is not a port (1-65535) disables what it names (the subscription, or the replay) instead
+    of falling back to the configured port: an endpoint labelled with its own port publishes elsewhere than the
+    default (e.g. two engines sharing an address), so the default port may be another engine's, whose blocks
+    would then be filed under this pod and attract its requests. Without a subscription the pod only loses its
+    precise prefix score until the label is fixed, which arrives as an update.
+    """
     rank = endpoint_rank(ep)
     host = f"[{ep.address}]" if ":" in ep.address else ep.address
-    pub = ep.attributes.get(EVENTS_ENDPOINT_ATTR)
-    if not pub:
-        port = int(ep.labels.get(EVENTS_PORT_LABEL, cfg.socket_port + rank))
-        pub = f"tcp://{host}:{port}"
-    replay = ep.attributes.get(REPLAY_ENDPOINT_ATTR)
-    if not replay:
-        rp = ep.labels.get(REPLAY_PORT_LABEL)
-        if rp is not None:
-            replay = f"tcp://{host}:{int(rp)}"
-        elif cfg.replay_port is not None:
-            replay = f"tcp://{host}:{cfg.replay_port + rank}"
-    return str(pub), (str(replay) if replay else None)
+    bad: list[tuple[str, str]] = []
+
+    def address(label: str, default: int | None) -> str | None:
+        value = ep.labels.get(label)
+        if value is None:
+            return None if default is None else f"tcp://{host}:{default}"
+        port = int(value) if value.strip().isdecimal() else 0
+        if not 0 < port < 65536:
+            bad.append((label, value))
+            return None
+        return f"tcp://{host}:{port}"
+
+    pub = ep.attributes.get(EVENTS_ENDPOINT_ATTR) or address(EVENTS_PORT_LABEL, cfg.socket_port + rank)
+    replay = ep.attributes.get(REPLAY_ENDPOINT_ATTR) or address(
+        REPLAY_PORT_LABEL, None if cfg.replay_port is None else cfg.replay_port + rank
+    )
+    return EventEndpoints(pub, replay, tuple(bad))
 
 
 class Subscriptions:
@@ -72,21 +93,40 @@ class Subscriptions:
 
     # ------------------------------------------------------------ Datastore listener
     def endpoint_added(self, ep: Endpoint) -> None:
-        pub, replay = event_endpoints(ep, self.cfg)
-        self.workers.set_replay_endpoint(ep.hostport, replay)
-        if not self.cfg.discover_pods:
-            return
-        cur = self._subs.get(ep.hostport)
-        if cur is not None and cur[0] == pub and cur[1] == replay:
-            return
-        self._stop_sub(ep.hostport)
-        task = self._loop.create_task(self._subscribe(ep.hostport, pub, replay)) if self._loop else None
-        self._subs[ep.hostport] = (pub, replay, task)
+        self._follow(ep)
+
+    def endpoint_updated(self, ep: Endpoint) -> None:
+        self._follow(ep)
 
     def endpoint_removed(self, ep: Endpoint) -> None:
         self._stop_sub(ep.hostport)
         self._subs.pop(ep.hostport, None)
         self.workers.forget(ep.hostport)
+
+    def _follow(self, ep: Endpoint) -> None:
+        """Subscribe to where `ep` publishes now. Another PUB address (or none) means another publisher: the
+        blocks and sequence numbers we hold came from the old one, so the pod starts over (its new subscription
+        replays from 0). Only a new replay address keeps them."""
+        eps = event_endpoints(ep, self.cfg)
+        for label, value in eps.bad_labels:
+            self.metrics.config_errors.labels("bad_port_label").inc()
+            what = "not subscribing to its KV events" if label == EVENTS_PORT_LABEL else "no KV-event replay"
+            log.warning(
+                "KV events: endpoint %s (%s) has %s=%r, not a port: %s", ep.name, ep.hostport, label, value, what
+            )
+        pod = ep.hostport
+        cur = self._subs.get(pod)
+        if cur is not None and cur[0] != eps.pub:
+            self._stop_sub(pod)
+            del self._subs[pod]
+            self.workers.forget(pod)
+            cur = None
+        self.workers.set_replay_endpoint(pod, eps.replay)
+        if not self.cfg.discover_pods or eps.pub is None or (cur is not None and cur[1] == eps.replay):
+            return
+        self._stop_sub(pod)
+        task = self._loop.create_task(self._subscribe(pod, eps.pub, eps.replay)) if self._loop else None
+        self._subs[pod] = (eps.pub, eps.replay, task)
 
     def _stop_sub(self, pod: str) -> None:
         cur = self._subs.get(pod)

@@ -19,13 +19,7 @@ import zmq
 
 from e2e.vllm_interop import load_kv_events
 from epp.kvcache.config import PoolConfig
-from tests.kvcache.vllm_rig import MODEL, Rig, TcpLink
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.kvcache.vllm_rig import MODEL, Rig, TcpLink, free_port
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,12 @@ def stored(kv: Any, hashes: list[int], parent: int | None, tokens: list[int], me
 
 def batch(kv: Any, *events: Any) -> Any:
     return kv.KVEventBatch(ts=time.time(), events=list(events))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
