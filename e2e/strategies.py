@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from e2e.sim.launch import SimProcess
-from epp.kvcache.pool import EVENTS_PORT_LABEL, REPLAY_PORT_LABEL
+from epp.kvcache.subscriptions import EVENTS_PORT_LABEL, REPLAY_PORT_LABEL
 
 PROFILES: dict[str, str] = {
     # llm-d's precise prefix-cache routing (KV events), with the blog's weights: prefix 3, kv-cache 2, queue 2.

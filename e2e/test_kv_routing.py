@@ -15,7 +15,7 @@ import pytest
 from e2e.harness.http import metric_value, post_json
 from e2e.harness.stack import Stack, start_stack
 from e2e.sim.launch import SimProcess, start_simulators
-from epp.kvcache.pool import EVENTS_PORT_LABEL, REPLAY_PORT_LABEL
+from epp.kvcache.subscriptions import EVENTS_PORT_LABEL, REPLAY_PORT_LABEL
 from epp.tokenization.qwen import QWEN25_MODEL
 
 pytestmark = pytest.mark.e2e

@@ -1,7 +1,7 @@
 """KV-cache benchmarks, side by side in one run (medians of --repeats; the box is shared and noisy).
 
   ingest   — block events/s on one core: msgpack decode alone, decode + apply (hash + index) through the
-             pool's worker path (`EventPool._process`: seq check, decode, apply), and removals;
+             pool's worker path (`ShardedWorkers.process`: seq check, decode, apply), and removals;
              batches look like vLLM's: BlockStored events of `--blocks-per-event` chained blocks.
   zmq      — the same through real sockets: a publisher *process* sends pre-encoded frames over tcp
              (PUB → our SUB → shard queue → worker → index), measured until the index holds them all.
@@ -32,11 +32,12 @@ from typing import Any
 import msgpack
 from prometheus_client import CollectorRegistry
 
+from epp.kvcache.config import PoolConfig
 from epp.kvcache.events import decode_batch
 from epp.kvcache.index import MemoryIndex
 from epp.kvcache.ingest import EventApplier
 from epp.kvcache.metrics import PoolMetrics
-from epp.kvcache.pool import EventPool, PoolConfig
+from epp.kvcache.pool import EventPool
 from epp.kvcache.tokens import TokenProcessor
 
 BS = 16
@@ -101,7 +102,7 @@ def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
         async def go() -> float:
             t = time.perf_counter()
             for i, p in enumerate(payloads):
-                await pool._process("10.0.0.1:8000", MODEL, i, p, None)
+                await pool.workers.process("10.0.0.1:8000", MODEL, i, p, None)
             return blocks / (time.perf_counter() - t)
 
         r = asyncio.run(go())
@@ -113,10 +114,10 @@ def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
 
         async def go() -> float:
             for i, p in enumerate(payloads):
-                await pool._process("10.0.0.1:8000", MODEL, i, p, None)
+                await pool.workers.process("10.0.0.1:8000", MODEL, i, p, None)
             t = time.perf_counter()
             for i, p in enumerate(removals):
-                await pool._process("10.0.0.1:8000", MODEL, len(payloads) + i, p, None)
+                await pool.workers.process("10.0.0.1:8000", MODEL, len(payloads) + i, p, None)
             return blocks / (time.perf_counter() - t)
 
         r = asyncio.run(go())
@@ -178,14 +179,14 @@ def bench_zmq(args: argparse.Namespace) -> dict[str, float]:
         task = asyncio.create_task(pool.run())
         await pool.started()
         item_times: list[float] = []
-        real = pool._process
+        real = pool.workers.process
 
         async def timed(*a: Any) -> None:
             t = time.perf_counter()
             await real(*a)
             item_times.append(time.perf_counter() - t)
 
-        pool._process = timed  # type: ignore[method-assign, assignment]
+        pool.workers.process = timed  # type: ignore[method-assign, assignment]
         stalls: list[float] = []
         stop = asyncio.Event()
 
@@ -358,7 +359,7 @@ def bench_redis(args: argparse.Namespace) -> dict[str, float] | None:
                 pool = EventPool(EventApplier(idx, tp), PoolConfig(concurrency=1), PoolMetrics(CollectorRegistry()))
                 t = time.perf_counter()
                 for i, p in enumerate(payloads):
-                    await pool._process("10.0.0.1:8000", MODEL, i, p, None)
+                    await pool.workers.process("10.0.0.1:8000", MODEL, i, p, None)
                 out[f"stored blocks/s, {name}"] = 200 * 4 * args.blocks_per_event / (time.perf_counter() - t)
             await r.close()
             return out

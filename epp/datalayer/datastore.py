@@ -36,12 +36,18 @@ class Datastore:
             listener.endpoint_added(ep)
 
     def upsert(self, endpoint: Endpoint) -> bool:
-        """Add or update; returns True if the set of endpoints changed. An address change is remove + add."""
+        """Add or update; returns True if the set of endpoints changed. An address change is remove + add; other
+        labels or attributes update the known endpoint in place and notify `endpoint_updated` (not remove + add,
+        which would make listeners drop what they hold for it, e.g. its prefix-cache entries)."""
         old = self._by_name.get(endpoint.name)
         if old is not None:
             if old.hostport == endpoint.hostport and old.metrics_port == endpoint.metrics_port:
+                changed = old.labels != endpoint.labels
                 old.labels = endpoint.labels
-                old.attributes.update(endpoint.attributes)
+                changed = old.attributes.update(endpoint.attributes) or changed
+                if changed:
+                    for listener in self._listeners:
+                        self._notify(listener.endpoint_updated, old)
                 return False
             self.remove(endpoint.name)
         self._by_name[endpoint.name] = endpoint

@@ -59,6 +59,9 @@ class MetricsScraper:
             return
         self._start(endpoint)
 
+    def endpoint_updated(self, endpoint: Endpoint) -> None:
+        """Labels and attributes do not change where the metrics are (that is a remove + add): keep scraping."""
+
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         self._pending.pop(endpoint.name, None)
         entry = self._tasks.get(endpoint.name)

@@ -15,7 +15,14 @@ BackgroundTask = Callable[[], Coroutine[Any, Any, None]]
 
 
 class EndpointListener(Protocol):
+    """Endpoint changes, as the Datastore applies them."""
+
     def endpoint_added(self, endpoint: Endpoint) -> None: ...
+
+    def endpoint_updated(self, endpoint: Endpoint) -> None:
+        """`endpoint` (the object added before) got other labels or attributes in place. Its name, address and
+        ports are the same: a change of those is endpoint_removed + endpoint_added."""
+        ...
 
     def endpoint_removed(self, endpoint: Endpoint) -> None: ...
 

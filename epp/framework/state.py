@@ -62,8 +62,12 @@ class DataMap:
     def pop(self, key: DataKey[T]) -> T | None:
         return cast("T | None", self._values.pop(key.name, None))
 
-    def update(self, other: DataMap) -> None:
-        self._values.update(other._values)
+    def update(self, other: DataMap) -> bool:
+        """Copy `other`'s values in; True if any value was new or different."""
+        mine = self._values
+        changed = any(k not in mine or (mine[k] is not v and mine[k] != v) for k, v in other._values.items())
+        mine.update(other._values)
+        return changed
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, DataKey) and key.name in self._values

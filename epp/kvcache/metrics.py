@@ -30,11 +30,15 @@ class PoolMetrics:
         self.blocks = Counter(p + "blocks", "Block events applied to the index", ["op"], registry=r)
         self.skipped = Counter(p + "skipped", "Events skipped by the applier", ["reason"], registry=r)
         self.sequence = Counter(p + "sequence", "Sequence checks by verdict", ["verdict"], registry=r)
+        self.config_errors = Counter(
+            p + "config_errors", "Endpoint settings that could not be used (see the log)", ["reason"], registry=r
+        )
         for op in ("stored", "removed", "cleared"):  # exported at 0 from the start
             self.blocks.labels(op)
         for result in ("ok", "timeout", "error"):
             self.replays.labels(result)
         self.dropped.labels("queue_full")
+        self.config_errors.labels("bad_port_label")
 
 
 def default_metrics() -> PoolMetrics:

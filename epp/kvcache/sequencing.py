@@ -49,6 +49,11 @@ class SequenceTracker:
     def last(self, pod: str, rank: int) -> int | None:
         return self._applied.get((pod, rank))
 
+    def ranks(self, pod: str) -> list[int]:
+        """The ranks of `pod` with an applied batch: its batches' `dp_rank`, which need not be 0 nor the
+        endpoint's index (one publisher per DP rank, each numbering its own batches)."""
+        return sorted(r for p, r in self._applied if p == pod)
+
     def applied(self, pod: str, rank: int, seq: int, crc: int = 0) -> None:
         self._applied[(pod, rank)] = seq
         self._crc[(pod, rank)] = crc

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 
 from epp.framework.params import Params
 from epp.framework.types import Endpoint, PrefixMatch
+from epp.kvcache.config import PoolConfig
 from epp.kvcache.index import Index, MemoryIndex
 from epp.kvcache.ingest import EventApplier
-from epp.kvcache.pool import EventPool, PoolConfig
+from epp.kvcache.pool import EventPool
 from epp.kvcache.tokens import BlockSizes, TokenProcessor, request_extra_keys
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ class EppServices:
         if self.kv is None:
             svc = KVCacheService(KVCacheSettings.from_params(params))
             if svc.settings.events_enabled:
-                self._endpoints.subscribe(svc.pool)
+                self._endpoints.subscribe(svc.pool.subscriptions)
                 self._background.append(svc.pool.run)
             self.kv = svc
         return self.kv

@@ -1,5 +1,5 @@
 from epp.datalayer.datastore import Datastore
-from epp.framework import Endpoint
+from epp.framework import DataKey, DataMap, Endpoint
 from epp.requestcontrol.types import locate_candidates
 
 
@@ -9,6 +9,9 @@ class Recorder:
 
     def endpoint_added(self, ep: Endpoint) -> None:
         self.events.append(("add", ep.name))
+
+    def endpoint_updated(self, ep: Endpoint) -> None:
+        self.events.append(("update", ep.name))
 
     def endpoint_removed(self, ep: Endpoint) -> None:
         self.events.append(("remove", ep.name))
@@ -24,8 +27,31 @@ def test_upsert_remove_notify() -> None:
     assert ds.upsert(Endpoint("a", "10.0.0.2", 8000))  # address change = remove + add
     ds.replace_all([Endpoint("b", "10.0.0.3", 8000)])
     assert [e.name for e in ds.endpoints()] == ["b"]
-    assert rec.events == [("add", "a"), ("remove", "a"), ("add", "a"), ("remove", "a"), ("add", "b")]
+    assert rec.events == [
+        ("add", "a"),
+        ("update", "a"),  # the new labels
+        ("remove", "a"),
+        ("add", "a"),
+        ("remove", "a"),
+        ("add", "b"),
+    ]
     assert ds.get_by_hostport("10.0.0.3:8000") is ds.get("b")
+
+
+def test_label_or_attribute_change_in_place_notifies_an_update() -> None:
+    key = DataKey[str]("k")
+    ds = Datastore()
+    rec = Recorder()
+    ds.subscribe(rec)
+    ep = Endpoint("a", "10.0.0.1", 8000, labels={"x": "1"})
+    ds.upsert(ep)
+    assert not ds.upsert(Endpoint("a", "10.0.0.1", 8000, labels={"x": "1"}))  # nothing changed: no notification
+    assert not ds.upsert(Endpoint("a", "10.0.0.1", 8000, labels={"x": "2"}))
+    assert ds.get("a") is ep and ep.labels == {"x": "2"}  # the same object, updated in place
+    ds.upsert(Endpoint("a", "10.0.0.1", 8000, labels={"x": "2"}, attributes=DataMap({key: "v"})))
+    ds.upsert(Endpoint("a", "10.0.0.1", 8000, labels={"x": "2"}, attributes=DataMap({key: "v"})))
+    assert ep.attributes.get(key) == "v"
+    assert rec.events == [("add", "a"), ("update", "a"), ("update", "a")]
 
 
 def test_ipv6_hostport_and_subset() -> None:

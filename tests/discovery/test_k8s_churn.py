@@ -30,6 +30,10 @@ class LiveSet:
             self.problems.append(f"double add {ep.name}")
         self.live.add(ep.name)
 
+    def endpoint_updated(self, ep: Endpoint) -> None:
+        if ep.name not in self.live:
+            self.problems.append(f"update of unknown {ep.name}")
+
     def endpoint_removed(self, ep: Endpoint) -> None:
         if ep.name not in self.live:
             self.problems.append(f"remove of unknown {ep.name}")

@@ -36,10 +36,14 @@ def cfg(kube: FakeKube, tmp_path: Path) -> KubernetesDiscoveryConfig:
 class Recorder:
     def __init__(self) -> None:
         self.added: list[str] = []
+        self.updated: list[str] = []
         self.removed: list[str] = []
 
     def endpoint_added(self, ep: Endpoint) -> None:
         self.added.append(ep.name)
+
+    def endpoint_updated(self, ep: Endpoint) -> None:
+        self.updated.append(ep.name)
 
     def endpoint_removed(self, ep: Endpoint) -> None:
         self.removed.append(ep.name)

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
+from epp.kvcache.config import PoolConfig
 from epp.kvcache.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -22,9 +23,11 @@ from epp.kvcache.events import (
 from epp.kvcache.index import MemoryIndex
 from epp.kvcache.ingest import EventApplier, realign_extra
 from epp.kvcache.metrics import PoolMetrics
-from epp.kvcache.pool import EventPool, PoolConfig
+from epp.kvcache.pool import EventPool
+from epp.kvcache.replay import Replayer
 from epp.kvcache.sequencing import SequenceTracker, Verdict
 from epp.kvcache.tokens import TokenProcessor, request_extra_keys
+from epp.kvcache.workers import ShardedWorkers
 
 
 def test_vllm_034_map_events_in_array_batch(vllm_kv: Any) -> None:
@@ -116,11 +119,11 @@ async def test_frames_are_validated_and_bad_payloads_do_not_stop_the_pool() -> N
     task = asyncio.create_task(pool.run())
     await pool.started()
     good = msgpack.packb([time.time(), [["BlockStored", [5], None, [1, 2], 2, None, "GPU"]]])
-    assert not pool.submit([b"kv@p@m", b"\x00" * 8], None)
-    assert not pool.submit([b"kv@p@m", b"\x00" * 4, good], None)
-    assert not pool.submit([b"kv", b"\x00" * 8, good], None)  # no pod in the topic
-    assert pool.submit([b"kv@p@m", (0).to_bytes(8, "big"), b"\xc1"], None)
-    assert pool.submit([b"kv@p@m", (1).to_bytes(8, "big"), good], None)
+    assert not pool.workers.submit([b"kv@p@m", b"\x00" * 8], None)
+    assert not pool.workers.submit([b"kv@p@m", b"\x00" * 4, good], None)
+    assert not pool.workers.submit([b"kv", b"\x00" * 8, good], None)  # no pod in the topic
+    assert pool.workers.submit([b"kv@p@m", (0).to_bytes(8, "big"), b"\xc1"], None)
+    assert pool.workers.submit([b"kv@p@m", (1).to_bytes(8, "big"), good], None)
     await pool.drain()
     assert idx.lookup_now(tp.block_keys([1, 2], "m"))["p"].blocks == 1
     assert reg.get_sample_value("kv_cache_events_decode_errors_total") == 1
@@ -131,7 +134,7 @@ async def test_frames_are_validated_and_bad_payloads_do_not_stop_the_pool() -> N
 
 async def test_full_queue_drops_and_counts() -> None:
     reg = CollectorRegistry()
-    pool = EventPool(
+    pool = ShardedWorkers(
         EventApplier(MemoryIndex(), TokenProcessor(2)), PoolConfig(concurrency=1, queue_size=2), PoolMetrics(reg)
     )
     frames = [b"kv@p@m", (0).to_bytes(8, "big"), msgpack.packb([0, []])]
@@ -214,10 +217,10 @@ def test_hybrid_attention_groups_only_full_attention_indexed() -> None:
 async def test_sglang_two_frame_replay_is_accepted() -> None:
     """SGLang's ROUTER replays [seq, payload] (no topic frame); a gap is still repaired."""
 
-    class SGLangPool(EventPool):
+    class SGLangReplayer(Replayer):
         buffer: list[tuple[int, bytes]] = []
 
-        async def replay_frames(self, endpoint: str, start: int) -> Any:
+        async def frames(self, endpoint: str, start: int) -> Any:
             for s, p in self.buffer:
                 if s >= start:
                     yield [s.to_bytes(8, "big"), p]
@@ -225,13 +228,14 @@ async def test_sglang_two_frame_replay_is_accepted() -> None:
 
     tp = TokenProcessor(2)
     idx = MemoryIndex()
-    pool = SGLangPool(EventApplier(idx, tp), PoolConfig(engine_type="sglang"), PoolMetrics(CollectorRegistry()))
+    pool = ShardedWorkers(EventApplier(idx, tp), PoolConfig(engine_type="sglang"), PoolMetrics(CollectorRegistry()))
+    pool.replayer = SGLangReplayer(pool.cfg, pool.seq, pool, pool.metrics)
     b0 = msgpack.packb([0.0, [["BlockStored", [1], None, [1, 2], 2, None]]])
     b1 = msgpack.packb([1.0, [["BlockStored", [2], 1, [3, 4], 2, None]]])
     b2 = msgpack.packb([2.0, [["BlockStored", [3], 2, [5, 6], 2, None]]])
-    SGLangPool.buffer = [(0, b0), (1, b1), (2, b2)]
-    await pool._process("p", "m", 0, b0, "sim://p")
-    await pool._process("p", "m", 2, b2, "sim://p")  # seq 1 was lost
+    SGLangReplayer.buffer = [(0, b0), (1, b1), (2, b2)]
+    await pool.process("p", "m", 0, b0, "sim://p")
+    await pool.process("p", "m", 2, b2, "sim://p")  # seq 1 was lost
     assert idx.lookup_now(tp.block_keys([1, 2, 3, 4, 5, 6], "m"))["p"].blocks == 3
 
 
@@ -240,18 +244,29 @@ async def test_bad_event_is_skipped_and_dead_replay_endpoint_cools_down() -> Non
     tp = TokenProcessor(2)
     idx = MemoryIndex()
     cfg = PoolConfig(replay_idle_timeout=0.2, replay_cooldown=30.0)
-    pool = EventPool(EventApplier(idx, tp), cfg, PoolMetrics(reg))
+    pool = ShardedWorkers(EventApplier(idx, tp), cfg, PoolMetrics(reg))
     bad = ["BlockStored", [9], None, [1, -5], 2, None]  # a token id no tokenizer produces
     good = ["BlockStored", [1], None, [1, 2], 2, None]
-    await pool._process("p", "m", 0, msgpack.packb([0.0, [bad, good]]), None)
+    await pool.process("p", "m", 0, msgpack.packb([0.0, [bad, good]]), None)
     assert idx.lookup_now(tp.block_keys([1, 2], "m"))["p"].blocks == 1
     assert reg.get_sample_value("kv_cache_events_skipped_total", {"reason": "bad_event"}) == 1
     port = 1  # nothing listens there: the replay times out once, then is skipped during the cooldown
     dead = f"tcp://127.0.0.1:{port}"
     t = time.monotonic()
-    await pool._process("p", "m", 5, msgpack.packb([1.0, []]), dead)
-    await pool._process("p", "m", 9, msgpack.packb([2.0, []]), dead)
+    await pool.process("p", "m", 5, msgpack.packb([1.0, []]), dead)
+    await pool.process("p", "m", 9, msgpack.packb([2.0, []]), dead)
     assert time.monotonic() - t < 2.0
     assert reg.get_sample_value("kv_cache_events_replays_total", {"result": "timeout"}) == 1
     assert reg.get_sample_value("kv_cache_events_replays_total", {"result": "cooldown"}) == 1
     assert pool.seq.last("p", 0) == 9  # the stream goes on
+
+
+async def test_undecodable_batch_of_a_dp_rank_is_filed_under_that_rank() -> None:
+    """A rank-3 publisher's bad payload still takes seq 1 of rank 3: no phantom rank 0, no gap at seq 2."""
+    reg = CollectorRegistry()
+    pool = ShardedWorkers(EventApplier(MemoryIndex(), TokenProcessor(2)), PoolConfig(), PoolMetrics(reg))
+    await pool.process("p", "m", 0, msgpack.packb([0.0, [], 3]), None)
+    await pool.process("p", "m", 1, b"\xc1", None)
+    await pool.process("p", "m", 2, msgpack.packb([2.0, [], 3]), None)
+    assert pool.seq.ranks("p") == [3] and pool.seq.last("p", 3) == 2
+    assert reg.get_sample_value("kv_cache_events_sequence_total", {"verdict": "gap"}) is None

@@ -181,9 +181,9 @@ async def test_plugin_registers_pool_and_follows_datastore() -> None:
     try:
         await rig.svc.pool.started()
         rig.ds.upsert(EPS[0])
-        assert EPS[0].hostport in rig.svc.pool._subs
+        assert EPS[0].hostport in rig.svc.pool.subscriptions._subs
         rig.ds.remove(EPS[0].name)
-        assert EPS[0].hostport not in rig.svc.pool._subs
+        assert EPS[0].hostport not in rig.svc.pool.subscriptions._subs
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -14,12 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from epp.kvcache.config import PoolConfig
 from epp.kvcache.index import TIER_GPU, MemoryIndex
 from epp.kvcache.ingest import EventApplier
 from epp.kvcache.metrics import PoolMetrics
-from epp.kvcache.pool import END_SEQ, PROACTIVE, EventPool, PoolConfig
 from epp.kvcache.redis_index import RedisIndex
+from epp.kvcache.replay import END_SEQ, Replayer
 from epp.kvcache.tokens import TokenProcessor
+from epp.kvcache.workers import Resync, ShardedWorkers
 
 BS = 4
 MODEL = "m"
@@ -105,10 +107,12 @@ class Engine:
     history: dict[int, tuple[int | None, list[int]]] = {}
 
 
-class SimPool(EventPool):
+class SimReplayer(Replayer):
+    """Replays from the simulated engines' buffers instead of a ROUTER socket."""
+
     engines: dict[str, Engine]
 
-    async def replay_frames(self, endpoint: str, start: int) -> AsyncIterator[list[bytes]]:
+    async def frames(self, endpoint: str, start: int) -> AsyncIterator[list[bytes]]:
         eng = self.engines[endpoint]
         for seq, payload in list(eng.buffer):
             if seq >= start:
@@ -166,13 +170,15 @@ async def _run(
 
 
 async def _drive(tp: TokenProcessor, index: Any, ops: list[tuple[Any, bool]], maps: tuple[bool, bool]) -> None:
-    pool = SimPool(EventApplier(index, tp), PoolConfig(concurrency=2), PoolMetrics(CollectorRegistry()))
+    pool = ShardedWorkers(EventApplier(index, tp), PoolConfig(concurrency=2), PoolMetrics(CollectorRegistry()))
+    replayer = SimReplayer(pool.cfg, pool.seq, pool, pool.metrics)
+    pool.replayer = replayer
     engines = {pod: Engine(pod, maps[i]) for i, pod in enumerate(PODS)}
-    pool.engines = {f"sim://{pod}": e for pod, e in engines.items()}
+    replayer.engines = {f"sim://{pod}": e for pod, e in engines.items()}
     Engine.history = {}
 
     async def deliver(pod: str, msg: tuple[int, bytes]) -> None:
-        await pool._process(pod, MODEL, msg[0], msg[1], f"sim://{pod}")
+        await pool.process(pod, MODEL, msg[0], msg[1], f"sim://{pod}")
 
     for (kind, which, *args), delivered in ops:
         pod = PODS[which]
@@ -180,7 +186,7 @@ async def _drive(tp: TokenProcessor, index: Any, ops: list[tuple[Any, bool]], ma
         if kind == "restart":
             eng.restart()
             # the SUB sees the TCP link drop and come back: a proactive resync request
-            await pool._process(pod, MODEL, PROACTIVE, b"", f"sim://{pod}")
+            await pool.process_resync(Resync(pod, f"sim://{pod}", ()))
             continue
         if kind == "store":
             msg = eng.store(args[0], args[1])

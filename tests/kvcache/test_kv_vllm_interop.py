@@ -4,97 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import zmq
-from prometheus_client import CollectorRegistry
 
 from epp.framework import DataMap, Endpoint
-from epp.kvcache.index import MemoryIndex
-from epp.kvcache.ingest import EventApplier
-from epp.kvcache.metrics import PoolMetrics
-from epp.kvcache.pool import EVENTS_ENDPOINT_ATTR, REPLAY_ENDPOINT_ATTR, EventPool, PoolConfig
-from epp.kvcache.tokens import TokenProcessor
-
-MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
-BS = 16
-
-
-def stored(kv: Any, hashes: list[int], parent: int | None, tokens: list[int], medium: str = "GPU") -> Any:
-    return kv.BlockStored(
-        block_hashes=hashes,
-        parent_block_hash=parent,
-        token_ids=tokens,
-        block_size=BS,
-        lora_id=None,
-        medium=medium,
-        lora_name=None,
-    )
-
-
-def batch(kv: Any, *events: Any) -> Any:
-    return kv.KVEventBatch(ts=time.time(), events=list(events))
-
-
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.01)
-
-
-class Rig:
-    def __init__(self, cfg: PoolConfig) -> None:
-        self.tp = TokenProcessor(BS, hash_seed="42")
-        self.index = MemoryIndex()
-        self.applier = EventApplier(self.index, self.tp)
-        self.registry = CollectorRegistry()
-        self.pool = EventPool(self.applier, cfg, PoolMetrics(self.registry))
-
-    def keys(self, tokens: list[int]) -> list[int]:
-        return self.tp.block_keys(tokens, MODEL)
-
-    def blocks(self, tokens: list[int], pod: str) -> int:
-        m = self.index.lookup_now(self.keys(tokens)).get(pod)
-        return m.blocks if m else 0
-
-    def metric(self, name: str, **labels: str) -> float:
-        return self.registry.get_sample_value(name, labels) or 0.0
-
-
-@pytest.fixture
-async def rig() -> AsyncIterator[Rig]:
-    r = Rig(PoolConfig(concurrency=2, topic_filter="kv@", default_model=MODEL, replay_idle_timeout=1.0))
-    task = asyncio.create_task(r.pool.run())
-    await r.pool.started()
-    yield r
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
-def endpoint(name: str, port: int, pub: Any) -> Endpoint:
-    return Endpoint(
-        name=name,
-        address="127.0.0.1",
-        port=port,
-        attributes=DataMap({EVENTS_ENDPOINT_ATTR: pub.endpoint, REPLAY_ENDPOINT_ATTR: pub.replay}),
-    )
-
-
-TOKENS = list(range(1000, 1000 + 8 * BS))  # 8 blocks
+from epp.kvcache.config import PoolConfig
+from epp.kvcache.subscriptions import REPLAY_ENDPOINT_ATTR
+from tests.kvcache.vllm_rig import BS, MODEL, TOKENS, Rig, TcpLink, batch, endpoint, stored, until
 
 
 async def test_stores_removals_clears_from_real_vllm(rig: Rig, publishers: Any, vllm_kv: Any) -> None:
     kv = vllm_kv
     a = publishers.start(topic=f"kv@127.0.0.1:8000@{MODEL}")
     b = publishers.start(topic=f"kv@127.0.0.1:8001@{MODEL}")
-    rig.pool.endpoint_added(endpoint("a", 8000, a))
-    rig.pool.endpoint_added(endpoint("b", 8001, b))
+    rig.pool.subscriptions.endpoint_added(endpoint("a", 8000, a))
+    rig.pool.subscriptions.endpoint_added(endpoint("b", 8001, b))
     # a holds all 8 blocks (two chained events), b only the first 3
     a.publish(batch(kv, stored(kv, [101, 102, 103, 104], None, TOKENS[: 4 * BS])))
     a.publish(batch(kv, stored(kv, [105, 106, 107, 108], 104, TOKENS[4 * BS :])))
@@ -117,12 +43,12 @@ async def test_mid_stream_join_replays_through_vllm_router(rig: Rig, publishers:
     a.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
     a.publish(batch(kv, stored(kv, [5, 6], 4, TOKENS[4 * BS : 6 * BS])))
     await asyncio.sleep(0.2)
-    rig.pool.endpoint_added(endpoint("a", 8000, a))
+    rig.pool.subscriptions.endpoint_added(endpoint("a", 8000, a))
     await asyncio.sleep(0.3)  # let the SUB connect
     a.publish(batch(kv, stored(kv, [7, 8], 6, TOKENS[6 * BS :])))
     await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 8)
     assert rig.metric("kv_cache_events_replays_total", result="ok") >= 1
-    assert rig.pool.stats.skipped_parent == 0
+    assert rig.pool.workers.stats.skipped_parent == 0
 
 
 async def test_gap_replays_missing_batch(
@@ -130,11 +56,13 @@ async def test_gap_replays_missing_batch(
 ) -> None:
     kv = vllm_kv
     a = publishers.start(topic=f"kv@x@{MODEL}")
-    rig.pool.endpoint_added(endpoint("a", 8000, a))
+    rig.pool.subscriptions.endpoint_added(endpoint("a", 8000, a))
     a.publish(batch(kv, stored(kv, [1, 2], None, TOKENS[: 2 * BS])))
     await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 2)
+    # the replay on connect must be over, or it could fetch the batch lost below before its successor shows the gap
+    await until(lambda: rig.metric("kv_cache_events_replays_total", result="ok") == 1)
     # lose the next live message (as a full queue or HWM would); the one after reveals the gap
-    real_submit = rig.pool.submit
+    real_submit = rig.pool.workers.submit
     lost: list[int] = []
 
     def lossy(frames: list[bytes], source: str | None, replay: str | None = None) -> bool:
@@ -143,33 +71,27 @@ async def test_gap_replays_missing_batch(
             return False
         return real_submit(frames, source, replay)
 
-    monkeypatch.setattr(rig.pool, "submit", lossy)
+    monkeypatch.setattr(rig.pool.workers, "submit", lossy)
     a.publish(batch(kv, stored(kv, [3, 4], 2, TOKENS[2 * BS : 4 * BS])))
     await until(lambda: bool(lost))
     a.publish(batch(kv, stored(kv, [5, 6, 7, 8], 4, TOKENS[4 * BS :])))
     await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 8)
     assert rig.metric("kv_cache_events_sequence_total", verdict="gap") == 1
-    assert rig.metric("kv_cache_events_replays_total", result="ok") >= 1
+    # counted when the END marker arrives, which may be after the replayed batches are applied
+    await until(lambda: rig.metric("kv_cache_events_replays_total", result="ok") == 2)
 
 
 async def test_publisher_restart_clears_pod(rig: Rig, publishers: Any, vllm_kv: Any) -> None:
     kv = vllm_kv
     a = publishers.start(topic=f"kv@x@{MODEL}")
-    rig.pool.endpoint_added(endpoint("a", 8000, a))
+    rig.pool.subscriptions.endpoint_added(endpoint("a", 8000, a))
     a.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
     a.publish(batch(kv, stored(kv, [5, 6, 7, 8], 4, TOKENS[4 * BS :])))
     await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 8)
-    ep, rp = a.endpoint, a.replay
-    publishers.stop(a)
-    # a new engine process on the same endpoints: its seq starts again at 0 and its cache is empty
-    a2 = None
-    for _ in range(200):  # libzmq closes the old ROUTER asynchronously; the port frees up shortly (slower under load)
-        try:
-            a2 = publishers.start(topic=f"kv@x@{MODEL}", endpoint=ep, replay=rp)
-            break
-        except zmq.ZMQError:
-            await asyncio.sleep(0.05)
-    assert a2 is not None
+    # the replay on connect must be over: one cut short by the restart would put the endpoint in its cooldown,
+    # and the replay after the reconnect, which may be what detects the restart, would not run
+    await until(lambda: rig.metric("kv_cache_events_replays_total", result="ok") == 1)
+    a2 = await publishers.restart(a)
     other = list(range(5000, 5000 + 2 * BS))
     for _ in range(50):  # until the SUB has reconnected and sees the new stream
         a2.publish(batch(kv, stored(kv, [901, 902], None, other)))
@@ -198,7 +120,9 @@ async def test_central_bind_mode_takes_pod_from_topic(publishers: Any, vllm_kv: 
         # vLLM connects its PUB (no '*' in the endpoint) to our bound SUB
         a = publishers.start(topic=f"kv@10.0.0.7:8000@{MODEL}", endpoint=f"tcp://127.0.0.1:{port}")
         # discovery still tells the pool where this pod's replay socket is
-        r.pool.endpoint_added(Endpoint("p", "10.0.0.7", 8000, attributes=DataMap({REPLAY_ENDPOINT_ATTR: a.replay})))
+        r.pool.subscriptions.endpoint_added(
+            Endpoint("p", "10.0.0.7", 8000, attributes=DataMap({REPLAY_ENDPOINT_ATTR: a.replay}))
+        )
         await asyncio.sleep(0.3)
         a.publish(batch(kv, stored(kv, [1, 2, 3], None, TOKENS[: 3 * BS])))
         await until(lambda: r.blocks(TOKENS, "10.0.0.7:8000") == 3)
@@ -206,3 +130,78 @@ async def test_central_bind_mode_takes_pod_from_topic(publishers: Any, vllm_kv: 
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+RANK = 2  # a data-parallel rank other than 0: its batches say dp_rank 2 and have their own seq numbering
+
+
+async def dp_rank_pod(rig: Rig, publishers: Any, links: list[TcpLink]) -> tuple[Any, TcpLink]:
+    """A rank-2 vLLM publisher whose PUB our subscription reaches through a link we can cut."""
+    pub = publishers.start(topic=f"kv@x@{MODEL}", rank=RANK)
+    link = await TcpLink(pub.endpoint.removeprefix("tcp://")).start()
+    links.append(link)
+    rig.pool.subscriptions.endpoint_added(endpoint(f"a-rank-{RANK}", 8000 + RANK, pub, events=link.endpoint))
+    return pub, link
+
+
+def spy_replays(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, list[int]]]:
+    """Record each replay request: its start seq and the seqs the publisher answered with."""
+    calls: list[tuple[int, list[int]]] = []
+    real = rig.pool.replayer.frames
+
+    async def frames(endpoint: str, start: int) -> AsyncIterator[list[bytes]]:
+        seqs: list[int] = []
+        calls.append((start, seqs))
+        async for f in real(endpoint, start):
+            if len(f) == 3 and f[0]:
+                seqs.append(int.from_bytes(f[1], "big"))
+            yield f
+
+    monkeypatch.setattr(rig.pool.replayer, "frames", frames)
+    return calls
+
+
+async def test_reconnect_of_a_dp_rank_replays_from_its_last_batch(
+    rig: Rig, publishers: Any, vllm_kv: Any, links: list[TcpLink], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kv, pod = vllm_kv, f"127.0.0.1:{8000 + RANK}"
+    pub, link = await dp_rank_pod(rig, publishers, links)
+    parent = None
+    for i in range(3):  # seqs 0..2, two chained blocks each
+        pub.publish(batch(kv, stored(kv, [10 + 2 * i, 11 + 2 * i], parent, TOKENS[2 * i * BS : (2 * i + 2) * BS])))
+        parent = 11 + 2 * i
+    await until(lambda: rig.blocks(TOKENS, pod) == 6)
+    await until(lambda: rig.metric("kv_cache_events_replays_total", result="ok") == 1)  # the replay on connect
+    assert rig.pool.workers.seq.last(pod, RANK) == 2
+    calls = spy_replays(rig, monkeypatch)
+    await link.cut()  # the network drops: what the publisher sends now is lost on the PUB, kept in its buffer
+    pub.publish(batch(kv, stored(kv, [16, 17], 15, TOKENS[6 * BS :])))
+    await until(lambda: len(pub._buffer) == 4)
+    await link.restore()
+    await until(lambda: rig.blocks(TOKENS, pod) == 8)  # only the replay after the reconnect can bring seq 3
+    # the request starts at our last batch of rank 2 (to check the publisher against it), not at 0
+    assert calls == [(2, [2, 3])]
+    assert rig.metric("kv_cache_events_sequence_total", verdict="restart") == 0
+
+
+async def test_restarted_dp_rank_is_detected_on_reconnect(
+    rig: Rig, publishers: Any, vllm_kv: Any, links: list[TcpLink]
+) -> None:
+    kv, pod = vllm_kv, f"127.0.0.1:{8000 + RANK}"
+    pub, link = await dp_rank_pod(rig, publishers, links)
+    pub.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
+    pub.publish(batch(kv, stored(kv, [5, 6, 7, 8], 4, TOKENS[4 * BS :])))
+    await until(lambda: rig.blocks(TOKENS, pod) == 8)
+    await until(lambda: rig.metric("kv_cache_events_replays_total", result="ok") == 1)
+    await link.cut()
+    # The engine restarts while we are cut off: seqs 0 and 1 again, other blocks, all lost on the PUB. Only the
+    # replay after the reconnect can tell: the publisher's batch 1 is not the batch 1 we applied.
+    pub2 = await publishers.restart(pub)
+    other = list(range(5000, 5000 + 4 * BS))
+    pub2.publish(batch(kv, stored(kv, [901, 902], None, other[: 2 * BS])))
+    pub2.publish(batch(kv, stored(kv, [903, 904], 902, other[2 * BS :])))
+    await until(lambda: len(pub2._buffer) == 2)
+    await link.restore()
+    await until(lambda: rig.blocks(TOKENS, pod) == 0)  # cleared
+    await until(lambda: rig.blocks(other, pod) == 4)  # and refilled by the replay from 0
+    assert rig.metric("kv_cache_events_sequence_total", verdict="restart") == 1

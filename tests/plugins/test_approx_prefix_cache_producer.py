@@ -83,6 +83,11 @@ async def test_producer_records_pick_and_matches_next_request() -> None:
     r4 = chat(text, salt="tenant-1")
     await p.prepare(r4, [a, b])
     assert r4.data.require(p.key).matches == {}
+    # a relabel in place (an update, not remove + add) keeps b's entries
+    ds.upsert(Endpoint("b", "10.0.0.2", 8000, labels={"rev": "2"}))
+    r_relabelled = chat(text + " and more")
+    await p.prepare(r_relabelled, [a, b])
+    assert r_relabelled.data.require(p.key).matches == info2.matches
     # the endpoint leaves the pool: its entries go
     ds.remove("b")
     r5 = chat(text)

@@ -198,6 +198,9 @@ class ApproxPrefixCacheProducer(Plugin):
     def endpoint_added(self, endpoint: Endpoint) -> None:
         return None
 
+    def endpoint_updated(self, endpoint: Endpoint) -> None:
+        """Relabelled in place: the same server with the same cache, so its entries stay."""
+
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         self.index.remove_endpoint(endpoint.name)
 

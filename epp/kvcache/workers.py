@@ -1,0 +1,256 @@
+"""Sharded workers: apply each pod's KV-event batches to the index in order, repairing gaps by replay.
+
+A message must be exactly `[topic, seq (8 bytes big-endian), payload]`; `submit` validates it and queues it on
+its pod's shard (the pod hashes to one worker, which keeps per-pod order). Queues are bounded and a full queue
+drops the message (counted, logged, and later repaired by the gap replay it causes). Each batch's seq is
+checked first (`SequenceTracker`): next → apply, duplicate → drop, gap or mid-stream join → replay the
+missing batches first, restart → clear the pod. Workers yield to the event loop after every batch, so the
+request path never waits behind a burst of events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from epp.kvcache.config import PoolConfig
+from epp.kvcache.events import DecodeError, EventBatch, decode_batch, parse_topic
+from epp.kvcache.ingest import ApplyStats, EventApplier
+from epp.kvcache.metrics import PoolMetrics
+from epp.kvcache.replay import Checkpoint, Replayer
+from epp.kvcache.sequencing import SequenceTracker, Verdict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """Queued when a subscription (re)connects: replay what the publisher sent while we were not subscribed."""
+
+    pod: str
+    endpoint: str
+    checkpoints: tuple[Checkpoint, ...]  # batches applied before the connection, to check the publisher against
+
+
+_Frame = tuple[str, str, int, bytes, str | None]  # pod, model, seq, payload, replay endpoint
+_Item = _Frame | Resync
+
+
+class ShardedWorkers:
+    """The shard queues and their workers; also the `BatchSink` its replayer applies through."""
+
+    def __init__(
+        self,
+        applier: EventApplier,
+        cfg: PoolConfig,
+        metrics: PoolMetrics,
+        on_applied: Callable[[str, ApplyStats], None] | None = None,
+    ) -> None:
+        self.applier = applier
+        self.index = applier.index
+        self.cfg = cfg
+        self.metrics = metrics
+        self.on_applied = on_applied
+        self.seq = SequenceTracker()
+        self.stats = ApplyStats()
+        self.replayer = Replayer(cfg, self.seq, self, metrics)
+        self._queues = [asyncio.Queue[_Item](cfg.queue_size) for _ in range(cfg.concurrency)]
+        self._shard_of: dict[str, int] = {}
+        self._replay_eps: dict[str, str | None] = {}  # pod -> replay endpoint, for messages that name none
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_drop_log = 0.0
+        metrics.capacity.set(cfg.queue_size * cfg.concurrency)
+        metrics.queue_depth.set_function(lambda: sum(q.qsize() for q in self._queues))
+
+    # ------------------------------------------------------------ pods (from the subscriptions)
+    def set_replay_endpoint(self, pod: str, endpoint: str | None) -> None:
+        """Where `pod` answers replays, for messages whose receiver does not know it (central bind)."""
+        self._replay_eps[pod] = endpoint
+
+    def forget(self, pod: str) -> None:
+        """The pod left: drop its blocks, its sequence state and its replay endpoint."""
+        self._replay_eps.pop(pod, None)
+        self.applier.clear_pod(pod)
+        self.seq.forget_pod(pod)
+
+    def checkpoints(self, pod: str) -> tuple[Checkpoint, ...]:
+        """The last batch applied from each rank of `pod`, for a resync to compare with the publisher's copy."""
+        out = []
+        for rank in self.seq.ranks(pod):
+            last, crc = self.seq.last(pod, rank), self.seq.last_crc(pod, rank)
+            if last is not None:
+                out.append(Checkpoint(rank, last, crc or 0))
+        return tuple(out)
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._worker(q)) for q in self._queues]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        self._tasks = []
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Wait until the shard queues are empty and the workers idle (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while any(q.qsize() or q._unfinished_tasks for q in self._queues):  # type: ignore[attr-defined]
+            if time.monotonic() > deadline:
+                raise TimeoutError("event pool did not drain")
+            await asyncio.sleep(0.005)
+
+    # ------------------------------------------------------------ receiving
+    def _shard(self, pod: str) -> asyncio.Queue[_Item]:
+        s = self._shard_of.get(pod)
+        if s is None:
+            s = zlib.crc32(pod.encode()) % len(self._queues)
+            self._shard_of[pod] = s
+        return self._queues[s]
+
+    def submit(self, frames: list[bytes], source_pod: str | None, replay: str | None = None) -> bool:
+        """Validate one ZMQ message and queue it for its pod's worker; False if it was dropped."""
+        m = self.metrics
+        m.messages.inc()
+        if len(frames) != 3:
+            m.zmq_errors.labels("frames").inc()
+            log.warning("dropping KV-event message with %d frames (want 3) from %s", len(frames), source_pod or "?")
+            return False
+        topic, seqb, payload = frames
+        if len(seqb) != 8:
+            m.zmq_errors.labels("seq").inc()
+            log.warning("dropping KV-event message with a %d-byte sequence frame from %s", len(seqb), source_pod)
+            return False
+        tpod, model = parse_topic(topic)
+        pod = source_pod or tpod
+        if not pod:
+            m.dropped.labels("no_pod").inc()
+            log.warning("dropping KV-event message: topic %r names no pod", topic[:80])
+            return False
+        if replay is None and source_pod is None:
+            replay = self._replay_eps.get(pod)
+        return self._put(pod, (pod, model or self.cfg.default_model, int.from_bytes(seqb, "big"), payload, replay))
+
+    def resync(self, pod: str, endpoint: str, checkpoints: tuple[Checkpoint, ...]) -> bool:
+        """Queue a replay of what `endpoint` buffered past `checkpoints` behind the pod's queued batches."""
+        return self._put(pod, Resync(pod, endpoint, checkpoints))
+
+    def _put(self, pod: str, item: _Item) -> bool:
+        q = self._shard(pod)
+        try:
+            q.put_nowait(item)
+        except asyncio.QueueFull:
+            self.metrics.dropped.labels("queue_full").inc()
+            now = time.monotonic()
+            if now - self._last_drop_log > 5.0:
+                self._last_drop_log = now
+                log.warning("KV-event queue full (%d): dropping; the gap will be replayed", q.maxsize)
+            return False
+        return True
+
+    # ------------------------------------------------------------ applying
+    async def _worker(self, q: asyncio.Queue[_Item]) -> None:
+        while True:
+            item = await q.get()
+            pod = item.pod if isinstance(item, Resync) else item[0]
+            try:
+                if isinstance(item, Resync):
+                    await self.process_resync(item)
+                else:
+                    await self.process(*item)
+            except Exception:
+                log.exception("KV events: failed to apply a batch from %s", pod)
+            finally:
+                q.task_done()
+            await asyncio.sleep(0)
+
+    async def process(self, pod: str, model: str, seq: int, payload: bytes, replay: str | None) -> None:
+        """Check one live batch's seq, replay what is missing before it, then apply it."""
+        batch = self.decode(pod, payload)
+        rank = (batch.dp_rank or 0) if batch is not None else self._sole_rank(pod)
+        v = self.seq.check(pod, rank, seq)
+        self.metrics.sequence.labels(v.value).inc()
+        if v is Verdict.DUPLICATE:
+            return
+        if v is Verdict.RESTART:
+            log.warning("KV events: %s rank %d restarted (seq %d); clearing its blocks", pod, rank, seq)
+            self.applier.clear_pod(pod)
+            self.seq.restarted(pod, rank, seq)
+            v = Verdict.APPLY if seq == 0 else Verdict.JOIN
+        if v is not Verdict.APPLY:
+            last = self.seq.last(pod, rank)
+            start = 0 if last is None else last + 1
+            if v is Verdict.GAP:
+                log.info("KV events: gap from %s rank %d: have %s, got %d", pod, rank, last, seq)
+            if replay:
+                await self.replayer.replay(pod, model, rank, replay, start)
+            last = self.seq.last(pod, rank)
+            if last is not None and seq <= last:
+                await self.flush()
+                return
+        if batch is not None:
+            self.apply(pod, model, batch)
+        self.seq.applied(pod, rank, seq, zlib.crc32(payload))
+        await self.flush()
+
+    async def process_resync(self, r: Resync) -> None:
+        """For each rank the pod's batches carried (normally the one DP rank of its publisher, whatever its
+        number), replay from after the last applied batch, checking the publisher against that rank's checkpoint;
+        a pod with nothing applied yet replays from 0."""
+        checkpoints = {c.rank: c for c in r.checkpoints}
+        for rank in sorted(set(checkpoints) | set(self.seq.ranks(r.pod))) or [0]:
+            last = self.seq.last(r.pod, rank)
+            checkpoint = checkpoints.get(rank) if last is not None else None
+            start = 0 if last is None else last + 1
+            await self.replayer.replay(r.pod, self.cfg.default_model, rank, r.endpoint, start, checkpoint)
+        await self.flush()
+
+    def _sole_rank(self, pod: str) -> int:
+        """The rank to file an undecodable batch under: the pod's only rank when it has one, else 0."""
+        ranks = self.seq.ranks(pod)
+        return ranks[0] if len(ranks) == 1 else 0
+
+    # ------------------------------------------------------------ BatchSink (live batches and replays)
+    def decode(self, pod: str, payload: bytes) -> EventBatch | None:
+        try:
+            return decode_batch(payload)
+        except DecodeError as e:
+            self.metrics.decode_errors.inc()
+            log.warning("KV events: bad payload from %s: %s", pod, e)
+            return None
+
+    def apply(self, pod: str, model: str, batch: EventBatch) -> None:
+        st = self.applier.apply(pod, model, batch)
+        self.stats.add(st)
+        m = self.metrics
+        if st.stored_blocks:
+            m.blocks.labels("stored").inc(st.stored_blocks)
+        if st.removed_blocks:
+            m.blocks.labels("removed").inc(st.removed_blocks)
+        if st.clears:
+            m.blocks.labels("cleared").inc(st.clears)
+        if st.skipped_parent:
+            m.skipped.labels("unknown_parent").inc(st.skipped_parent)
+        if st.skipped_group:
+            m.skipped.labels("group").inc(st.skipped_group)
+        if st.bad_events:
+            m.skipped.labels("bad_event").inc(st.bad_events)
+        if st.unknown_removals:
+            m.skipped.labels("unknown_removal").inc(st.unknown_removals)
+        if batch.unknown:
+            m.skipped.labels("unknown_event").inc(batch.unknown)
+        if self.on_applied is not None:
+            self.on_applied(pod, st)
+
+    def clear_pod(self, pod: str) -> None:
+        self.applier.clear_pod(pod)
+
+    async def flush(self) -> None:
+        await self.index.flush()

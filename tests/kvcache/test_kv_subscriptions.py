@@ -1,0 +1,111 @@
+"""Where the subscriptions connect, and how they follow the Datastore: a relabelled KV-events port moves the
+subscription (vLLM's publisher on tcp, found through the port labels); a label that is not a port is a counted
+config error, not an exception."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from epp.datalayer.datastore import Datastore
+from epp.framework import DataMap, Endpoint
+from epp.kvcache.config import PoolConfig
+from epp.kvcache.subscriptions import (
+    EVENTS_ENDPOINT_ATTR,
+    EVENTS_PORT_LABEL,
+    REPLAY_PORT_LABEL,
+    EventEndpoints,
+    event_endpoints,
+)
+from tests.kvcache.vllm_rig import BS, MODEL, TOKENS, Rig, batch, free_port, stored, until
+
+
+def start_tcp(publishers: Any) -> Any:
+    return publishers.start(topic=f"kv@x@{MODEL}", endpoint=f"tcp://*:{free_port()}")
+
+
+def labelled(name: str, port: int, pub: Any, **extra: str) -> Endpoint:
+    """An endpoint at 127.0.0.1:`port` that names `pub`'s ports in the KV-events labels, as a pod spec would."""
+    labels = {
+        EVENTS_PORT_LABEL: pub.endpoint.rpartition(":")[2],
+        REPLAY_PORT_LABEL: pub.replay.rpartition(":")[2],
+        **extra,
+    }
+    return Endpoint(name, "127.0.0.1", port, labels=labels)
+
+
+async def test_relabelled_events_port_moves_the_subscription(rig: Rig, publishers: Any, vllm_kv: Any) -> None:
+    kv, pod, subs = vllm_kv, "127.0.0.1:8000", rig.pool.subscriptions
+    old, new = start_tcp(publishers), start_tcp(publishers)
+    ds = Datastore()
+    ds.subscribe(subs)
+    ds.upsert(labelled("a", 8000, old))
+    old.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
+    await until(lambda: rig.blocks(TOKENS, pod) == 4)
+    # a relabel that leaves the events endpoint alone keeps the subscription and the blocks
+    task = subs._subs[pod][2]
+    ds.upsert(labelled("a", 8000, old, team="x"))
+    assert subs._subs[pod][2] is task and task is not None and not task.done()
+    assert rig.blocks(TOKENS, pod) == 4
+    # the engine now publishes on other ports: the same pod (name, address) relabelled in place
+    ds.upsert(labelled("a", 8000, new))
+    assert subs._subs[pod][0] == new.endpoint
+    other = list(range(5000, 5000 + 2 * BS))
+    new.publish(batch(kv, stored(kv, [901, 902], None, other)))
+    await until(lambda: rig.blocks(other, pod) == 2)
+    # the old publisher's blocks went with its subscription, and what it sends no longer arrives
+    assert rig.blocks(TOKENS, pod) == 0
+    old.publish(batch(kv, stored(kv, [1, 2], None, TOKENS[: 2 * BS])))
+    await asyncio.sleep(0.3)
+    assert rig.blocks(TOKENS, pod) == 0
+
+
+async def test_port_label_that_is_not_a_port_is_a_counted_config_error(
+    rig: Rig, publishers: Any, vllm_kv: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    kv, subs = vllm_kv, rig.pool.subscriptions
+    caplog.set_level(logging.WARNING)
+    ds = Datastore()
+    ds.subscribe(subs)
+    good = start_tcp(publishers)
+    ds.upsert(Endpoint("bad", "127.0.0.1", 8001, labels={EVENTS_PORT_LABEL: "abc"}))
+    ds.upsert(labelled("good", 8000, good))
+    assert rig.metric("kv_cache_events_config_errors_total", reason="bad_port_label") == 1
+    lines = [r.getMessage() for r in caplog.records if "abc" in r.getMessage()]
+    assert len(lines) == 1 and "bad" in lines[0] and EVENTS_PORT_LABEL in lines[0]
+    assert not [r for r in caplog.records if r.exc_info]  # nothing escaped into the Datastore's handler
+    assert "127.0.0.1:8001" not in subs._subs  # no subscription for it
+    # the other pod is unaffected
+    good.publish(batch(kv, stored(kv, [1, 2], None, TOKENS[: 2 * BS])))
+    await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8000") == 2)
+    # an out-of-range replay port: counted too; the events are still subscribed, without replay
+    subs.endpoint_added(Endpoint("c", "127.0.0.1", 8002, labels={EVENTS_PORT_LABEL: "6000", REPLAY_PORT_LABEL: "0"}))
+    assert rig.metric("kv_cache_events_config_errors_total", reason="bad_port_label") == 2
+    assert subs._subs["127.0.0.1:8002"][:2] == ("tcp://127.0.0.1:6000", None)
+    # fixing the label (an update in place) subscribes the pod
+    fixed = start_tcp(publishers)
+    ds.upsert(labelled("bad", 8001, fixed))
+    fixed.publish(batch(kv, stored(kv, [7, 8], None, TOKENS[: 2 * BS])))
+    await until(lambda: rig.blocks(TOKENS, "127.0.0.1:8001") == 2)
+
+
+def test_event_endpoints_from_attributes_labels_and_config() -> None:
+    cfg = PoolConfig(socket_port=5557, replay_port=5600)
+    assert event_endpoints(Endpoint("p-rank-1", "10.0.0.1", 8001), cfg) == EventEndpoints(
+        "tcp://10.0.0.1:5558", "tcp://10.0.0.1:5601"
+    )
+    assert event_endpoints(Endpoint("p", "fd00::1", 8000), PoolConfig()) == EventEndpoints("tcp://[fd00::1]:5557", None)
+    by_label = Endpoint("p", "10.0.0.1", 8000, labels={EVENTS_PORT_LABEL: "6000", REPLAY_PORT_LABEL: " 6001 "})
+    assert event_endpoints(by_label, cfg) == EventEndpoints("tcp://10.0.0.1:6000", "tcp://10.0.0.1:6001")
+    by_attr = Endpoint(
+        "p", "10.0.0.1", 8000, labels={EVENTS_PORT_LABEL: "abc"}, attributes=DataMap({EVENTS_ENDPOINT_ATTR: "ipc://x"})
+    )
+    assert event_endpoints(by_attr, cfg).pub == "ipc://x"  # the attribute wins; the label is not even read
+    for value in ("abc", "0", "65536", "-1", "5557.0", "²"):
+        bad = Endpoint("p", "10.0.0.1", 8000, labels={EVENTS_PORT_LABEL: value, REPLAY_PORT_LABEL: value})
+        assert event_endpoints(bad, cfg) == EventEndpoints(
+            None, None, ((EVENTS_PORT_LABEL, value), (REPLAY_PORT_LABEL, value))
+        ), value
