@@ -28,6 +28,7 @@ from envoy.type.v3 import http_status_pb2
 
 from epp.framework.context import EndpointView
 from epp.framework.errors import InternalError, RequestError, ServiceUnavailable
+from epp.framework.keys import DISAGG_HEADERS
 from epp.framework.types import InferenceRequest, Usage
 from epp.protocol.openai import bodyless_request, parse_request
 from epp.protocol.rewrite import ModelNameRewriter
@@ -263,7 +264,9 @@ class RequestStream:
             resp.dynamic_metadata.update(self.dynamic_metadata())
             return [resp]
         if self.request_mode == BUFFERED:
-            strip = pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=[DESTINATION_KEY]))
+            strip = pb.CommonResponse(
+                header_mutation=pb.HeaderMutation(remove_headers=[DESTINATION_KEY, *DISAGG_HEADERS])
+            )
             return [pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=strip))]
         return []  # FULL_DUPLEX: hold the headers until the body is complete
 
@@ -331,7 +334,10 @@ class RequestStream:
             set_headers.append(_set("content-length", str(content_length)))
         for k, v in self.decision.headers.items():
             set_headers.append(_set(k, v))
-        return pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=set_headers), clear_route_cache=True)
+        # A client-sent prefiller/encoder header never reaches the model server's sidecar: ours or none.
+        remove = [h for h in DISAGG_HEADERS if h not in self.decision.headers]
+        mutation = pb.HeaderMutation(set_headers=set_headers, remove_headers=remove)
+        return pb.CommonResponse(header_mutation=mutation, clear_route_cache=True)
 
     def dynamic_metadata(self) -> dict[str, Any]:
         assert self.decision is not None
