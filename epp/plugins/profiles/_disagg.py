@@ -60,15 +60,21 @@ def decision_type(encode_used: bool, prefill_used: bool) -> str:
     return PREFILL_DECODE if prefill_used else DECODE_ONLY
 
 
+def upstream_headers(request: InferenceRequest) -> dict[str, str]:
+    """The request's UPSTREAM_HEADERS, created on first use."""
+    headers = request.data.get(UPSTREAM_HEADERS)
+    if headers is None:
+        headers = {}
+        request.data.put(UPSTREAM_HEADERS, headers)
+    return headers
+
+
 def set_stage_headers(
     request: InferenceRequest, result: SchedulingResult, prefill_profile: str, encode_profile: str
 ) -> None:
     """x-prefiller-host-port / x-encoder-hosts-ports from the prefill and encode picks; a stage that did not run
     sends no header (and the server drops a client's)."""
-    headers = request.data.get(UPSTREAM_HEADERS)
-    if headers is None:
-        headers = {}
-        request.data.put(UPSTREAM_HEADERS, headers)
+    headers = upstream_headers(request)
     headers.pop(PREFILL_HEADER, None)
     headers.pop(ENCODER_HEADER, None)
     prefill = result.profile_results.get(prefill_profile)

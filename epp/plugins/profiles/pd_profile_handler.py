@@ -19,7 +19,6 @@ from typing import Any, Self
 from epp.framework import (
     DATA_PARALLEL_HEADER,
     PREFIX_CACHE_MATCH_INFO,
-    UPSTREAM_HEADERS,
     CycleState,
     DisaggDecider,
     Endpoint,
@@ -31,7 +30,14 @@ from epp.framework import (
     SchedulingResult,
 )
 from epp.plugins.deciders.prefix_based_pd_decider import PrefixBasedPDDecider
-from epp.plugins.profiles._disagg import DECODE_ONLY, PD_DECISIONS, PREFILL_DECODE, model_label, record_decision
+from epp.plugins.profiles._disagg import (
+    DECODE_ONLY,
+    PD_DECISIONS,
+    PREFILL_DECODE,
+    model_label,
+    record_decision,
+    upstream_headers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +148,7 @@ class PdProfileHandler(Plugin):
             return SchedulingResult(profile_results={}, primary_profile=self.decode_profile)
         if self.primary_port:
             chosen = decode.targets[0]
-            headers = request.data.get(UPSTREAM_HEADERS)
-            if headers is None:
-                headers = {}
-                request.data.put(UPSTREAM_HEADERS, headers)
-            headers[DATA_PARALLEL_HEADER] = chosen.hostport
+            upstream_headers(request)[DATA_PARALLEL_HEADER] = chosen.hostport
             decode = ProfileResult(
                 targets=[_with_port(ep, self.primary_port) for ep in decode.targets], scores=decode.scores
             )
