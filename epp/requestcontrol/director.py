@@ -25,6 +25,7 @@ from epp.framework import (
     TooManyRequests,
     Usage,
 )
+from epp.framework.labels import MODEL_LABELS
 from epp.requestcontrol.flowcontrol import FlowController
 from epp.requestcontrol.pipeline import Pipeline
 from epp.requestcontrol.types import RoutingDecision, locate_candidates
@@ -88,11 +89,11 @@ class SchedulingDirector:
         try:
             result = self.scheduler.schedule(request, candidates)
         except SchedulingFailed as e:
-            SCHEDULER_ATTEMPTS.labels("failure", request.target_model, "", "", "").inc()
+            SCHEDULER_ATTEMPTS.labels("failure", MODEL_LABELS.label(request.target_model), "", "", "").inc()
             raise TooManyRequests(f"failed to find target endpoint: {e}") from None
         primary = result.targets[0]
         SCHEDULER_ATTEMPTS.labels(
-            "success", request.target_model, primary.pod_name, primary.namespace, str(primary.port)
+            "success", MODEL_LABELS.label(request.target_model), primary.pod_name, primary.namespace, str(primary.port)
         ).inc()
         for hook in self._pre_request:
             try:

@@ -225,8 +225,9 @@ class RequestStream:
         except RequestError as e:
             return [self._reject(e)]
         except Exception as e:
-            log.exception("internal error handling %s (request %s)", kind, self._request_id())
-            return [self._reject(InternalError(f"internal error: {type(e).__name__}: {e}"))]
+            # The cause goes to the log, never to the client (it could echo the body or our internals).
+            log.exception("internal error handling %s (request %s): %s", kind, self._request_id(), type(e).__name__)
+            return [self._reject(InternalError("internal error"))]
 
     def _request_id(self) -> str:
         if self.request is not None:
@@ -450,7 +451,10 @@ class RequestStream:
             usage = usage_from_json(b"".join(self._resp_json))
             self._resp_json = None
         elapsed = time.monotonic() - self.started
-        self.s.metrics.request_finished(req.model, req.target_model, elapsed, self.response_size, usage)
+        try:
+            self.s.metrics.request_finished(req.model, req.target_model, elapsed, self.response_size, usage)
+        except Exception:  # metrics must not cost the director its end-of-request hook
+            log.exception("recording metrics failed for request %s", req.request_id)
         try:
             self.s.director.handle_response_complete(req, self.decision, usage)
         except Exception:
