@@ -45,6 +45,14 @@ class SimConfig:
     prefill_time_per_token: float = 0.0002
     inter_token_latency: float = 0.002
     time_factor_under_load: float = 1.0
+    # > 0: prefill is a shared per-engine resource (chunked prefill, FCFS): uncached prompt tokens are
+    # processed at this many tokens/s, one prefill after the other; 0: each request's prefill takes
+    # prefill_overhead + uncached x prefill_time_per_token on its own (the original model).
+    prefill_tokens_per_second: float = 0.0
+    # Decode steps take (1 + this) times longer while a prefill runs on the same engine (chunked-prefill
+    # interference: prefill chunks share the step with the decodes).
+    prefill_decode_interference: float = 0.0
+    time_scale: float = 1.0  # every modelled duration is multiplied by this (0.1 = ten times faster)
     # Metrics
     legacy_gpu_cache_metric: bool = False
     # Failure injection
@@ -114,6 +122,19 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     a("--prefill-time-per-token", type=float, default=d.prefill_time_per_token, help="seconds per uncached token")
     a("--inter-token-latency", type=float, default=d.inter_token_latency, help="seconds per output token")
     a("--time-factor-under-load", type=float, default=d.time_factor_under_load)
+    a(
+        "--prefill-tokens-per-second",
+        type=float,
+        default=d.prefill_tokens_per_second,
+        help="> 0: shared FCFS prefill at this many uncached tokens/s per engine (0 = per-request prefill time)",
+    )
+    a(
+        "--prefill-decode-interference",
+        type=float,
+        default=d.prefill_decode_interference,
+        help="decode steps take (1 + this) times longer while a prefill runs on the engine",
+    )
+    a("--time-scale", type=float, default=d.time_scale, help="multiplies every modelled duration")
     a("--legacy-gpu-cache-metric", action="store_true", help="also export vllm:gpu_cache_usage_perc")
     a("--failure-rate", type=float, default=d.failure_rate, help="0..1")
     a("--failure-status", type=int, default=d.failure_status)
@@ -125,6 +146,8 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     cfg = SimConfig(**{k: v for k, v in vars(ns).items()})
     if cfg.time_factor_under_load < 1.0:
         p.error("--time-factor-under-load must be >= 1.0")
+    if cfg.prefill_tokens_per_second < 0 or cfg.prefill_decode_interference < 0 or cfg.time_scale <= 0:
+        p.error("--prefill-tokens-per-second and --prefill-decode-interference must be >= 0, --time-scale > 0")
     if cfg.data_parallel_size < 1:
         p.error("--data-parallel-size must be >= 1")
     if cfg.block_size <= 0 or cfg.num_gpu_blocks <= 0:

@@ -5,6 +5,13 @@ each further output token takes inter_token_latency x load factor. The load fact
 from 1 (one running request) to `time_factor_under_load` (max-num-seqs running), as in
 llm-d-inference-sim. Everything is real time (asyncio sleeps), so routing choices show up in measured
 latency.
+
+With `prefill_tokens_per_second` > 0 prefill is the engine's shared resource, as with vLLM's chunked
+prefill: admitted requests prefill one after the other (FCFS) at that many uncached tokens per second
+(plus prefill_overhead), so a pod that receives much uncached work builds a prefill backlog. With
+`prefill_decode_interference` > 0, a decode step taken while any prefill runs on the engine is that much
+slower (prefill chunks share the step with decodes). `time_scale` multiplies every modelled duration, so
+a workload can be replayed time-compressed.
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ class Engine:
         self.loras = {name: LoraRef(name, path, i + 1) for i, (name, path) in enumerate(cfg.lora_paths().items())}
         self._on_events: list[Callable[[list[KVEvent]], None]] = []
         self._output_ids = output_ids or [0]
+        self.prefilling = 0  # requests in their prefill phase right now
+        self._prefill_lock = asyncio.Lock()  # FIFO: the shared prefill of prefill_tokens_per_second mode
 
     # --- events -----------------------------------------------------------------------------------------
     def _emit(self, events: list[KVEvent]) -> None:
@@ -127,6 +136,27 @@ class Engine:
             return 1.0 if n < cap else self.cfg.time_factor_under_load
         return 1.0 + (self.cfg.time_factor_under_load - 1.0) * (min(n, cap) - 1) / (cap - 1)
 
+    def decode_step_time(self) -> float:
+        t = self.cfg.inter_token_latency * self.load_factor()
+        if self.prefilling:
+            t *= 1.0 + self.cfg.prefill_decode_interference
+        return t * self.cfg.time_scale
+
+    async def _prefill(self, uncached: int) -> None:
+        cfg = self.cfg
+        self.prefilling += 1
+        try:
+            if cfg.prefill_tokens_per_second > 0:
+                async with self._prefill_lock:
+                    await asyncio.sleep(
+                        (cfg.prefill_overhead + uncached / cfg.prefill_tokens_per_second) * cfg.time_scale
+                    )
+            else:
+                t = (cfg.prefill_overhead + uncached * cfg.prefill_time_per_token) * self.load_factor()
+                await asyncio.sleep(t * cfg.time_scale)
+        finally:
+            self.prefilling -= 1
+
     # --- one request ------------------------------------------------------------------------------------
     def check(self, req: SimRequest) -> None:
         n = len(req.prompt_ids)
@@ -160,8 +190,7 @@ class Engine:
             queued = time.monotonic() - req.arrival
             uncached = len(req.prompt_ids) - req.cached_tokens
             self.metrics.on_admit(len(req.prompt_ids), req.cached_tokens, queued)
-            prefill = (self.cfg.prefill_overhead + uncached * self.cfg.prefill_time_per_token) * self.load_factor()
-            await asyncio.sleep(prefill)
+            await self._prefill(uncached)
             assert req.alloc is not None
             self.kv.register(req.alloc, req.prompt_ids, req.lora, req.cache_salt)
             self.metrics.on_first_token(time.monotonic() - req.arrival)
@@ -169,7 +198,7 @@ class Engine:
             all_ids = list(req.prompt_ids)
             for i in range(req.max_tokens):
                 if i:
-                    await asyncio.sleep(self.cfg.inter_token_latency * self.load_factor())
+                    await asyncio.sleep(self.decode_step_time())
                     now = time.monotonic()
                     self.metrics.on_token(now - last)
                     last = now

@@ -37,6 +37,7 @@ from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
 from epp.plugins.scorers.lora_affinity_scorer import LoraAffinityScorer
 from epp.plugins.scorers.no_hit_lru_scorer import NoHitLRUScorer
 from epp.plugins.scorers.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
+from epp.plugins.scorers.prefill_cost_scorer import PrefillCostScorer
 from epp.plugins.scorers.prefix_cache_scorer import PrefixCacheScorer
 from epp.plugins.scorers.queue_scorer import QueueScorer
 from epp.plugins.scorers.running_requests_size_scorer import RunningRequestsSizeScorer
@@ -56,6 +57,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     LoraAffinityScorer,
     NoHitLRUScorer,
     PrecisePrefixCacheScorer,
+    PrefillCostScorer,
     PrefixCacheScorer,
     QueueScorer,
     RunningRequestsSizeScorer,
