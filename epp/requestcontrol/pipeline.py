@@ -25,3 +25,5 @@ class Pipeline:
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
+    # requestHandler.parsers (or GIE's `parser`), in config order: the request parsers the server is to use.
+    parsers: list[Plugin] = field(default_factory=list)

@@ -9,7 +9,9 @@ from __future__ import annotations
 from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlugin
 from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
+from epp.discovery.plugins.file_discovery import FileDiscovery
 from epp.framework import REGISTRY, Plugin, PluginRegistry
+from epp.plugins.compat.multicluster_hub import MultiClusterHubPlugin
 from epp.plugins.filters.by_label import ByLabelFilter
 from epp.plugins.filters.decode_filter import DecodeFilter
 from epp.plugins.filters.encode_filter import EncodeFilter
@@ -81,10 +83,14 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     CoreMetricsExtractorPlugin,
     EndpointNotificationSource,
     MetricsDataSource,
+    # discovery (dataLayer.discovery)
+    FileDiscovery,
     # request parsers
     OpenAIParser,
     PassthroughParser,
     VLLMGRPCParser,
+    # recognized only to be refused with a clear error
+    MultiClusterHubPlugin,
 )
 
 
