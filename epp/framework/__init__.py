@@ -14,9 +14,17 @@ from epp.framework.errors import (
     TokenizationError,
     TooManyRequests,
 )
-from epp.framework.keys import PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT
+from epp.framework.keys import (
+    INFLIGHT_LOAD,
+    PREDICTED_TTFT_MS,
+    PREFIX_CACHE_MATCH_INFO,
+    TOKENIZED_PROMPT,
+    UNCACHED_REQUEST_TOKENS,
+)
 from epp.framework.params import Params, PluginConfigError, parse_duration
 from epp.framework.plugins import (
+    CrossReplicaContributor,
+    CrossReplicaSyncer,
     DataProducer,
     FairnessPolicy,
     Filter,
@@ -27,6 +35,7 @@ from epp.framework.plugins import (
     ProfileHandler,
     ResponseComplete,
     ResponseReceived,
+    ResponseStreaming,
     SaturationDetector,
     Scorer,
     UsageLimitPolicy,
@@ -37,11 +46,13 @@ from epp.framework.state import CycleState, DataKey, DataMap
 from epp.framework.types import (
     Endpoint,
     InferenceRequest,
+    InFlightLoad,
     Metrics,
     PrefixCacheMatchInfo,
     PrefixMatch,
     ProfileResult,
     Response,
+    ResponseChunk,
     SchedulingResult,
     TokenizedPrompt,
     Usage,
@@ -49,11 +60,16 @@ from epp.framework.types import (
 )
 
 __all__ = [
+    "INFLIGHT_LOAD",
+    "PREDICTED_TTFT_MS",
     "PREFIX_CACHE_MATCH_INFO",
     "REGISTRY",
     "TOKENIZED_PROMPT",
+    "UNCACHED_REQUEST_TOKENS",
     "BackgroundTask",
     "BadRequest",
+    "CrossReplicaContributor",
+    "CrossReplicaSyncer",
     "CycleState",
     "DataKey",
     "DataMap",
@@ -63,6 +79,7 @@ __all__ = [
     "EndpointView",
     "FairnessPolicy",
     "Filter",
+    "InFlightLoad",
     "InferenceRequest",
     "InternalError",
     "KVCacheIndex",
@@ -83,8 +100,10 @@ __all__ = [
     "ProfileResult",
     "RequestError",
     "Response",
+    "ResponseChunk",
     "ResponseComplete",
     "ResponseReceived",
+    "ResponseStreaming",
     "SaturationDetector",
     "SchedulingResult",
     "Scorer",

@@ -10,6 +10,7 @@ from epp.framework import (
     PreRequest,
     ResponseComplete,
     ResponseReceived,
+    ResponseStreaming,
     SaturationDetector,
 )
 from epp.scheduling import Scheduler
@@ -25,3 +26,4 @@ class Pipeline:
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
+    response_streaming: list[ResponseStreaming] = field(default_factory=list)
