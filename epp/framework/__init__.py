@@ -15,17 +15,26 @@ from epp.framework.errors import (
     TooManyRequests,
 )
 from epp.framework.keys import (
+    DATA_PARALLEL_HEADER,
+    DISAGG_DECISION,
+    DISAGG_HEADERS,
+    ENCODER_HEADER,
     INFLIGHT_LOAD,
+    PEER_ENDPOINT,
     PREDICTED_TTFT_MS,
+    PREFILL_HEADER,
     PREFIX_CACHE_MATCH_INFO,
     TOKENIZED_PROMPT,
     UNCACHED_REQUEST_TOKENS,
+    UPSTREAM_HEADERS,
 )
 from epp.framework.params import Params, PluginConfigError, parse_duration
 from epp.framework.plugins import (
+    AdmissionScope,
     CrossReplicaContributor,
     CrossReplicaSyncer,
     DataProducer,
+    DisaggDecider,
     FairnessPolicy,
     Filter,
     OrderingPolicy,
@@ -33,6 +42,7 @@ from epp.framework.plugins import (
     Plugin,
     PreRequest,
     ProfileHandler,
+    ReferencesPlugins,
     ResponseComplete,
     ResponseReceived,
     ResponseStreaming,
@@ -44,6 +54,7 @@ from epp.framework.registry import REGISTRY, PluginRegistry, get_factory, known_
 from epp.framework.services import KVCacheIndex, NoServices, Services, Tokenizer
 from epp.framework.state import CycleState, DataKey, DataMap
 from epp.framework.types import (
+    DisaggDecision,
     Endpoint,
     InferenceRequest,
     InFlightLoad,
@@ -60,12 +71,20 @@ from epp.framework.types import (
 )
 
 __all__ = [
+    "DATA_PARALLEL_HEADER",
+    "DISAGG_DECISION",
+    "DISAGG_HEADERS",
+    "ENCODER_HEADER",
     "INFLIGHT_LOAD",
+    "PEER_ENDPOINT",
     "PREDICTED_TTFT_MS",
+    "PREFILL_HEADER",
     "PREFIX_CACHE_MATCH_INFO",
     "REGISTRY",
     "TOKENIZED_PROMPT",
     "UNCACHED_REQUEST_TOKENS",
+    "UPSTREAM_HEADERS",
+    "AdmissionScope",
     "BackgroundTask",
     "BadRequest",
     "CrossReplicaContributor",
@@ -74,6 +93,8 @@ __all__ = [
     "DataKey",
     "DataMap",
     "DataProducer",
+    "DisaggDecider",
+    "DisaggDecision",
     "Endpoint",
     "EndpointListener",
     "EndpointView",
@@ -98,6 +119,7 @@ __all__ = [
     "PrefixMatch",
     "ProfileHandler",
     "ProfileResult",
+    "ReferencesPlugins",
     "RequestError",
     "Response",
     "ResponseChunk",
