@@ -40,6 +40,7 @@ GIE_KEYS = (
     "data",
     "flowControl",
     "parser",
+    "requestHandler",
 )
 # Our keys; other parts of the EPP may append theirs (unknown top-level keys are warnings, not errors).
 EXTENSION_KEYS: list[str] = [
@@ -118,6 +119,15 @@ class DataSourceSpec:
 
 
 @dataclass
+class ParserRefSpec:
+    """One `requestHandler.parsers` entry (or the deprecated top-level `parser`): a plugin name or a parser type."""
+
+    ref: str
+    path: str
+    line: int = 0
+
+
+@dataclass
 class EppConfig:
     raw: dict[str, Any]
     endpoints: list[StaticEndpointSpec] = field(default_factory=list)
@@ -132,7 +142,8 @@ class EppConfig:
     feature_gates: list[str] = field(default_factory=list)
     data_sources: list[DataSourceSpec] = field(default_factory=list)
     flow_control: FlowControlSpec | None = None
-    parser: str | None = None
+    # requestHandler.parsers in order (empty: the router's defaults openai, anthropic, vllmhttp, passthrough).
+    parsers: list[ParserRefSpec] = field(default_factory=list)
     objectives: dict[str, int] = field(default_factory=dict)
     refresh_metrics_interval: float = 0.05
     metrics_staleness_threshold: float = 2.0
@@ -344,6 +355,30 @@ def _ref(ctx: _Ctx, raw: Mapping[str, Any], key: str, names: set[str]) -> str | 
     return ref
 
 
+def _parsers(ctx: _Ctx, raw: Mapping[str, Any]) -> list[ParserRefSpec]:
+    """`requestHandler.parsers` (the router's key); the deprecated top-level `parser` when that list is empty.
+    A ref that names no plugin is checked by the builder: a parser type name makes a default instance of it."""
+    out: list[ParserRefSpec] = []
+    v = raw.get("requestHandler")
+    if v is not None:
+        m = _mapping(ctx, raw, "requestHandler", "requestHandler", v, ("parsers",))
+        items = _list(ctx, m, "parsers", "requestHandler.parsers", m.get("parsers"))
+        for i, item in enumerate(items):
+            path = f"requestHandler.parsers[{i}]"
+            pm = _mapping(ctx, items, i, path, item, ("pluginRef",))
+            ref = _str(ctx, pm, "pluginRef", path)
+            assert ref is not None
+            out.append(ParserRefSpec(ref, f"{path}.pluginRef", line_of(pm, "pluginRef")))
+    old = raw.get("parser")
+    if old is not None and not out:
+        m = _mapping(ctx, raw, "parser", "parser", old, ("pluginRef",))
+        ref = _str(ctx, m, "pluginRef", "parser")
+        assert ref is not None
+        log.info("%s: top-level parser is deprecated, use requestHandler.parsers", ctx.source)
+        out.append(ParserRefSpec(ref, "parser.pluginRef", line_of(m, "pluginRef")))
+    return out
+
+
 def _data_layer(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> list[DataSourceSpec]:
     key = "dataLayer" if "dataLayer" in raw else "data"
     v = raw.get(key)
@@ -546,7 +581,7 @@ def parse_config(text: str, source: str = "<text>") -> EppConfig:
         feature_gates=[str(g) for g in gates],
         data_sources=data_sources,
         flow_control=_flow_control(ctx, raw, names),
-        parser=_ref(ctx, raw, "parser", names),
+        parsers=_parsers(ctx, raw),
         objectives=_objectives(ctx, raw),
         refresh_metrics_interval=_duration_key(ctx, raw, "refreshMetricsInterval", 0.05),
         metrics_staleness_threshold=_duration_key(ctx, raw, "metricsStalenessThreshold", 2.0),

@@ -12,6 +12,7 @@ from epp.framework import (
     ResponseReceived,
     SaturationDetector,
 )
+from epp.framework.parsing import ParserRegistry
 from epp.scheduling import Scheduler
 
 
@@ -25,3 +26,5 @@ class Pipeline:
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
+    # requestHandler.parsers: which parser reads a request body, by path
+    parsers: ParserRegistry = field(default_factory=lambda: ParserRegistry([]))

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from epp.config.loader import ConfigError, EppConfig, PluginSpec
+from epp.config.loader import ConfigError, EppConfig, ParserRefSpec, PluginSpec
 from epp.config.yamlmarks import line_of
 from epp.framework import (
     DataKey,
@@ -29,9 +29,10 @@ from epp.framework import (
     SaturationDetector,
     Scorer,
 )
+from epp.framework.parsing import ParserRegistry, RequestParser
 from epp.requestcontrol.pipeline import Pipeline
 from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
-from epp.wiring.builtins import register_builtins
+from epp.wiring.builtins import DEFAULT_PARSERS, register_builtins
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         )
 
     detector = _saturation_detector(b, plugins)
+    parsers = _parsers(b, plugins)
     everything = list(plugins.values())
     return Pipeline(
         plugins=plugins,
@@ -178,7 +180,27 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         pre_request=[p for p in everything if isinstance(p, PreRequest)],
         response_received=[p for p in everything if isinstance(p, ResponseReceived)],
         response_complete=[p for p in everything if isinstance(p, ResponseComplete)],
+        parsers=parsers,
     )
+
+
+def _parsers(b: _Builder, plugins: dict[str, Plugin]) -> ParserRegistry:
+    """`requestHandler.parsers` as the router resolves them: a configured plugin by name, else a default instance
+    of the parser type of that name; none listed = the router's defaults (a path no parser claims then falls
+    through to passthrough-parser; an explicit list gains no fallback)."""
+    specs = b.config.parsers or [ParserRefSpec(t, "(default requestHandler.parsers)") for t in DEFAULT_PARSERS]
+    out: list[RequestParser] = []
+    for spec in specs:
+        loc = b.loc(spec.line)
+        p = plugins.get(spec.ref)
+        if p is None:
+            if b.registry.factory(spec.ref) is None:
+                raise ConfigError(f"{loc}: {spec.path}: no plugin named {spec.ref!r} in plugins (nor a parser type)")
+            p = _default(b, spec.ref)
+        if not isinstance(p, RequestParser):
+            raise ConfigError(f"{loc}: {spec.path}: {spec.ref!r} is not a parser plugin (type {p.type_name or '?'})")
+        out.append(p)
+    return ParserRegistry(out)
 
 
 def _default(b: _Builder, type_name: str) -> Plugin:

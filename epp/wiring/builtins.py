@@ -10,6 +10,7 @@ from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlu
 from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
 from epp.framework import REGISTRY, Plugin, PluginRegistry
+from epp.framework.parsing import ParserRegistry, RequestParser
 from epp.plugins.filters.by_label import ByLabelFilter
 from epp.plugins.filters.decode_filter import DecodeFilter
 from epp.plugins.filters.encode_filter import EncodeFilter
@@ -19,9 +20,13 @@ from epp.plugins.flowcontrol.fcfs_ordering_policy import FCFSOrderingPolicy
 from epp.plugins.flowcontrol.global_strict_fairness_policy import GlobalStrictFairnessPolicy
 from epp.plugins.flowcontrol.round_robin_fairness_policy import RoundRobinFairnessPolicy
 from epp.plugins.flowcontrol.static_usage_limit_policy import StaticUsageLimitPolicy
+from epp.plugins.parsers.anthropic_parser import AnthropicParser
 from epp.plugins.parsers.openai_parser import OpenAIParser
 from epp.plugins.parsers.passthrough_parser import PassthroughParser
+from epp.plugins.parsers.sglanghttp_parser import SGLangHTTPParser
+from epp.plugins.parsers.vertexai_parser import VertexAIParser
 from epp.plugins.parsers.vllmgrpc_parser import VLLMGRPCParser
+from epp.plugins.parsers.vllmhttp_parser import VLLMHTTPParser
 from epp.plugins.pickers.max_score_picker import MaxScorePicker
 from epp.plugins.pickers.random_picker import RandomPicker
 from epp.plugins.pickers.round_robin_picker import RoundRobinPicker
@@ -83,9 +88,16 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     MetricsDataSource,
     # request parsers
     OpenAIParser,
-    PassthroughParser,
+    AnthropicParser,
+    VLLMHTTPParser,
+    SGLangHTTPParser,
+    VertexAIParser,
     VLLMGRPCParser,
+    PassthroughParser,
 )
+
+# The router's parsers when `requestHandler.parsers` is empty (config/loader/defaults.go ensureParsers).
+DEFAULT_PARSERS = ("openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser")
 
 
 def register_builtins(registry: PluginRegistry = REGISTRY) -> PluginRegistry:
@@ -99,3 +111,10 @@ def register_builtins(registry: PluginRegistry = REGISTRY) -> PluginRegistry:
 def known_types() -> list[str]:
     """Every plugin type this EPP knows (built-ins, aliases and entry points)."""
     return register_builtins().known_types()
+
+
+def default_parsers() -> ParserRegistry:
+    """The router's default parser list, for servers built without a config (tests, benchmarks)."""
+    by_type = {cls.type_name: cls for cls in BUILTIN_PLUGINS}
+    parsers = [by_type[t]() for t in DEFAULT_PARSERS]
+    return ParserRegistry([p for p in parsers if isinstance(p, RequestParser)])

@@ -194,3 +194,28 @@ def test_a_factory_crash_is_a_config_error_with_the_line() -> None:
     with pytest.raises(ConfigError) as e:
         build("plugins:\n- type: queue-scorer\n- type: exploding\n", reg)
     assert str(e.value) == f"{SRC}:3: plugins[1] (exploding): RuntimeError: cannot reach the license server"
+
+
+def _parser_types(p: Pipeline) -> list[str]:
+    return [x.type_name for x in p.parsers.parsers] + (["fallback"] if p.parsers.fallback else [])
+
+
+def test_request_handler_parsers_as_the_router_resolves_them() -> None:
+    base = "plugins:\n- type: queue-scorer\n"
+    # none listed: the router's defaults, passthrough last as the fallback
+    assert _parser_types(build(base)) == [
+        "openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser", "fallback"
+    ]  # fmt: skip
+    # a configured plugin by name, or a parser type name without a plugin entry; no fallback added
+    p = build(base + "- name: gen\n  type: sglanghttp-parser\nrequestHandler:\n  parsers:\n"
+              "  - pluginRef: gen\n  - pluginRef: anthropic-parser\n")  # fmt: skip
+    assert _parser_types(p) == ["sglanghttp-parser", "anthropic-parser"]
+    assert p.parsers.resolve("/generate").name == "gen"
+    # the deprecated top-level parser
+    assert _parser_types(build(base + "parser:\n  pluginRef: vllmgrpc-parser\n")) == ["vllmgrpc-parser"]
+    with pytest.raises(ConfigError, match=r"epp.yaml:5: requestHandler.parsers\[0\].pluginRef: no plugin named 'nope'"):
+        build(base + "requestHandler:\n  parsers:\n  - pluginRef: nope\n")
+    with pytest.raises(ConfigError, match=r"requestHandler.parsers\[0\].pluginRef: 'queue-scorer' is not a parser"):
+        build(base + "requestHandler:\n  parsers:\n  - pluginRef: queue-scorer\n")
+    with pytest.raises(ConfigError, match=r"epp.yaml:4: requestHandler.parser: unknown field"):
+        build(base + "requestHandler:\n  parser: []\n")
