@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from epp.framework.errors import BadRequest
 from epp.framework.parsing import NoParser, ParsedRequest, ParserRegistry, request_path
 from epp.framework.types import InferenceRequest
+from epp.plugins.parsers._common import MAX_JSON_DEPTH, decode_json_object
 from epp.plugins.parsers._grpc import grpc_frame
 from epp.plugins.parsers.anthropic_parser import AnthropicParser
 from epp.plugins.parsers.openai_parser import OpenAIParser, detect_api
@@ -127,6 +128,17 @@ def test_model_rewrites_config_and_header() -> None:
     req, fwd = parse_request(hdrs(**{"x-gateway-model-name-rewrite": "hdr"}), body, {"alias": "real"})
     assert req.target_model == "hdr"
     assert json.loads(fwd)["model"] == "hdr"
+
+
+def test_json_depth_limit() -> None:
+    ok = b'{"a":' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}"
+    assert decode_json_object(ok)
+    for depth in (MAX_JSON_DEPTH, 5000, 200_000):
+        deep = b'{"a":' + b"[" * depth + b"]" * depth + b"}"
+        with pytest.raises(BadRequest, match="nests deeper than 128 levels"):
+            decode_json_object(deep)
+    many = b'{"a":[' + b",".join([b"[]"] * 5000) + b"]}"  # many containers, shallow: fine
+    assert len(decode_json_object(many)["a"]) == 5000
 
 
 # -- the registry: the router's path resolution ------------------------------------------------------------------

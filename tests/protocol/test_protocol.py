@@ -109,3 +109,8 @@ def test_rewriter_unicode_names() -> None:
     rw = ModelNameRewriter("modèle-服务", "client-é")
     body = json.dumps({"model": "modèle-服务"}, ensure_ascii=False).encode()
     assert json.loads(rw.feed(body, True)) == {"model": "client-é"}
+
+
+def test_usage_ignores_absurd_token_counts() -> None:
+    u = usage_from_json(b'{"usage":{"prompt_tokens":-4,"completion_tokens":' + b"9" * 500 + b"}}")
+    assert u is not None and (u.prompt_tokens, u.completion_tokens) == (0, 0)

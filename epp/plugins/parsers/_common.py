@@ -9,21 +9,47 @@ from typing import Any, ClassVar
 from epp.framework import BadRequest, Plugin
 from epp.framework.parsing import ParsedRequest
 
+# Deeper JSON is refused with 400: no API body nests this deep, and every walk over the body (templates,
+# re-encoding, plugins) would otherwise pay for it (or hit Python's recursion limit).
+MAX_JSON_DEPTH = 128
 
-def decode_json_object(body: bytes, what: str = "request body") -> dict[str, Any]:
+
+def decode_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
     if not body:
-        raise BadRequest(f"{what} is empty")
+        raise BadRequest("request body is empty")
     try:
         parsed = json.loads(body)
     except UnicodeDecodeError:
-        raise BadRequest(f"{what} is not valid UTF-8") from None
-    except RecursionError:
-        raise BadRequest(f"{what} is nested too deeply") from None
+        raise BadRequest("request body is not valid UTF-8") from None
     except ValueError as e:
-        raise BadRequest(f"{what} is not valid JSON: {e}") from None
+        raise BadRequest(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest(f"request body nests deeper than {max_depth} levels") from None
     if not isinstance(parsed, dict):
-        raise BadRequest(f"{what} must be a JSON object")
+        raise BadRequest("request body must be a JSON object")
+    if body.count(b"{") + body.count(b"[") > max_depth:  # only then can it nest that deep (a C-speed check)
+        _check_depth(parsed, max_depth)
     return parsed
+
+
+def _check_depth(root: dict[str, Any], max_depth: int) -> None:
+    """Iterative (no recursion): the decoded body's containers nest at most `max_depth` deep."""
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            raise BadRequest(f"request body nests deeper than {max_depth} levels")
+        for v in node.values() if isinstance(node, dict) else node:
+            if isinstance(v, dict | list):
+                stack.append((v, depth + 1))
+
+
+def encode_json_body(parsed: dict[str, Any]) -> bytes:
+    """Compact UTF-8 JSON; strings holding lone surrogates (from `\\ud800` escapes) are kept as escapes."""
+    try:
+        return json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(parsed, ensure_ascii=True, separators=(",", ":")).encode()
 
 
 def json_model_rewriter(parsed: dict[str, Any]) -> Callable[[str], bytes]:
@@ -32,7 +58,7 @@ def json_model_rewriter(parsed: dict[str, Any]) -> Callable[[str], bytes]:
     def rewrite(model: str) -> bytes:
         out = dict(parsed)
         out["model"] = model
-        return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
+        return encode_json_body(out)
 
     return rewrite
 
