@@ -10,6 +10,7 @@ from epp.framework import (
     PreRequest,
     ResponseComplete,
     ResponseReceived,
+    ResponseStreaming,
     SaturationDetector,
 )
 from epp.framework.parsing import ParserRegistry
@@ -26,5 +27,6 @@ class Pipeline:
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
+    response_streaming: list[ResponseStreaming] = field(default_factory=list)
     # requestHandler.parsers: which parser reads a request body, by path
     parsers: ParserRegistry = field(default_factory=lambda: ParserRegistry([]))

@@ -27,6 +27,7 @@ from epp.framework import (
     ReferencesPlugins,
     ResponseComplete,
     ResponseReceived,
+    ResponseStreaming,
     SaturationDetector,
     Scorer,
 )
@@ -136,7 +137,7 @@ class _Builder:
         producers: list[Plugin] = [b.plugin for b in self.built.values() if isinstance(b.plugin, DataProducer)]
         deps: dict[str, set[str]] = {}
         for p in producers:
-            wanted = set(p.consumes())
+            wanted = set(p.consumes()) | set(p.uses())
             deps[p.name] = {q.name for q in producers if q is not p and wanted.intersection(q.produces())}
         order: list[DataProducer] = []
         placed: set[str] = set()
@@ -196,6 +197,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         pre_request=[p for p in everything if isinstance(p, PreRequest)],
         response_received=[p for p in everything if isinstance(p, ResponseReceived)],
         response_complete=[p for p in everything if isinstance(p, ResponseComplete)],
+        response_streaming=[p for p in everything if isinstance(p, ResponseStreaming)],
         parsers=parsers,
     )
 
@@ -292,7 +294,7 @@ def _saturation_detector(b: _Builder, plugins: dict[str, Plugin]) -> SaturationD
                 f"saturationDetector.pluginRef: {p.name!r} is not a saturation detector"
             )
         return p
-    configured = [p for p in plugins.values() if p.type_name == "utilization-detector"]
+    configured = [p for p in plugins.values() if p.type_name in ("utilization-detector", "concurrency-detector")]
     if len(configured) == 1 and isinstance(configured[0], SaturationDetector):
         return configured[0]
     default = _default(b, "utilization-detector")
