@@ -197,25 +197,22 @@ def test_a_factory_crash_is_a_config_error_with_the_line() -> None:
 
 
 def _parser_types(p: Pipeline) -> list[str]:
-    return [x.type_name for x in p.parsers.parsers] + (["fallback"] if p.parsers.fallback else [])
+    reg = p.parser_registry
+    return [x.type_name for x in reg.parsers] + (["fallback"] if reg.fallback else [])
 
 
-def test_request_handler_parsers_as_the_router_resolves_them() -> None:
+def test_parser_registry_as_the_router_resolves_it() -> None:
     base = "plugins:\n- type: queue-scorer\n"
     # none listed: the router's defaults, passthrough last as the fallback
     assert _parser_types(build(base)) == [
         "openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser", "fallback"
     ]  # fmt: skip
-    # a configured plugin by name, or a parser type name without a plugin entry; no fallback added
-    p = build(base + "- name: gen\n  type: sglanghttp-parser\nrequestHandler:\n  parsers:\n"
-              "  - pluginRef: gen\n  - pluginRef: anthropic-parser\n")  # fmt: skip
+    # a configured parser of a default type is the one used
+    assert build(base + "- name: openai-parser\n  type: openai-parser\n").parser_registry.resolve(
+        "/v1/chat/completions"
+    )
+    # an explicit list is used as given: no fallback
+    p = build(base + "- name: gen\n  type: sglanghttp-parser\n- type: anthropic-parser\nrequestHandler:\n"
+              "  parsers:\n  - pluginRef: gen\n  - pluginRef: anthropic-parser\n")  # fmt: skip
     assert _parser_types(p) == ["sglanghttp-parser", "anthropic-parser"]
-    assert p.parsers.resolve("/generate").name == "gen"
-    # the deprecated top-level parser
-    assert _parser_types(build(base + "parser:\n  pluginRef: vllmgrpc-parser\n")) == ["vllmgrpc-parser"]
-    with pytest.raises(ConfigError, match=r"epp.yaml:5: requestHandler.parsers\[0\].pluginRef: no plugin named 'nope'"):
-        build(base + "requestHandler:\n  parsers:\n  - pluginRef: nope\n")
-    with pytest.raises(ConfigError, match=r"requestHandler.parsers\[0\].pluginRef: 'queue-scorer' is not a parser"):
-        build(base + "requestHandler:\n  parsers:\n  - pluginRef: queue-scorer\n")
-    with pytest.raises(ConfigError, match=r"epp.yaml:4: requestHandler.parser: unknown field"):
-        build(base + "requestHandler:\n  parser: []\n")
+    assert p.parser_registry.resolve("/generate").name == "gen"
