@@ -8,6 +8,7 @@ from epp.framework import (
     DataProducer,
     Plugin,
     PreRequest,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseReceived,
     ResponseStreaming,
@@ -29,3 +30,5 @@ class Pipeline:
     response_streaming: list[ResponseStreaming] = field(default_factory=list)
     # requestHandler.parsers (or GIE's `parser`), in config order: the request parsers the server is to use.
     parsers: list[Plugin] = field(default_factory=list)
+    # Run first, before admission (agent-identity).
+    header_processors: list[RequestHeaderProcessor] = field(default_factory=list)

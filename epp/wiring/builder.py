@@ -25,6 +25,7 @@ from epp.framework import (
     PreRequest,
     ProfileHandler,
     ReferencesPlugins,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseReceived,
     ResponseStreaming,
@@ -202,6 +203,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         response_complete=[p for p in everything if isinstance(p, ResponseComplete)],
         response_streaming=[p for p in everything if isinstance(p, ResponseStreaming)],
         parsers=parsers,
+        header_processors=[p for p in everything if isinstance(p, RequestHeaderProcessor)],
     )
 
 

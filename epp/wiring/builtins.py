@@ -26,9 +26,14 @@ from epp.plugins.filters.prefill_filter import PrefillFilter
 from epp.plugins.filters.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
 from epp.plugins.filters.topology_affinity_filter import TopologyAffinityFilter
 from epp.plugins.filters.utilization_filter import UtilizationFilter
+from epp.plugins.flowcontrol.edf_ordering_policy import EDFOrderingPolicy
 from epp.plugins.flowcontrol.fcfs_ordering_policy import FCFSOrderingPolicy
 from epp.plugins.flowcontrol.global_strict_fairness_policy import GlobalStrictFairnessPolicy
+from epp.plugins.flowcontrol.priority_holdback_policy import PriorityHoldbackPolicy
+from epp.plugins.flowcontrol.program_aware_fairness import ProgramAwareFairness
 from epp.plugins.flowcontrol.round_robin_fairness_policy import RoundRobinFairnessPolicy
+from epp.plugins.flowcontrol.slo_deadline_ordering_policy import SLODeadlineOrderingPolicy
+from epp.plugins.flowcontrol.soft_reflective_ceiling_policy import SoftReflectiveCeilingPolicy
 from epp.plugins.flowcontrol.static_usage_limit_policy import StaticUsageLimitPolicy
 from epp.plugins.parsers.openai_parser import OpenAIParser
 from epp.plugins.parsers.passthrough_parser import PassthroughParser
@@ -45,7 +50,9 @@ from epp.plugins.producers.token_producer import TokenProducer
 from epp.plugins.profiles.disagg_profile_handler import DisaggProfileHandler
 from epp.plugins.profiles.pd_profile_handler import PdProfileHandler
 from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
+from epp.plugins.requestcontrol.agent_identity import AgentIdentity
 from epp.plugins.requestcontrol.destination_endpoint_served_verifier import DestinationEndpointServedVerifier
+from epp.plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter
 from epp.plugins.saturation.concurrency_detector import ConcurrencyDetector
 from epp.plugins.saturation.utilization_detector import UtilizationDetector
 from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
@@ -131,6 +138,13 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     TopologyAffinityScorer,
     HeaderBasedTestingFilter,
     DestinationEndpointServedVerifier,
+    EDFOrderingPolicy,
+    SLODeadlineOrderingPolicy,
+    ProgramAwareFairness,
+    PriorityHoldbackPolicy,
+    SoftReflectiveCeilingPolicy,
+    AgentIdentity,
+    ProbabilisticAdmitter,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )
