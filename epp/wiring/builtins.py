@@ -12,6 +12,7 @@ from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
 from epp.datalayer.plugins.topology_extractor import TopologyExtractor
 from epp.discovery.plugins.file_discovery import FileDiscovery
 from epp.framework import REGISTRY, Plugin, PluginRegistry
+from epp.framework.parsing import ParserRegistry, RequestParser
 from epp.plugins.compat.multicluster_hub import MultiClusterHubPlugin
 from epp.plugins.deciders.always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
 from epp.plugins.deciders.always_disagg_pd_decider import AlwaysDisaggPDDecider
@@ -35,9 +36,13 @@ from epp.plugins.flowcontrol.round_robin_fairness_policy import RoundRobinFairne
 from epp.plugins.flowcontrol.slo_deadline_ordering_policy import SLODeadlineOrderingPolicy
 from epp.plugins.flowcontrol.soft_reflective_ceiling_policy import SoftReflectiveCeilingPolicy
 from epp.plugins.flowcontrol.static_usage_limit_policy import StaticUsageLimitPolicy
+from epp.plugins.parsers.anthropic_parser import AnthropicParser
 from epp.plugins.parsers.openai_parser import OpenAIParser
 from epp.plugins.parsers.passthrough_parser import PassthroughParser
+from epp.plugins.parsers.sglanghttp_parser import SGLangHTTPParser
+from epp.plugins.parsers.vertexai_parser import VertexAIParser
 from epp.plugins.parsers.vllmgrpc_parser import VLLMGRPCParser
+from epp.plugins.parsers.vllmhttp_parser import VLLMHTTPParser
 from epp.plugins.pickers.max_score_picker import MaxScorePicker
 from epp.plugins.pickers.random_picker import RandomPicker
 from epp.plugins.pickers.round_robin_picker import RoundRobinPicker
@@ -126,8 +131,12 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     FileDiscovery,
     # request parsers
     OpenAIParser,
-    PassthroughParser,
+    AnthropicParser,
+    VLLMHTTPParser,
+    SGLangHTTPParser,
+    VertexAIParser,
     VLLMGRPCParser,
+    PassthroughParser,
     # llm-d-router catalog (issue 12): filters, scorers, data layer, GIE conformance
     UtilizationFilter,
     EndpointAttributeFilter,
@@ -149,6 +158,9 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     MultiClusterHubPlugin,
 )
 
+# The router's parsers when `requestHandler.parsers` is empty (config/loader/defaults.go ensureParsers).
+DEFAULT_PARSERS = ("openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser")
+
 
 def register_builtins(registry: PluginRegistry = REGISTRY) -> PluginRegistry:
     """Register every built-in type (idempotent), then third-party entry points."""
@@ -161,3 +173,10 @@ def register_builtins(registry: PluginRegistry = REGISTRY) -> PluginRegistry:
 def known_types() -> list[str]:
     """Every plugin type this EPP knows (built-ins, aliases and entry points)."""
     return register_builtins().known_types()
+
+
+def default_parsers() -> ParserRegistry:
+    """The router's default parser list, for servers built without a config (tests, benchmarks)."""
+    by_type = {cls.type_name: cls for cls in BUILTIN_PLUGINS}
+    parsers = [by_type[t]() for t in DEFAULT_PARSERS]
+    return ParserRegistry([p for p in parsers if isinstance(p, RequestParser)])
