@@ -55,7 +55,7 @@ class SimModel:
     prefill_tokens_per_second: float = 1000.0
     prefill_overhead: float = 0.010
     inter_token_latency: float = 0.010
-    prefill_decode_interference: float = 0.5
+    prefill_interference: float = 0.5
     max_num_seqs: int = 6
     time_factor_under_load: float = 1.5
 
@@ -66,7 +66,7 @@ class SimModel:
             "--prefill-tokens-per-second", str(self.prefill_tokens_per_second),
             "--prefill-overhead", str(self.prefill_overhead),
             "--inter-token-latency", str(self.inter_token_latency),
-            "--prefill-decode-interference", str(self.prefill_decode_interference),
+            "--prefill-interference", str(self.prefill_interference),
             "--time-factor-under-load", str(self.time_factor_under_load),
         ]  # fmt: skip
 

@@ -80,9 +80,9 @@ def test_shared_prefill_throughput_queues_prefills(thread_sim_factory: Any) -> N
 
 
 def test_prefill_slows_running_decodes(thread_sim_factory: Any) -> None:
-    """--prefill-decode-interference: decode steps are slower while another request prefills."""
+    """--prefill-interference with shared prefill: decode steps are slower while another request prefills."""
     sim: Sim = thread_sim_factory(
-        "--prefill-tokens-per-second", "1000", "--prefill-decode-interference", "3", "--inter-token-latency", "0.01",
+        "--prefill-tokens-per-second", "1000", "--prefill-interference", "3", "--inter-token-latency", "0.01",
         "--prefill-overhead", "0.001", "--max-num-seqs", "4", events=False,
     )  # fmt: skip
     short = {"prompt": "hello", "max_tokens": 30}
