@@ -131,6 +131,9 @@ class EppConfig:
     saturation_detector: str | None = None
     feature_gates: list[str] = field(default_factory=list)
     data_sources: list[DataSourceSpec] = field(default_factory=list)
+    # dataLayer.crossReplicaSyncerPluginRef / crossReplicaSyncInterval (seconds; None: the syncer's default)
+    cross_replica_syncer: str | None = None
+    cross_replica_interval: float | None = None
     flow_control: FlowControlSpec | None = None
     parser: str | None = None
     objectives: dict[str, int] = field(default_factory=dict)
@@ -349,7 +352,7 @@ def _data_layer(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> list[Data
     v = raw.get(key)
     if v is None:
         return []
-    m = _mapping(ctx, raw, key, key, v, ("sources",))
+    m = _mapping(ctx, raw, key, key, v, ("sources", *_CROSS_REPLICA_KEYS))
     sources = _list(ctx, m, "sources", f"{key}.sources", m.get("sources"))
     out = []
     for i, s in enumerate(sources):
@@ -371,6 +374,31 @@ def _data_layer(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> list[Data
             ex_refs.append(eref)
         out.append(DataSourceSpec(ref=ref, extractors=ex_refs, line=line_of(sources, i)))
     return out
+
+
+_CROSS_REPLICA_KEYS = ("crossReplicaSyncerPluginRef", "crossReplicaSyncInterval")
+
+
+def _cross_replica(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> tuple[str | None, float | None]:
+    """llm-d's `dataLayer.crossReplicaSyncerPluginRef` (a plugin name) and `crossReplicaSyncInterval` (a duration)."""
+    m = raw.get("dataLayer")
+    if not isinstance(m, Mapping):
+        return None, None
+    ref = _str(ctx, m, "crossReplicaSyncerPluginRef", "dataLayer", required=False) or None
+    path = "dataLayer.crossReplicaSyncerPluginRef"
+    if ref is not None and ref not in names:
+        raise ctx.err(m, "crossReplicaSyncerPluginRef", path, f"no plugin named {ref!r} in plugins")
+    interval = None
+    if m.get("crossReplicaSyncInterval") is not None:
+        try:
+            interval = parse_duration(m["crossReplicaSyncInterval"])
+        except ValueError as e:
+            raise ctx.err(m, "crossReplicaSyncInterval", "dataLayer.crossReplicaSyncInterval", str(e)) from None
+        if interval <= 0:
+            raise ctx.err(
+                m, "crossReplicaSyncInterval", "dataLayer.crossReplicaSyncInterval", f"must be positive, got {interval}"
+            )
+    return ref, interval
 
 
 _BAND_KEYS = ("priority", "priorityName", "maxBytes", "maxRequests", "fairnessPolicyRef", "orderingPolicyRef")
@@ -530,6 +558,7 @@ def parse_config(text: str, source: str = "<text>") -> EppConfig:
     names = {p.name for p in plugins}
     profiles = _profiles(ctx if not default_plugins else _Ctx("<default config>"), plugin_src, names)
     data_sources = _data_layer(ctx, raw, names)
+    cross_replica_syncer, cross_replica_interval = _cross_replica(ctx, raw, names)
     if not data_sources and default_plugins and raw.get("dataLayer") is None:
         data_sources = [DataSourceSpec("metrics-data-source", ["core-metrics-extractor"])]
 
@@ -545,6 +574,8 @@ def parse_config(text: str, source: str = "<text>") -> EppConfig:
         saturation_detector=_ref(ctx, raw, "saturationDetector", names),
         feature_gates=[str(g) for g in gates],
         data_sources=data_sources,
+        cross_replica_syncer=cross_replica_syncer,
+        cross_replica_interval=cross_replica_interval,
         flow_control=_flow_control(ctx, raw, names),
         parser=_ref(ctx, raw, "parser", names),
         objectives=_objectives(ctx, raw),
