@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ssl
+from collections.abc import Callable, Sequence
+from typing import Any
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
@@ -10,10 +14,22 @@ class MetricsHTTP:
     """Serves the request metrics' registry plus the process-global one (scheduler, data layer, KV pool,
     flow control and process metrics register there)."""
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        *,
+        middlewares: Sequence[Any] = (),
+        extra_routes: Callable[[web.Application], None] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self._registry = registry
         self._host = host
         self._port = port
+        self._middlewares = list(middlewares)
+        self._extra_routes = extra_routes
+        self._ssl = ssl_context
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -24,11 +40,13 @@ class MetricsHTTP:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=self._middlewares)
         app.router.add_get("/metrics", self._metrics)
+        if self._extra_routes is not None:
+            self._extra_routes(app)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
+        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
