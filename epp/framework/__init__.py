@@ -14,10 +14,22 @@ from epp.framework.errors import (
     TokenizationError,
     TooManyRequests,
 )
-from epp.framework.keys import PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT
+from epp.framework.keys import (
+    DATA_PARALLEL_HEADER,
+    DISAGG_DECISION,
+    DISAGG_HEADERS,
+    ENCODER_HEADER,
+    PEER_ENDPOINT,
+    PREFILL_HEADER,
+    PREFIX_CACHE_MATCH_INFO,
+    TOKENIZED_PROMPT,
+    UPSTREAM_HEADERS,
+)
 from epp.framework.params import Params, PluginConfigError, parse_duration
 from epp.framework.plugins import (
+    AdmissionScope,
     DataProducer,
+    DisaggDecider,
     FairnessPolicy,
     Filter,
     OrderingPolicy,
@@ -25,6 +37,7 @@ from epp.framework.plugins import (
     Plugin,
     PreRequest,
     ProfileHandler,
+    ReferencesPlugins,
     ResponseComplete,
     ResponseReceived,
     SaturationDetector,
@@ -35,6 +48,7 @@ from epp.framework.registry import REGISTRY, PluginRegistry, get_factory, known_
 from epp.framework.services import KVCacheIndex, NoServices, Services, Tokenizer
 from epp.framework.state import CycleState, DataKey, DataMap
 from epp.framework.types import (
+    DisaggDecision,
     Endpoint,
     InferenceRequest,
     Metrics,
@@ -49,15 +63,25 @@ from epp.framework.types import (
 )
 
 __all__ = [
+    "DATA_PARALLEL_HEADER",
+    "DISAGG_DECISION",
+    "DISAGG_HEADERS",
+    "ENCODER_HEADER",
+    "PEER_ENDPOINT",
+    "PREFILL_HEADER",
     "PREFIX_CACHE_MATCH_INFO",
     "REGISTRY",
     "TOKENIZED_PROMPT",
+    "UPSTREAM_HEADERS",
+    "AdmissionScope",
     "BackgroundTask",
     "BadRequest",
     "CycleState",
     "DataKey",
     "DataMap",
     "DataProducer",
+    "DisaggDecider",
+    "DisaggDecision",
     "Endpoint",
     "EndpointListener",
     "EndpointView",
@@ -81,6 +105,7 @@ __all__ = [
     "PrefixMatch",
     "ProfileHandler",
     "ProfileResult",
+    "ReferencesPlugins",
     "RequestError",
     "Response",
     "ResponseComplete",

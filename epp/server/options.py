@@ -139,6 +139,7 @@ class Options:
     # pyepp's own
     bind_address: str = "0.0.0.0"
     max_request_body_bytes: int = 128 * 1024 * 1024
+    metrics_max_model_labels: int = 100
     log_level: str = ""
     workers: int = 1
     worker_index: int = -1
@@ -335,6 +336,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("allow-experimental-plugins", "bool", "Allows loading of experimental Alpha plugins."),
     Flag("bind-address", "string", "Address the ext_proc, health and metrics listeners bind (pyepp)."),
     Flag("max-request-body-bytes", "int", "Larger request bodies get a 413 (pyepp)."),
+    Flag("metrics-max-model-labels", "int",
+         "Distinct model names (and fairness ids) that become metric labels; the rest count as __other__ (pyepp)."),
     Flag("log-level", "string", "Python log level: debug, info, warning or error; overrides -v and --zap-log-level "
          "(pyepp)."),
     Flag("workers", "int", "EPP processes sharing the ports through SO_REUSEPORT (pyepp)."),

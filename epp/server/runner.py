@@ -20,6 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
+from epp.framework.labels import DEFAULT_MAX_MODEL_LABELS, configure_label_budgets
 from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, ExtProcServicer, ServerState
 from epp.server.health import Health
 from epp.server.metrics import REGISTRY, RequestMetrics, request_metrics
@@ -80,6 +81,8 @@ class ServeOptions:
     metrics_cert_dir: str | None = None
     metrics_client_ca_file: str | None = None
     leader_election: LeaderElectionConfig | None = None
+    # Distinct client-chosen model names (and fairness ids) that become metric labels; the rest are `__other__`.
+    max_model_labels: int = DEFAULT_MAX_MODEL_LABELS
 
     @classmethod
     def from_flags(cls, opts: Options, *, kubernetes: bool) -> ServeOptions:
@@ -115,6 +118,7 @@ class ServeOptions:
             metrics_cert_dir=opts.metrics_cert_dir or None,
             metrics_client_ca_file=opts.metrics_client_ca_file or None,
             leader_election=leader,
+            max_model_labels=opts.metrics_max_model_labels,
         )
 
 
@@ -132,6 +136,8 @@ class EppServer:
         self.options = options
         self.health = Health()
         self.metrics = metrics if metrics is not None else request_metrics(registry)
+        rewrites = runtime.config.model_rewrites or {}
+        configure_label_budgets(options.max_model_labels, [*rewrites, *rewrites.values()])
         self.state = ServerState(
             runtime.director,
             runtime.datastore,
@@ -143,8 +149,12 @@ class EppServer:
         grpc_opts = _grpc_options(options.reuse_port, options.grpc_max_recv_bytes, options.grpc_max_send_bytes)
         self._grpc = grpc.aio.server(options=grpc_opts)
         self._health_grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
-        self._registry = registry
-        self._metrics_http: MetricsHTTP | None = None
+        routes = None
+        if options.enable_pprof:
+            from epp.server import pprof
+
+            routes = pprof.add_routes
+        self._metrics_http = MetricsHTTP(registry, options.bind_address, options.metrics_port, extra_routes=routes)
         self._kube_api: Any = None
         self.elector: LeaderElector | None = None
         self.leadership_lost = asyncio.Event()
@@ -161,26 +171,13 @@ class EppServer:
                 raise BindError(f"cannot reach the Kubernetes API (metrics auth / leader election): {e}") from None
         return self._kube_api
 
-    async def _make_metrics_http(self) -> MetricsHTTP:
-        opts = self.options
-        middlewares: list[Any] = []
-        if opts.metrics_auth:
+    async def _secure_metrics_http(self) -> None:
+        """--metrics-endpoint-auth and --metrics-cert-dir (both need I/O, so they are set up in start())."""
+        if self.options.metrics_auth:
             from epp.server.metrics_auth import KubeAuthorizer, auth_middleware
 
-            middlewares.append(auth_middleware(KubeAuthorizer(await self._kube())))
-        routes = None
-        if opts.enable_pprof:
-            from epp.server import pprof
-
-            routes = pprof.add_routes
-        return MetricsHTTP(
-            self._registry,
-            opts.bind_address,
-            opts.metrics_port,
-            middlewares=middlewares,
-            extra_routes=routes,
-            ssl_context=self._metrics_ssl(),
-        )
+            self._metrics_http.middlewares.append(auth_middleware(KubeAuthorizer(await self._kube())))
+        self._metrics_http.ssl_context = self._metrics_ssl()
 
     def _metrics_ssl(self) -> ssl.SSLContext | None:
         """--metrics-cert-dir: TLS (1.2+) on the metrics port; --metrics-client-ca-file: require client certs."""
@@ -220,7 +217,7 @@ class EppServer:
                 raise BindError(f"cannot bind {key} port {address}: {e}") from None
         await self.health.start()
         try:
-            self._metrics_http = await self._make_metrics_http()
+            await self._secure_metrics_http()
         except (BindError, TLSError):
             await self._close_kube()
             raise
@@ -304,8 +301,7 @@ class EppServer:
             await self.elector.release()
         await self._grpc.stop(self.options.drain_timeout)
         await self._health_grpc.stop(0)
-        if self._metrics_http is not None:
-            await self._metrics_http.stop()
+        await self._metrics_http.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
