@@ -92,6 +92,21 @@ class ZapFormatter(logging.Formatter):
         return f"{line}\n{stack}" if stack else line
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time (a test's capture may replace and close it)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def setup_logging(opts: Options) -> None:
     devel = opts.zap_devel
     encoder = opts.zap_encoder or ("console" if devel else "json")
@@ -102,10 +117,11 @@ def setup_logging(opts: Options) -> None:
         ]
     else:
         stack_level = logging.WARNING if devel else logging.ERROR
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(ZapFormatter(encoder, time_encoding, stack_level))
     root = logging.getLogger()
     for h in list(root.handlers):
-        root.removeHandler(h)
+        if isinstance(h, _StderrHandler):
+            root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(python_level(opts))
