@@ -125,7 +125,7 @@ def _serve(opts: Options) -> int:
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if k8s is not None:
+    if k8s is not None and config.discovery_ref is None:  # dataLayer.discovery replaces Kubernetes discovery
         runtime.sources = [k8s]
     if opts.worker_index >= 0 and options.metrics_port:
         options.metrics_port += opts.worker_index

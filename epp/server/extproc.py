@@ -166,6 +166,7 @@ class RequestStream:
     __slots__ = (
         "_body",
         "_body_size",
+        "_chunks",
         "_resp_json",
         "_restore_length",
         "_rewriter",
@@ -199,6 +200,7 @@ class RequestStream:
         self.started = 0.0
         self.status = 0
         self.response_size = 0
+        self._chunks = 0  # response body messages seen
         self._rewriter: ModelNameRewriter | None = None
         self._restore_length = False  # content-length dropped at response headers (body rewritten)
         self._sse: SSEUsageReader | None = None
@@ -396,6 +398,13 @@ class RequestStream:
         chunk = body.body
         eos = body.end_of_stream
         self.response_size += len(chunk)
+        self._chunks += 1
+        req = self.request
+        if self.model_routed and req is not None:
+            try:
+                self.s.director.handle_response_chunk(req, self.decision, chunk, self._chunks == 1, eos)
+            except Exception:
+                log.exception("director.handle_response_chunk failed")
         if self._sse is not None:
             self._sse.feed(chunk)
         elif self._resp_json is not None:

@@ -73,6 +73,11 @@ class RecordingDirector:
         if self.fail_response_headers:
             raise RuntimeError("plugin bug")
 
+    def handle_response_chunk(
+        self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
+    ) -> None:
+        return None
+
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None:
