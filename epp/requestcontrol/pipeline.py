@@ -8,11 +8,13 @@ from epp.framework import (
     DataProducer,
     Plugin,
     PreRequest,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseReceived,
     ResponseStreaming,
     SaturationDetector,
 )
+from epp.framework.parsing import ParserRegistry
 from epp.scheduling import Scheduler
 
 
@@ -29,3 +31,7 @@ class Pipeline:
     response_streaming: list[ResponseStreaming] = field(default_factory=list)
     # requestHandler.parsers (or GIE's `parser`), in config order: the request parsers the server is to use.
     parsers: list[Plugin] = field(default_factory=list)
+    # The parser per request path (the router's ParserRegistry over `parsers`, or its default list)
+    parser_registry: ParserRegistry = field(default_factory=lambda: ParserRegistry([]))
+    # Run first, before admission (agent-identity).
+    header_processors: list[RequestHeaderProcessor] = field(default_factory=list)

@@ -144,6 +144,7 @@ class EppServer:
             self.metrics,
             model_rewrites=runtime.config.model_rewrites,
             max_body_bytes=options.max_body_bytes,
+            parsers=runtime.pipeline.parser_registry if runtime.pipeline is not None else None,
         )
         self.state.honor_subset_hint = options.honor_subset_hint
         grpc_opts = _grpc_options(options.reuse_port, options.grpc_max_recv_bytes, options.grpc_max_send_bytes)
