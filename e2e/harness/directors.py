@@ -31,6 +31,11 @@ class RoundRobinDirector:
     ) -> None:
         return None
 
+    def handle_response_body(
+        self, request: InferenceRequest, decision: RoutingDecision, chunk: bytes, end_of_stream: bool
+    ) -> None:
+        return None
+
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None:

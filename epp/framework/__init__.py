@@ -14,9 +14,10 @@ from epp.framework.errors import (
     TokenizationError,
     TooManyRequests,
 )
-from epp.framework.keys import PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT
+from epp.framework.keys import LATENCY_PREDICTION_INFO, PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT
 from epp.framework.params import Params, PluginConfigError, parse_duration
 from epp.framework.plugins import (
+    Admitter,
     DataProducer,
     FairnessPolicy,
     Filter,
@@ -27,6 +28,7 @@ from epp.framework.plugins import (
     ProfileHandler,
     ResponseComplete,
     ResponseReceived,
+    ResponseStreaming,
     SaturationDetector,
     Scorer,
     UsageLimitPolicy,
@@ -37,6 +39,8 @@ from epp.framework.state import CycleState, DataKey, DataMap
 from epp.framework.types import (
     Endpoint,
     InferenceRequest,
+    LatencyPrediction,
+    LatencyPredictionInfo,
     Metrics,
     PrefixCacheMatchInfo,
     PrefixMatch,
@@ -49,9 +53,11 @@ from epp.framework.types import (
 )
 
 __all__ = [
+    "LATENCY_PREDICTION_INFO",
     "PREFIX_CACHE_MATCH_INFO",
     "REGISTRY",
     "TOKENIZED_PROMPT",
+    "Admitter",
     "BackgroundTask",
     "BadRequest",
     "CycleState",
@@ -66,6 +72,8 @@ __all__ = [
     "InferenceRequest",
     "InternalError",
     "KVCacheIndex",
+    "LatencyPrediction",
+    "LatencyPredictionInfo",
     "Metrics",
     "NoServices",
     "OrderingPolicy",
@@ -85,6 +93,7 @@ __all__ = [
     "Response",
     "ResponseComplete",
     "ResponseReceived",
+    "ResponseStreaming",
     "SaturationDetector",
     "SchedulingResult",
     "Scorer",

@@ -131,6 +131,26 @@ class ResponseComplete(Protocol):
 
 
 @runtime_checkable
+class Admitter(Protocol):
+    """Runs after the data producers, before scheduling: a deny reason rejects the request (429), None admits."""
+
+    name: str
+
+    def admit(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None: ...
+
+
+@runtime_checkable
+class ResponseStreaming(Protocol):
+    """Runs for every chunk of the response body as it passes (e.g. to time the first token). Keep it cheap."""
+
+    name: str
+
+    def response_streaming(
+        self, request: InferenceRequest, endpoint: Endpoint | None, chunk: bytes, end_of_stream: bool
+    ) -> None: ...
+
+
+@runtime_checkable
 class ResponseReceived(Protocol):
     """Runs when the response headers arrive; may add headers for the client (`response.set_headers`)."""
 

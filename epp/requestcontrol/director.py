@@ -3,7 +3,8 @@
 Order follows GIE's director: the protocol layer has already applied model rewrites; then priority from the
 InferenceObjective named by `x-gateway-inference-objective`; candidates (subset hint; none → 503); admission
 (legacy: sheddable + saturated → 429; or the flow-control queue); DataProducers within one 400 ms budget (a
-failure never fails the request); Schedule (failure → 429); PreRequest hooks. The response hooks get the
+failure never fails the request); Admitters (a deny reason → 429, as a shed); Schedule (failure → 429);
+PreRequest hooks; ResponseStreaming hooks see every response body chunk. The response hooks get the
 endpoint that served the request (Envoy's `-served` metadata, else the pick).
 """
 
@@ -57,6 +58,8 @@ class SchedulingDirector:
         self._pre_request = list(pipeline.pre_request)
         self._received = list(pipeline.response_received)
         self._complete = list(pipeline.response_complete)
+        self._admitters = list(pipeline.admitters)
+        self._streaming = list(pipeline.response_streaming)
 
     async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
         headers = request.headers
@@ -78,6 +81,15 @@ class SchedulingDirector:
 
         if self._producers:
             await self._prepare(request, candidates)
+
+        for admitter in self._admitters:
+            try:
+                reason = admitter.admit(request, candidates)
+            except Exception:
+                log.exception("Admitter %s failed for request %s; admitting", admitter.name, request.request_id)
+                continue
+            if reason is not None:
+                raise TooManyRequests(f"request cannot be admitted: {reason}")
 
         try:
             result = self.scheduler.schedule(request, candidates)
@@ -153,6 +165,18 @@ class SchedulingDirector:
             except Exception:
                 log.exception("ResponseReceived plugin %s failed for request %s", hook.name, request.request_id)
         decision.response_headers.update(response.set_headers)
+
+    def handle_response_body(
+        self, request: InferenceRequest, decision: RoutingDecision, chunk: bytes, end_of_stream: bool
+    ) -> None:
+        if not self._streaming:
+            return
+        endpoint = self._endpoint_for(decision)
+        for hook in self._streaming:
+            try:
+                hook.response_streaming(request, endpoint, chunk, end_of_stream)
+            except Exception:
+                log.exception("ResponseStreaming plugin %s failed for request %s", hook.name, request.request_id)
 
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None

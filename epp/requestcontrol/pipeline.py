@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from epp.framework import (
+    Admitter,
     DataProducer,
     Plugin,
     PreRequest,
     ResponseComplete,
     ResponseReceived,
+    ResponseStreaming,
     SaturationDetector,
 )
 from epp.scheduling import Scheduler
@@ -25,3 +27,6 @@ class Pipeline:
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
+    # Run after the producers, before scheduling (e.g. latency-slo-admitter).
+    admitters: list[Admitter] = field(default_factory=list)
+    response_streaming: list[ResponseStreaming] = field(default_factory=list)

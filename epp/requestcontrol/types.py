@@ -49,6 +49,12 @@ class Director(Protocol):
         """Record the response's arrival; may fill `decision.response_headers`."""
         ...
 
+    def handle_response_body(
+        self, request: InferenceRequest, decision: RoutingDecision, chunk: bytes, end_of_stream: bool
+    ) -> None:
+        """One chunk of the response body as it passes (before the completion)."""
+        ...
+
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None: ...

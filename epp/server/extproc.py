@@ -395,6 +395,11 @@ class RequestStream:
                 self._resp_json.append(chunk)
             else:  # too big to parse for usage: stop holding it
                 self._resp_json = None
+        if self.model_routed and self.decision is not None and self.request is not None:
+            try:
+                self.s.director.handle_response_body(self.request, self.decision, chunk, eos)
+            except Exception:  # a plugin bug must not break the stream
+                log.exception("director.handle_response_body failed for request %s", self._request_id())
         if self._rewriter is not None:
             # BUFFERED: this one message is the whole body (end_of_stream is false only when trailers follow), so
             # nothing may be held back for a later chunk.

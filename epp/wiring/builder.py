@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from epp.config.loader import ConfigError, EppConfig, PluginSpec
 from epp.config.yamlmarks import line_of
 from epp.framework import (
+    Admitter,
     DataKey,
     DataProducer,
     Filter,
@@ -26,6 +27,7 @@ from epp.framework import (
     ProfileHandler,
     ResponseComplete,
     ResponseReceived,
+    ResponseStreaming,
     SaturationDetector,
     Scorer,
 )
@@ -178,6 +180,8 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         pre_request=[p for p in everything if isinstance(p, PreRequest)],
         response_received=[p for p in everything if isinstance(p, ResponseReceived)],
         response_complete=[p for p in everything if isinstance(p, ResponseComplete)],
+        admitters=[p for p in everything if isinstance(p, Admitter)],
+        response_streaming=[p for p in everything if isinstance(p, ResponseStreaming)],
     )
 
 
@@ -232,6 +236,9 @@ def _profile(
                 raise ConfigError(f"{loc}: {where}.plugins[{j}]: profile {name!r} has a second picker {ref!r}")
             picker = p
             used = True
+        if not used and isinstance(p, DataProducer | Admitter):
+            # llm-d's chart lists predicted-latency-producer in the profile: it runs before scheduling anyway.
+            continue
         if not used:
             raise ConfigError(
                 f"{loc}: {where}.plugins[{j}].pluginRef: {ref!r} is not a filter, scorer or picker "

@@ -10,11 +10,13 @@ from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlu
 from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
 from epp.framework import REGISTRY, Plugin, PluginRegistry
+from epp.plugins.admitters.latency_slo_admitter import LatencySLOAdmitter
 from epp.plugins.filters.by_label import ByLabelFilter
 from epp.plugins.filters.decode_filter import DecodeFilter
 from epp.plugins.filters.encode_filter import EncodeFilter
 from epp.plugins.filters.label_selector_filter import LabelSelectorFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
+from epp.plugins.filters.slo_headroom_tier_filter import SLOHeadroomTierFilter
 from epp.plugins.flowcontrol.fcfs_ordering_policy import FCFSOrderingPolicy
 from epp.plugins.flowcontrol.global_strict_fairness_policy import GlobalStrictFairnessPolicy
 from epp.plugins.flowcontrol.round_robin_fairness_policy import RoundRobinFairnessPolicy
@@ -28,11 +30,13 @@ from epp.plugins.pickers.round_robin_picker import RoundRobinPicker
 from epp.plugins.pickers.weighted_random_picker import WeightedRandomPicker
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
+from epp.plugins.producers.predicted_latency_producer import PredictedLatencyProducer
 from epp.plugins.producers.token_producer import TokenProducer
 from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
 from epp.plugins.saturation.utilization_detector import UtilizationDetector
 from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
 from epp.plugins.scorers.kv_cache_utilization_scorer import KVCacheUtilizationScorer
+from epp.plugins.scorers.latency_scorer import LatencyScorer
 from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
 from epp.plugins.scorers.lora_affinity_scorer import LoraAffinityScorer
 from epp.plugins.scorers.no_hit_lru_scorer import NoHitLRUScorer
@@ -49,9 +53,11 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     EncodeFilter,
     LabelSelectorFilter,
     PrefillFilter,
+    SLOHeadroomTierFilter,
     # scorers
     ActiveRequestScorer,
     KVCacheUtilizationScorer,
+    LatencyScorer,
     LoadAwareScorer,
     LoraAffinityScorer,
     NoHitLRUScorer,
@@ -70,7 +76,10 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     # data producers
     ApproxPrefixCacheProducer,
     PrecisePrefixCacheProducer,
+    PredictedLatencyProducer,
     TokenProducer,
+    # admitters (after the producers, before scheduling)
+    LatencySLOAdmitter,
     # admission: saturation detector (also a filter) and flow-control policies
     UtilizationDetector,
     FCFSOrderingPolicy,

@@ -72,6 +72,11 @@ class RecordingDirector:
         if self.fail_response_headers:
             raise RuntimeError("plugin bug")
 
+    def handle_response_body(
+        self, request: InferenceRequest, decision: RoutingDecision, chunk: bytes, end_of_stream: bool
+    ) -> None:
+        return None
+
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None:
