@@ -23,6 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to let in-flight streams finish")
     s.add_argument("--max-request-body-bytes", type=int, default=128 * 1024 * 1024, help="larger bodies get 413")
     s.add_argument(
+        "--metrics-max-model-labels",
+        type=int,
+        default=100,
+        help="distinct model names (and fairness ids) that become metric labels; the rest count as __other__",
+    )
+    s.add_argument(
         "--secure-serving", action="store_true", help="TLS on the ext_proc port (self-signed if no --cert-path)"
     )
     s.add_argument("--cert-path", help="directory with tls.crt and tls.key for the ext_proc port (implies TLS)")
@@ -96,6 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
         reuse_port=args.worker_index is not None,
         cert_path=args.cert_path,
         secure_serving=args.secure_serving,
+        max_model_labels=args.metrics_max_model_labels,
     )
     if args.worker_index is not None and options.metrics_port:
         options.metrics_port += args.worker_index

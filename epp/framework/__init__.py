@@ -14,11 +14,24 @@ from epp.framework.errors import (
     TokenizationError,
     TooManyRequests,
 )
-from epp.framework.keys import LATENCY_PREDICTION_INFO, PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT
+from epp.framework.keys import (
+    DATA_PARALLEL_HEADER,
+    DISAGG_DECISION,
+    DISAGG_HEADERS,
+    ENCODER_HEADER,
+    LATENCY_PREDICTION_INFO,
+    PEER_ENDPOINT,
+    PREFILL_HEADER,
+    PREFIX_CACHE_MATCH_INFO,
+    TOKENIZED_PROMPT,
+    UPSTREAM_HEADERS,
+)
 from epp.framework.params import Params, PluginConfigError, parse_duration
 from epp.framework.plugins import (
+    AdmissionScope,
     Admitter,
     DataProducer,
+    DisaggDecider,
     FairnessPolicy,
     Filter,
     OrderingPolicy,
@@ -26,6 +39,7 @@ from epp.framework.plugins import (
     Plugin,
     PreRequest,
     ProfileHandler,
+    ReferencesPlugins,
     ResponseComplete,
     ResponseReceived,
     ResponseStreaming,
@@ -37,6 +51,7 @@ from epp.framework.registry import REGISTRY, PluginRegistry, get_factory, known_
 from epp.framework.services import KVCacheIndex, NoServices, Services, Tokenizer
 from epp.framework.state import CycleState, DataKey, DataMap
 from epp.framework.types import (
+    DisaggDecision,
     Endpoint,
     InferenceRequest,
     LatencyPrediction,
@@ -53,10 +68,18 @@ from epp.framework.types import (
 )
 
 __all__ = [
+    "DATA_PARALLEL_HEADER",
+    "DISAGG_DECISION",
+    "DISAGG_HEADERS",
+    "ENCODER_HEADER",
     "LATENCY_PREDICTION_INFO",
+    "PEER_ENDPOINT",
+    "PREFILL_HEADER",
     "PREFIX_CACHE_MATCH_INFO",
     "REGISTRY",
     "TOKENIZED_PROMPT",
+    "UPSTREAM_HEADERS",
+    "AdmissionScope",
     "Admitter",
     "BackgroundTask",
     "BadRequest",
@@ -64,6 +87,8 @@ __all__ = [
     "DataKey",
     "DataMap",
     "DataProducer",
+    "DisaggDecider",
+    "DisaggDecision",
     "Endpoint",
     "EndpointListener",
     "EndpointView",
@@ -89,6 +114,7 @@ __all__ = [
     "PrefixMatch",
     "ProfileHandler",
     "ProfileResult",
+    "ReferencesPlugins",
     "RequestError",
     "Response",
     "ResponseComplete",

@@ -5,13 +5,33 @@ from __future__ import annotations
 from typing import Final
 
 from epp.framework.state import DataKey
-from epp.framework.types import LatencyPredictionInfo, PrefixCacheMatchInfo, TokenizedPrompt
+from epp.framework.types import DisaggDecision, Endpoint, LatencyPredictionInfo, PrefixCacheMatchInfo, TokenizedPrompt
 
 # The prompt's token ids (token-producer); read by the precise prefix-cache producer.
 TOKENIZED_PROMPT: Final = DataKey[TokenizedPrompt]("tokenized-prompt")
 
 # How much of the prompt each endpoint caches, per producer: `PREFIX_CACHE_MATCH_INFO.of(<producer name>)`.
 PREFIX_CACHE_MATCH_INFO: Final = DataKey[PrefixCacheMatchInfo]("prefix-cache-match-info")
+
+# Request headers PreRequest plugins set on the request the model server receives (name → value, OVERWRITE).
+# The server sends them with the destination; it also removes any client-sent value of a DISAGG_HEADERS name
+# that no plugin set.
+UPSTREAM_HEADERS: Final = DataKey[dict[str, str]]("upstream-request-headers")
+
+# The stages' pods of a disaggregated request (disagg-profile-handler → its PreRequest, the headers handlers, the
+# prefix producers' speculative entries for the prefill pod).
+DISAGG_DECISION: Final = DataKey[DisaggDecision]("disagg-decision")
+
+# CycleState: the pod picked by an earlier stage of the same cycle (decode-first: the decode pick, seen by the
+# prefill profile's plugins; prefill-first: the prefill pick, seen by the decode profile's).
+PEER_ENDPOINT: Final = DataKey[Endpoint]("disagg-peer-endpoint")
+
+# The headers the decode-side routing sidecar reads (llm-d pkg/common/routing).
+PREFILL_HEADER: Final = "x-prefiller-host-port"
+ENCODER_HEADER: Final = "x-encoder-hosts-ports"
+DATA_PARALLEL_HEADER: Final = "x-data-parallel-host-port"
+# Headers only the EPP may set: a client-sent value never reaches the model server.
+DISAGG_HEADERS: Final = (PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER)
 
 # Predicted TTFT/TPOT per endpoint, per producer: `LATENCY_PREDICTION_INFO.of(<producer name>)`.
 LATENCY_PREDICTION_INFO: Final = DataKey[LatencyPredictionInfo]("latency-prediction-info")

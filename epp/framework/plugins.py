@@ -101,6 +101,41 @@ class ProfileHandler(Protocol):
 
 
 @runtime_checkable
+class DisaggDecider(Protocol):
+    """Decides per request whether a disaggregated stage runs (prefill: P/D; encode: E/P/D).
+
+    `endpoint` is the pod an earlier stage picked (decode-first: the decode pod), or None.
+    """
+
+    name: str
+
+    def disaggregate(self, state: CycleState, request: InferenceRequest, endpoint: Endpoint | None) -> bool: ...
+
+
+@runtime_checkable
+class ReferencesPlugins(Protocol):
+    """A plugin that names other plugins in its parameters (e.g. a profile handler's deciders).
+
+    The builder calls `resolve_plugins` once every configured plugin exists (whatever their order in the file);
+    it raises PluginConfigError (with the key) for a missing or unfit plugin.
+    """
+
+    name: str
+
+    def resolve_plugins(self, plugins: Mapping[str, Plugin], context: PluginContext) -> None: ...
+
+
+@runtime_checkable
+class AdmissionScope(Protocol):
+    """A profile handler whose requests do not all need every candidate: admission measures saturation over
+    `admission_endpoints(candidates)` (P/D: the decode pods every request needs, not an optional prefill pool)."""
+
+    name: str
+
+    def admission_endpoints(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> Sequence[Endpoint]: ...
+
+
+@runtime_checkable
 class DataProducer(Protocol):
     """Runs before scheduling (may await, e.g. tokenization off the event loop); fills request.data.
 

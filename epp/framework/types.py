@@ -159,6 +159,21 @@ class Response:
 
 
 @dataclass(slots=True)
+class DisaggDecision:
+    """Which pods serve one request's stages (written by a disaggregation profile handler, per request).
+
+    `decode` serves the request; `prefill` (P/D) computes the prompt's KV cache and hands it to `decode`;
+    `encode` (E/P/D) compute multimodal embeddings. PreRequest turns them into the sidecar's headers.
+    """
+
+    decode: Endpoint
+    prefill: Endpoint | None = None
+    encode: list[Endpoint] = field(default_factory=list)
+    prefill_profile: str = "prefill"
+    encode_profile: str = "encode"
+
+
+@dataclass(slots=True)
 class LatencyPrediction:
     """One endpoint's predicted latency for this request (llm-d's LatencyPredictionInfo), in milliseconds.
 

@@ -20,6 +20,9 @@ OBJECTIVE_HEADER = "x-gateway-inference-objective"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_FAIRNESS_ID = "default-flow"
+# Deeper JSON is refused with 400: no API body nests this deep, and every walk over the body (templates,
+# re-encoding, plugins) would otherwise pay for it (or hit Python's recursion limit).
+MAX_JSON_DEPTH = 128
 
 # (path suffix, api, required field) — order matters: "/chat/completions" before "/completions".
 _APIS: tuple[tuple[str, str, str], ...] = (
@@ -49,7 +52,7 @@ def detect_api(path: str) -> tuple[str, str | None]:
     return "other", None
 
 
-def decode_json_body(body: bytes) -> dict[str, Any]:
+def decode_json_body(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
     if not body:
         raise BadRequest("request body is empty")
     try:
@@ -58,9 +61,33 @@ def decode_json_body(body: bytes) -> dict[str, Any]:
         raise BadRequest("request body is not valid UTF-8") from None
     except ValueError as e:
         raise BadRequest(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest(f"request body nests deeper than {max_depth} levels") from None
     if not isinstance(parsed, dict):
         raise BadRequest("request body must be a JSON object")
+    if body.count(b"{") + body.count(b"[") > max_depth:  # only then can it nest that deep (a C-speed check)
+        _check_depth(parsed, max_depth)
     return parsed
+
+
+def _check_depth(root: dict[str, Any], max_depth: int) -> None:
+    """Iterative (no recursion): the decoded body's containers nest at most `max_depth` deep."""
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            raise BadRequest(f"request body nests deeper than {max_depth} levels")
+        for v in node.values() if isinstance(node, dict) else node:
+            if isinstance(v, dict | list):
+                stack.append((v, depth + 1))
+
+
+def encode_json_body(parsed: dict[str, Any]) -> bytes:
+    """Compact UTF-8 JSON; strings holding lone surrogates (from `\\ud800` escapes) are kept as escapes."""
+    try:
+        return json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(parsed, ensure_ascii=True, separators=(",", ":")).encode()
 
 
 def _validate(api: str, required: str | None, body: dict[str, Any]) -> None:
@@ -108,7 +135,7 @@ def parse_request(
     forward = body
     if target != model:
         parsed["model"] = target
-        forward = json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode()
+        forward = encode_json_body(parsed)
     request = InferenceRequest(
         request_id=headers.get(REQUEST_ID_HEADER) or str(uuid.uuid4()),
         path=path,

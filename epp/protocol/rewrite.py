@@ -41,4 +41,7 @@ class ModelNameRewriter:
 
 
 def _json_str(s: str) -> bytes:
-    return json.dumps(s, ensure_ascii=False).encode()
+    try:
+        return json.dumps(s, ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate: the client sent it as an escape, so write it back as one
+        return json.dumps(s, ensure_ascii=True).encode()

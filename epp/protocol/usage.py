@@ -14,13 +14,15 @@ from epp.framework.types import Usage
 
 # Non-streamed bodies bigger than this are not parsed for usage (embeddings can be huge; usage is best effort).
 MAX_JSON_USAGE_BYTES = 16 * 1024 * 1024
+# A token count outside [0, this] is not usage (a broken or hostile upstream): read as 0.
+MAX_TOKENS = 1 << 40
 
 
 def _int(d: dict[str, Any], *keys: str) -> int:
     for k in keys:
         v = d.get(k)
         if isinstance(v, int) and not isinstance(v, bool):
-            return v
+            return v if 0 <= v <= MAX_TOKENS else 0
     return 0
 
 
@@ -58,7 +60,7 @@ def usage_from_json(body: bytes) -> Usage | None:
         return None
     try:
         return usage_from_object(json.loads(body))
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -100,7 +102,7 @@ class SSEUsageReader:
             return
         try:
             usage = usage_from_object(json.loads(payload))
-        except ValueError:
+        except (ValueError, RecursionError):
             return
         if usage is not None:
             self.usage = usage

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 
 from epp.datalayer.objectives import ObjectiveStore
 from epp.framework import (
+    UPSTREAM_HEADERS,
+    AdmissionScope,
     Endpoint,
     EndpointView,
     InferenceRequest,
@@ -24,6 +26,7 @@ from epp.framework import (
     TooManyRequests,
     Usage,
 )
+from epp.framework.labels import MODEL_LABELS
 from epp.requestcontrol.flowcontrol import FlowController
 from epp.requestcontrol.pipeline import Pipeline
 from epp.requestcontrol.types import RoutingDecision, locate_candidates
@@ -58,6 +61,8 @@ class SchedulingDirector:
         self._pre_request = list(pipeline.pre_request)
         self._received = list(pipeline.response_received)
         self._complete = list(pipeline.response_complete)
+        handler = self.scheduler.handler
+        self._admission_scope = handler if isinstance(handler, AdmissionScope) else None
         self._admitters = list(pipeline.admitters)
         self._streaming = list(pipeline.response_streaming)
 
@@ -74,9 +79,11 @@ class SchedulingDirector:
         if not candidates:
             raise ServiceUnavailable("failed to find candidate endpoints for serving the request")
 
+        # Stage-aware: saturation over the pods every request needs (P/D: decode pods, not the prefill pool).
+        admitted = candidates if self._admission_scope is None else self._admission_endpoints(request, candidates)
         if self.flow_controller is not None:
-            await self.flow_controller.enqueue_and_wait(request, candidates)
-        elif request.sheddable and self.detector.saturation(candidates) >= 1.0:
+            await self.flow_controller.enqueue_and_wait(request, admitted)
+        elif request.sheddable and self.detector.saturation(admitted) >= 1.0:
             raise TooManyRequests("system saturated, sheddable request dropped")
 
         if self._producers:
@@ -94,17 +101,18 @@ class SchedulingDirector:
         try:
             result = self.scheduler.schedule(request, candidates)
         except SchedulingFailed as e:
-            SCHEDULER_ATTEMPTS.labels("failure", request.target_model, "", "", "").inc()
+            SCHEDULER_ATTEMPTS.labels("failure", MODEL_LABELS.label(request.target_model), "", "", "").inc()
             raise TooManyRequests(f"failed to find target endpoint: {e}") from None
         primary = result.targets[0]
         SCHEDULER_ATTEMPTS.labels(
-            "success", request.target_model, primary.pod_name, primary.namespace, str(primary.port)
+            "success", MODEL_LABELS.label(request.target_model), primary.pod_name, primary.namespace, str(primary.port)
         ).inc()
         for hook in self._pre_request:
             try:
                 hook.pre_request(request, result)
             except Exception:
                 log.exception("PreRequest plugin %s failed for request %s", hook.name, request.request_id)
+        headers_out = request.data.get(UPSTREAM_HEADERS)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "request %s model %s priority %d → %s",
@@ -113,7 +121,19 @@ class SchedulingDirector:
                 request.priority,
                 ",".join(ep.hostport for ep in result.targets),
             )
-        return RoutingDecision(endpoints=list(result.targets), result=result)
+        decision = RoutingDecision(endpoints=list(result.targets), result=result)
+        if headers_out:
+            decision.headers.update(headers_out)
+        return decision
+
+    def _admission_endpoints(self, request: InferenceRequest, candidates: list[Endpoint]) -> list[Endpoint]:
+        assert self._admission_scope is not None
+        try:
+            scoped = list(self._admission_scope.admission_endpoints(request, candidates))
+        except Exception:
+            log.exception("admission scope of %s failed; admitting over every candidate", self._admission_scope.name)
+            return candidates
+        return scoped or candidates
 
     async def _prepare(self, request: InferenceRequest, candidates: list[Endpoint]) -> None:
         """Run DataProducers in dependency order (the builder's) within one budget."""

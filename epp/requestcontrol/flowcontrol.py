@@ -25,6 +25,7 @@ from epp.framework import (
     TooManyRequests,
     UsageLimitPolicy,
 )
+from epp.framework.labels import FAIRNESS_LABELS, MODEL_LABELS
 from epp.requestcontrol import flowcontrol_metrics as m
 from epp.requestcontrol.flowcontrol_spec import DEFAULT_PRIORITY_BAND_MAX_BYTES, FlowControlSpec, PriorityBandSpec
 
@@ -115,7 +116,8 @@ class FlowController:
         return band
 
     def _labels(self, r: InferenceRequest) -> tuple[str, str, str, str, str]:
-        return (r.fairness_id, str(r.priority), self.pool, r.model, r.target_model)
+        ml = MODEL_LABELS.label
+        return (FAIRNESS_LABELS.label(r.fairness_id), str(r.priority), self.pool, ml(r.model), ml(r.target_model))
 
     async def enqueue_and_wait(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
         """Returns when the request may be scheduled; raises TooManyRequests / ServiceUnavailable otherwise."""

@@ -28,6 +28,7 @@ from envoy.type.v3 import http_status_pb2
 
 from epp.framework.context import EndpointView
 from epp.framework.errors import InternalError, RequestError, ServiceUnavailable
+from epp.framework.keys import DISAGG_HEADERS
 from epp.framework.types import InferenceRequest, Usage
 from epp.protocol.openai import bodyless_request, parse_request
 from epp.protocol.rewrite import ModelNameRewriter
@@ -224,8 +225,9 @@ class RequestStream:
         except RequestError as e:
             return [self._reject(e)]
         except Exception as e:
-            log.exception("internal error handling %s (request %s)", kind, self._request_id())
-            return [self._reject(InternalError(f"internal error: {type(e).__name__}: {e}"))]
+            # The cause goes to the log, never to the client (it could echo the body or our internals).
+            log.exception("internal error handling %s (request %s): %s", kind, self._request_id(), type(e).__name__)
+            return [self._reject(InternalError("internal error"))]
 
     def _request_id(self) -> str:
         if self.request is not None:
@@ -263,7 +265,9 @@ class RequestStream:
             resp.dynamic_metadata.update(self.dynamic_metadata())
             return [resp]
         if self.request_mode == BUFFERED:
-            strip = pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=[DESTINATION_KEY]))
+            strip = pb.CommonResponse(
+                header_mutation=pb.HeaderMutation(remove_headers=[DESTINATION_KEY, *DISAGG_HEADERS])
+            )
             return [pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=strip))]
         return []  # FULL_DUPLEX: hold the headers until the body is complete
 
@@ -331,7 +335,10 @@ class RequestStream:
             set_headers.append(_set("content-length", str(content_length)))
         for k, v in self.decision.headers.items():
             set_headers.append(_set(k, v))
-        return pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=set_headers), clear_route_cache=True)
+        # A client-sent prefiller/encoder header never reaches the model server's sidecar: ours or none.
+        remove = [h for h in DISAGG_HEADERS if h not in self.decision.headers]
+        mutation = pb.HeaderMutation(set_headers=set_headers, remove_headers=remove)
+        return pb.CommonResponse(header_mutation=mutation, clear_route_cache=True)
 
     def dynamic_metadata(self) -> dict[str, Any]:
         assert self.decision is not None
@@ -449,7 +456,10 @@ class RequestStream:
             usage = usage_from_json(b"".join(self._resp_json))
             self._resp_json = None
         elapsed = time.monotonic() - self.started
-        self.s.metrics.request_finished(req.model, req.target_model, elapsed, self.response_size, usage)
+        try:
+            self.s.metrics.request_finished(req.model, req.target_model, elapsed, self.response_size, usage)
+        except Exception:  # metrics must not cost the director its end-of-request hook
+            log.exception("recording metrics failed for request %s", req.request_id)
         try:
             self.s.director.handle_response_complete(req, self.decision, usage)
         except Exception:

@@ -2,7 +2,9 @@
 
 `REGISTRY` is prometheus_client's default registry (process/GC collectors, `inference_extension_info`, and every
 module-level metric of the EPP); tests and embedded servers may build their own `RequestMetrics` on a private one.
-Label sets follow GIE: model = (model_name, target_model_name); the request counter adds `priority`.
+Label sets follow GIE: model = (model_name, target_model_name); the request counter adds `priority`. Model names
+are client-chosen, so they pass through a `LabelBudget` (epp.framework.labels): at most `limit` names and `limit`
+(model, target) pairs become labels, the rest are counted under `__other__`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from epp import __version__
+from epp.framework.labels import MODEL_LABELS, OTHER, LabelBudget
 from epp.framework.types import Usage
 
 # The registry /metrics serves: prometheus_client's default one (with its process/GC collectors), so metrics that
@@ -31,13 +34,15 @@ _SIZE_BUCKETS = (
 )  # fmt: skip
 _TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 _MODEL = ("model_name", "target_model_name")
-_MAX_CACHED_SERIES = 1024
+# Token counts beyond this are not real usage (a broken or hostile upstream): not observed.
+MAX_TOKEN_COUNT = 1 << 40
 
 
 class RequestMetrics:
     """The counters and histograms the ext_proc server records per request."""
 
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, registry: CollectorRegistry = REGISTRY, labels: LabelBudget = MODEL_LABELS) -> None:
+        self.labels = labels
         p = "inference_objective_"
         self.requests = Counter(
             p + "request_total", "Counter of inference objective requests.", [*_MODEL, "priority"], registry=registry
@@ -87,27 +92,34 @@ class RequestMetrics:
             registry=registry,
         )  # fmt: skip
 
+        # (incoming, target) as sent -> its labelled series; only admitted pairs are kept (bounded by the budget).
         self._children: dict[tuple[str, str], _ModelSeries] = {}
+        self._other: _ModelSeries | None = None
 
     def _series(self, model: str, target: str) -> _ModelSeries:
         """Labelled children cached per (model, target): `labels()` takes a lock and builds tuples each call."""
         key = (model, target)
         series = self._children.get(key)
-        if series is None:
-            if len(self._children) >= _MAX_CACHED_SERIES:  # unbounded client model names must not grow this
-                self._children.clear()
-            series = _ModelSeries(self, model, target)
-            self._children[key] = series
+        if series is not None:
+            return series
+        m, t = self.labels.label(model), self.labels.label(target)
+        if OTHER in (m, t) or len(self._children) >= self.labels.limit + len(self.labels):
+            if self._other is None:
+                self._other = _ModelSeries(self, OTHER, OTHER)
+            self.labels.folded += 1
+            return self._other
+        series = self._children[key] = _ModelSeries(self, m, t)
         return series
 
     def request_started(self, model: str, target: str, priority: int, size: int) -> None:
         series = self._series(model, target)
-        self.requests.labels(model, target, str(priority)).inc()
+        self.requests.labels(series.model, series.target, str(priority)).inc()
         series.request_sizes.observe(size)
         series.running.inc()
 
     def request_error(self, model: str, target: str, error_code: str) -> None:
-        self.errors.labels(model, target, error_code).inc()
+        series = self._series(model, target)
+        self.errors.labels(series.model, series.target, error_code).inc()
 
     def request_finished(
         self, model: str, target: str, seconds: float, response_size: int, usage: Usage | None
@@ -118,12 +130,12 @@ class RequestMetrics:
         series.response_sizes.observe(response_size)
         if usage is None:
             return
-        if usage.prompt_tokens:
+        if 0 < usage.prompt_tokens <= MAX_TOKEN_COUNT:
             series.input_tokens.observe(usage.prompt_tokens)
-        if usage.completion_tokens:
+        if 0 < usage.completion_tokens <= MAX_TOKEN_COUNT:
             series.output_tokens.observe(usage.completion_tokens)
             series.ntpot.observe(seconds / usage.completion_tokens)
-        if usage.cached_tokens:
+        if 0 < usage.cached_tokens <= MAX_TOKEN_COUNT:
             series.cached_tokens.observe(usage.cached_tokens)
 
 
@@ -132,14 +144,18 @@ class _ModelSeries:
         "cached_tokens",
         "duration",
         "input_tokens",
+        "model",
         "ntpot",
         "output_tokens",
         "request_sizes",
         "response_sizes",
         "running",
+        "target",
     )
 
     def __init__(self, m: RequestMetrics, model: str, target: str) -> None:
+        self.model = model
+        self.target = target
         self.duration = m.duration.labels(model, target)
         self.request_sizes = m.request_sizes.labels(model, target)
         self.response_sizes = m.response_sizes.labels(model, target)

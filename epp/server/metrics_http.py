@@ -1,6 +1,14 @@
-"""The Prometheus endpoint (`/metrics`) as an aiohttp app on the server's event loop (non-blocking I/O)."""
+"""The Prometheus endpoint (`/metrics`) as an aiohttp app on the server's event loop (non-blocking I/O).
+
+The page is rendered on one worker thread, not on the event loop: rendering is CPU work proportional to the number
+of series, and requests must not wait behind a scrape. (prometheus_client's metrics take their own locks, so the
+loop keeps recording while the thread renders.)
+"""
 
 from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
@@ -15,12 +23,17 @@ class MetricsHTTP:
         self._host = host
         self._port = port
         self._runner: web.AppRunner | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-render")
         self.port = 0
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    def render(self) -> bytes:
         body = generate_latest(self._registry)
         if self._registry is not REGISTRY:
             body += generate_latest(REGISTRY)
+        return body
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = await asyncio.get_running_loop().run_in_executor(self._executor, self.render)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def start(self) -> None:
@@ -37,3 +50,4 @@ class MetricsHTTP:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -17,6 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
+from epp.framework.labels import DEFAULT_MAX_MODEL_LABELS, configure_label_budgets
 from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, ExtProcServicer, ServerState
 from epp.server.health import Health
 from epp.server.metrics import REGISTRY, RequestMetrics, request_metrics
@@ -55,6 +56,8 @@ class ServeOptions:
     # TLS on the ext_proc port: a dir with tls.crt/tls.key, or secure_serving=True for a self-signed pair.
     cert_path: str | None = None
     secure_serving: bool = False
+    # Distinct client-chosen model names (and fairness ids) that become metric labels; the rest are `__other__`.
+    max_model_labels: int = DEFAULT_MAX_MODEL_LABELS
 
 
 class EppServer:
@@ -71,6 +74,8 @@ class EppServer:
         self.options = options
         self.health = Health()
         self.metrics = metrics if metrics is not None else request_metrics(registry)
+        rewrites = runtime.config.model_rewrites or {}
+        configure_label_budgets(options.max_model_labels, [*rewrites, *rewrites.values()])
         self.state = ServerState(
             runtime.director,
             runtime.datastore,

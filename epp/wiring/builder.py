@@ -25,6 +25,7 @@ from epp.framework import (
     PluginRegistry,
     PreRequest,
     ProfileHandler,
+    ReferencesPlugins,
     ResponseComplete,
     ResponseReceived,
     ResponseStreaming,
@@ -109,6 +110,19 @@ class _Builder:
             where = asker.path if asker else "plugins"
             self.instantiate(spec, where, note=f" (in the {req.type} added for {who})")
 
+    def resolve_references(self) -> None:
+        """Let plugins that name other plugins (a handler's deciders) find them, in any order in the file."""
+        plugins = {name: b.plugin for name, b in self.built.items()}
+        for b in list(self.built.values()):
+            if not isinstance(b.plugin, ReferencesPlugins):
+                continue
+            try:
+                b.plugin.resolve_plugins(plugins, self.context)
+            except PluginConfigError as e:
+                loc = self.loc(e.line or b.line)
+                key = f"{b.path}.parameters.{e.key}" if e.key else f"{b.path}.parameters"
+                raise ConfigError(f"{loc}: {key}: {e}") from None
+
     def check_consumers(self) -> None:
         for b in self.built.values():
             for key in b.plugin.consumes():
@@ -143,6 +157,8 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
     for i, spec in enumerate(config.plugins):
         b.instantiate(spec, f"plugins[{i}]")
     b.add_required_producers()
+    b.resolve_references()
+    b.add_required_producers()  # references may ask for producers too (a decider's prefix producer)
     b.check_consumers()
     producers = b.ordered_producers()
     plugins = {name: built.plugin for name, built in b.built.items()}

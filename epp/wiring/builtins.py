@@ -11,6 +11,9 @@ from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificat
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
 from epp.framework import REGISTRY, Plugin, PluginRegistry
 from epp.plugins.admitters.latency_slo_admitter import LatencySLOAdmitter
+from epp.plugins.deciders.always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
+from epp.plugins.deciders.always_disagg_pd_decider import AlwaysDisaggPDDecider
+from epp.plugins.deciders.prefix_based_pd_decider import PrefixBasedPDDecider
 from epp.plugins.filters.by_label import ByLabelFilter
 from epp.plugins.filters.decode_filter import DecodeFilter
 from epp.plugins.filters.encode_filter import EncodeFilter
@@ -28,10 +31,13 @@ from epp.plugins.pickers.max_score_picker import MaxScorePicker
 from epp.plugins.pickers.random_picker import RandomPicker
 from epp.plugins.pickers.round_robin_picker import RoundRobinPicker
 from epp.plugins.pickers.weighted_random_picker import WeightedRandomPicker
+from epp.plugins.prerequest.disagg_headers_handler import DisaggHeadersHandler
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
 from epp.plugins.producers.predicted_latency_producer import PredictedLatencyProducer
 from epp.plugins.producers.token_producer import TokenProducer
+from epp.plugins.profiles.disagg_profile_handler import DisaggProfileHandler
+from epp.plugins.profiles.pd_profile_handler import PdProfileHandler
 from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
 from epp.plugins.saturation.utilization_detector import UtilizationDetector
 from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
@@ -73,6 +79,13 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     WeightedRandomPicker,
     # profile handlers
     SingleProfileHandler,
+    # disaggregation (P/D, E/P/D): handlers, deciders, the deprecated headers handlers
+    DisaggProfileHandler,
+    PdProfileHandler,
+    AlwaysDisaggPDDecider,
+    PrefixBasedPDDecider,
+    AlwaysDisaggMultimodalDecider,
+    DisaggHeadersHandler,
     # data producers
     ApproxPrefixCacheProducer,
     PrecisePrefixCacheProducer,

@@ -205,3 +205,21 @@ def test_rewriter_unicode_names() -> None:
     rw = ModelNameRewriter("modèle-服务", "client-é")
     body = json.dumps({"model": "modèle-服务"}, ensure_ascii=False).encode()
     assert json.loads(rw.feed(body, True)) == {"model": "client-é"}
+
+
+def test_json_depth_limit() -> None:
+    from epp.protocol.openai import MAX_JSON_DEPTH, decode_json_body
+
+    ok = b'{"a":' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}"
+    assert decode_json_body(ok)
+    for depth in (MAX_JSON_DEPTH, 5000, 200_000):
+        deep = b'{"a":' + b"[" * depth + b"]" * depth + b"}"
+        with pytest.raises(BadRequest, match="nests deeper than 128 levels"):
+            decode_json_body(deep)
+    many = b'{"a":[' + b",".join([b"[]"] * 5000) + b"]}"  # many containers, shallow: fine
+    assert len(decode_json_body(many)["a"]) == 5000
+
+
+def test_usage_ignores_absurd_token_counts() -> None:
+    u = usage_from_json(b'{"usage":{"prompt_tokens":-4,"completion_tokens":' + b"9" * 500 + b"}}")
+    assert u is not None and (u.prompt_tokens, u.completion_tokens) == (0, 0)

@@ -22,6 +22,7 @@ from epp.config import parse_config
 from epp.datalayer.datastore import Datastore
 from epp.discovery.static import StaticEndpointSource
 from epp.framework.errors import TooManyRequests
+from epp.framework.keys import DISAGG_HEADERS
 from epp.framework.types import Endpoint, InferenceRequest, Usage
 from epp.requestcontrol.types import RoutingDecision
 from epp.server.extproc import BODY_CHUNK_LIMIT
@@ -279,8 +280,58 @@ async def test_429_and_internal_500_are_immediate(epp: Harness) -> None:
     call = epp.stub.Process()
     (resp,) = await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 1)
     assert resp.immediate_response.status.code == 500
-    assert "RuntimeError: boom" in json.loads(resp.immediate_response.body)["error"]["message"]
+    message = json.loads(resp.immediate_response.body)["error"]["message"]
+    assert message == "inference error: Internal - internal error"  # the cause is logged, never sent
     call.cancel()
+
+
+async def test_deeply_nested_json_is_a_400_without_exception_text(epp: Harness) -> None:
+    for depth in (200, 100_000):
+        body = b'{"model":"m","prompt":"x","x":' + b"[" * depth + b"]" * depth + b"}"
+        call = epp.stub.Process()
+        (resp,) = await exchange(call, [headers_msg(), body_msg(body, True)], 1)
+        ir = resp.immediate_response
+        assert ir.status.code == 400, depth
+        err = json.loads(ir.body)["error"]
+        assert err == {
+            "message": "inference error: BadRequest - request body nests deeper than 128 levels",
+            "type": "BadRequest",
+            "code": 400,
+        }
+        call.cancel()
+
+
+async def test_lone_surrogates_with_a_model_rewrite_are_forwarded_escaped(epp: Harness) -> None:
+    """`\\ud800` escapes decode to lone surrogates, which UTF-8 cannot encode: re-encoding must not 500."""
+    call = epp.stub.Process()
+    body = b'{"model":"alias","prompt":"x\\ud800y"}'
+    rs = await exchange(call, [headers_msg(), body_msg(body, True)], 2)
+    assert not rs[0].HasField("immediate_response")
+    forwarded = rs[1].request_body.response.body_mutation.streamed_response.body
+    assert json.loads(forwarded) == {"model": "real", "prompt": "x\ud800y"}
+    call.cancel()
+    # The model name itself with a lone surrogate, rewritten by header, then rewritten back in the response.
+    call = epp.stub.Process()
+    body = b'{"model":"a\\udc00b","prompt":"x"}'
+    hs = headers_msg(extra={"x-gateway-model-name-rewrite": "real"})
+    rs = await exchange(call, [hs, body_msg(body, True)], 2)
+    assert json.loads(rs[1].request_body.response.body_mutation.streamed_response.body)["model"] == "real"
+    rs = await exchange(call, [resp_headers_msg(), resp_body_msg(b'{"model":"real","usage":{}}', True)], 2)
+    out = rs[1].response_body.response.body_mutation.streamed_response.body
+    assert json.loads(out)["model"] == "a\udc00b"
+    call.cancel()
+    text = epp.server._metrics_http.render().decode()  # a lone surrogate in a label must not break /metrics
+    assert 'model_name="a?b"' in text
+
+
+async def test_huge_token_counts_do_not_skip_the_end_of_request_hook(epp: Harness) -> None:
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 2)
+    usage = b'{"usage":{"prompt_tokens":3,"completion_tokens":' + b"9" * 400 + b"}}"
+    await exchange(call, [resp_headers_msg(), resp_body_msg(usage, True)], 2)
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    assert epp.director.completed == [("rid-1", Usage(prompt_tokens=3, completion_tokens=0, total_tokens=3))]
 
 
 async def test_subset_hint_and_extra_metadata_headers(epp: Harness) -> None:
@@ -313,9 +364,11 @@ async def test_bodyless_get_routed_at_headers(epp: Harness) -> None:
 async def test_buffered_mode_answers_headers_then_decides_in_body(epp: Harness) -> None:
     call = epp.stub.Process()
     (first,) = await exchange(call, [headers_msg(mode=Mode.BUFFERED, extra={DEST: "6.6.6.6:1"})], 1)
-    assert list(first.request_headers.response.header_mutation.remove_headers) == [DEST]
+    assert list(first.request_headers.response.header_mutation.remove_headers) == [DEST, *DISAGG_HEADERS]
     (second,) = await exchange(call, [body_msg(b'{"model":"alias","prompt":"x"}', True)], 1)
     hs = set_headers(second)
+    # No plugin set a prefiller/encoder header: a client's is removed, in every mode.
+    assert mutation(second.request_body.response)[1] == list(DISAGG_HEADERS)
     assert hs[DEST].startswith("10.0.0.1:")
     assert json.loads(second.request_body.response.body_mutation.body) == {"model": "real", "prompt": "x"}
     assert hs["content-length"] == str(len(second.request_body.response.body_mutation.body))

@@ -19,6 +19,7 @@ from collections.abc import Collection, Sequence
 from typing import Any, Self
 
 from epp.framework import (
+    DISAGG_DECISION,
     PREFIX_CACHE_MATCH_INFO,
     DataKey,
     Endpoint,
@@ -233,12 +234,18 @@ class ApproxPrefixCacheProducer(Plugin):
         hashes = request.data.get(self._hashes_key)
         if not hashes:
             return
-        targets = [r.targets[0] for name, r in result.profile_results.items() if r.targets and name == PREFILL_PROFILE]
+        # The decode pick and, for P/D, the prefill pick: both will hold the prompt's KV blocks.
         primary = result.targets
-        if primary:
-            targets.insert(0, primary[0])
-        if not targets:
+        if not primary:
             return
+        targets = [primary[0]]
+        decision = request.data.get(DISAGG_DECISION)
+        if decision is not None and decision.prefill is not None:
+            targets.append(decision.prefill)
+        else:
+            prefill = result.profile_results.get(PREFILL_PROFILE)
+            if prefill is not None and prefill.targets and prefill.targets[0] is not primary[0]:
+                targets.append(prefill.targets[0])
         try:
             # Off the response's critical path: runs right after the director hands back its decision.
             asyncio.get_running_loop().call_soon(self._record, targets, hashes)

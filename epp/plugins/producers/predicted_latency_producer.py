@@ -44,6 +44,7 @@ from epp.framework import (
     SchedulingResult,
     Usage,
 )
+from epp.framework.labels import MODEL_LABELS
 from epp.plugins.producers._latency_model import LatencyModels, Vector
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,6 @@ OLD_TPOT_SLO_HEADER = "x-slo-tpot-ms"
 DEFAULT_PREFIX_PRODUCER = "approx-prefix-cache-producer"
 TTFT_DIMS = 6
 TPOT_DIMS = 4
-_MAX_MODEL_LABELS = 64
 _LATENCY_BUCKETS = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0,
     1.5, 2, 3, 4, 5, 7.5, 10, 15, 20, 30, 60,
@@ -119,21 +119,6 @@ def metrics() -> _Metrics:
     if _metrics is None:
         _metrics = _Metrics()
     return _metrics
-
-
-class _Labels:
-    """Model-name labels, bounded: client-sent names beyond the first _MAX_MODEL_LABELS become 'other'."""
-
-    def __init__(self) -> None:
-        self.seen: set[str] = set()
-
-    def __call__(self, name: str) -> str:
-        if name in self.seen:
-            return name
-        if len(self.seen) >= _MAX_MODEL_LABELS or len(name) > 256:
-            return "other"
-        self.seen.add(name)
-        return name
 
 
 @dataclass(slots=True)
@@ -229,7 +214,7 @@ class PredictedLatencyProducer(Plugin):
         self.load: dict[str, _EndpointLoad] = {}
         self.clock = time.monotonic
         self.metrics = metrics()
-        self.label = _Labels()
+        self.label = MODEL_LABELS.label
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
