@@ -459,30 +459,36 @@ class PredictedLatencyProducer(Plugin):
 
     def _learn_ttft(self, flight: _Flight, ms: float) -> None:
         m = self.metrics
-        labels = (self.label(flight.model), self.label(flight.target_model))
-        m.ttft.labels(*labels).observe(ms / 1000.0)
-        if flight.predicted_ttft is not None:
-            m.predicted_ttft.labels(*labels).observe(flight.predicted_ttft / 1000.0)
-            m.abs_error.labels("ttft").observe(abs(flight.predicted_ttft - ms) / 1000.0)
-        if 0 < flight.ttft_slo < ms:
-            m.ttft_violations.labels(*labels).inc()
-        self.ttft.observe(flight.endpoint, flight.x_ttft, ms)
-        m.samples.labels("ttft").inc()
-        fit = self.ttft.fits.get(flight.endpoint)
-        if fit is not None and fit.evaluated:
-            m.error.labels("ttft", flight.endpoint).set(fit.error)
+        self._learn("ttft", self.ttft, m.ttft, m.predicted_ttft, m.ttft_violations, flight, flight.x_ttft, ms)
 
     def _learn_tpot(self, flight: _Flight, ms: float) -> None:
         m = self.metrics
+        self._learn("tpot", self.tpot, m.tpot, m.predicted_tpot, m.tpot_violations, flight, flight.x_tpot, ms)
+
+    def _learn(
+        self,
+        target: str,
+        models: LatencyModels,
+        measured: Histogram,
+        predicted_hist: Histogram,
+        violations: Counter,
+        flight: _Flight,
+        x: Vector,
+        ms: float,
+    ) -> None:
+        """Record a measured sample (metrics: actual, predicted, error, SLO violation), then learn from it."""
+        m = self.metrics
         labels = (self.label(flight.model), self.label(flight.target_model))
-        m.tpot.labels(*labels).observe(ms / 1000.0)
-        if flight.predicted_tpot is not None:
-            m.predicted_tpot.labels(*labels).observe(flight.predicted_tpot / 1000.0)
-            m.abs_error.labels("tpot").observe(abs(flight.predicted_tpot - ms) / 1000.0)
-        if 0 < flight.tpot_slo < ms:
-            m.tpot_violations.labels(*labels).inc()
-        self.tpot.observe(flight.endpoint, flight.x_tpot, ms)
-        m.samples.labels("tpot").inc()
-        fit = self.tpot.fits.get(flight.endpoint)
+        measured.labels(*labels).observe(ms / 1000.0)
+        predicted = flight.predicted_ttft if target == "ttft" else flight.predicted_tpot
+        if predicted is not None:
+            predicted_hist.labels(*labels).observe(predicted / 1000.0)
+            m.abs_error.labels(target).observe(abs(predicted - ms) / 1000.0)
+        slo = flight.ttft_slo if target == "ttft" else flight.tpot_slo
+        if 0 < slo < ms:
+            violations.labels(*labels).inc()
+        models.observe(flight.endpoint, x, ms)
+        m.samples.labels(target).inc()
+        fit = models.fits.get(flight.endpoint)
         if fit is not None and fit.evaluated:
-            m.error.labels("tpot", flight.endpoint).set(fit.error)
+            m.error.labels(target, flight.endpoint).set(fit.error)
