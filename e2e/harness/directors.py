@@ -31,8 +31,8 @@ class RoundRobinDirector:
     ) -> None:
         return None
 
-    def handle_response_body(
-        self, request: InferenceRequest, decision: RoutingDecision, chunk: bytes, end_of_stream: bool
+    def handle_response_chunk(
+        self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
     ) -> None:
         return None
 

@@ -150,6 +150,36 @@ class PrefixMatch:
 
 
 @dataclass(slots=True)
+class InFlightLoad:
+    """An endpoint's in-flight load as the EPP counts it (inflight-load-producer): requests and tokens from pick to
+    response end. `remote_*` is what the other EPP replicas report for it (a cross-replica syncer fills them)."""
+
+    requests: int = 0
+    tokens: int = 0
+    remote_requests: int = 0
+    remote_tokens: int = 0
+
+    @property
+    def total_requests(self) -> int:
+        return self.requests + self.remote_requests
+
+    @property
+    def total_tokens(self) -> int:
+        return self.tokens + self.remote_tokens
+
+
+@dataclass(slots=True)
+class ResponseChunk:
+    """One response body chunk as ResponseStreaming hooks see it. `first`: the first body chunk (for a streamed
+    response, prefill is done); `end`: the last one. `time` is time.monotonic() at arrival."""
+
+    data: bytes
+    first: bool
+    end: bool
+    time: float
+
+
+@dataclass(slots=True)
 class Response:
     """The model server's response as ResponseReceived hooks see it; `set_headers` go back to the client."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 
 from epp.datalayer.objectives import ObjectiveStore
@@ -22,6 +23,7 @@ from epp.framework import (
     EndpointView,
     InferenceRequest,
     Response,
+    ResponseChunk,
     ServiceUnavailable,
     TooManyRequests,
     Usage,
@@ -61,10 +63,10 @@ class SchedulingDirector:
         self._pre_request = list(pipeline.pre_request)
         self._received = list(pipeline.response_received)
         self._complete = list(pipeline.response_complete)
+        self._streaming = list(pipeline.response_streaming)
         handler = self.scheduler.handler
         self._admission_scope = handler if isinstance(handler, AdmissionScope) else None
         self._admitters = list(pipeline.admitters)
-        self._streaming = list(pipeline.response_streaming)
 
     async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
         headers = request.headers
@@ -186,15 +188,16 @@ class SchedulingDirector:
                 log.exception("ResponseReceived plugin %s failed for request %s", hook.name, request.request_id)
         decision.response_headers.update(response.set_headers)
 
-    def handle_response_body(
-        self, request: InferenceRequest, decision: RoutingDecision, chunk: bytes, end_of_stream: bool
+    def handle_response_chunk(
+        self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
     ) -> None:
         if not self._streaming:
             return
         endpoint = self._endpoint_for(decision)
+        chunk = ResponseChunk(data, first, end, time.monotonic())
         for hook in self._streaming:
             try:
-                hook.response_streaming(request, endpoint, chunk, end_of_stream)
+                hook.response_chunk(request, chunk, endpoint)
             except Exception:
                 log.exception("ResponseStreaming plugin %s failed for request %s", hook.name, request.request_id)
 

@@ -49,10 +49,10 @@ class Director(Protocol):
         """Record the response's arrival; may fill `decision.response_headers`."""
         ...
 
-    def handle_response_body(
-        self, request: InferenceRequest, decision: RoutingDecision, chunk: bytes, end_of_stream: bool
+    def handle_response_chunk(
+        self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
     ) -> None:
-        """One chunk of the response body as it passes (before the completion)."""
+        """One response body chunk (`first`/`end` mark the first and the last)."""
         ...
 
     def handle_response_complete(

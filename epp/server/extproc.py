@@ -165,6 +165,7 @@ class RequestStream:
     __slots__ = (
         "_body",
         "_body_size",
+        "_chunks",
         "_resp_json",
         "_restore_length",
         "_rewriter",
@@ -198,6 +199,7 @@ class RequestStream:
         self.started = 0.0
         self.status = 0
         self.response_size = 0
+        self._chunks = 0  # response body messages seen
         self._rewriter: ModelNameRewriter | None = None
         self._restore_length = False  # content-length dropped at response headers (body rewritten)
         self._sse: SSEUsageReader | None = None
@@ -395,6 +397,13 @@ class RequestStream:
         chunk = body.body
         eos = body.end_of_stream
         self.response_size += len(chunk)
+        self._chunks += 1
+        req = self.request
+        if self.model_routed and req is not None:
+            try:
+                self.s.director.handle_response_chunk(req, self.decision, chunk, self._chunks == 1, eos)
+            except Exception:
+                log.exception("director.handle_response_chunk failed")
         if self._sse is not None:
             self._sse.feed(chunk)
         elif self._resp_json is not None:
@@ -402,11 +411,6 @@ class RequestStream:
                 self._resp_json.append(chunk)
             else:  # too big to parse for usage: stop holding it
                 self._resp_json = None
-        if self.model_routed and self.decision is not None and self.request is not None:
-            try:
-                self.s.director.handle_response_body(self.request, self.decision, chunk, eos)
-            except Exception:  # a plugin bug must not break the stream
-                log.exception("director.handle_response_body failed for request %s", self._request_id())
         if self._rewriter is not None:
             # BUFFERED: this one message is the whole body (end_of_stream is false only when trailers follow), so
             # nothing may be held back for a later chunk.

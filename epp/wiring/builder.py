@@ -137,7 +137,7 @@ class _Builder:
         producers: list[Plugin] = [b.plugin for b in self.built.values() if isinstance(b.plugin, DataProducer)]
         deps: dict[str, set[str]] = {}
         for p in producers:
-            wanted = set(p.consumes())
+            wanted = set(p.consumes()) | set(p.uses())
             deps[p.name] = {q.name for q in producers if q is not p and wanted.intersection(q.produces())}
         order: list[DataProducer] = []
         placed: set[str] = set()
@@ -277,7 +277,7 @@ def _saturation_detector(b: _Builder, plugins: dict[str, Plugin]) -> SaturationD
                 f"saturationDetector.pluginRef: {p.name!r} is not a saturation detector"
             )
         return p
-    configured = [p for p in plugins.values() if p.type_name == "utilization-detector"]
+    configured = [p for p in plugins.values() if p.type_name in ("utilization-detector", "concurrency-detector")]
     if len(configured) == 1 and isinstance(configured[0], SaturationDetector):
         return configured[0]
     default = _default(b, "utilization-detector")

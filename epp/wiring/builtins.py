@@ -19,6 +19,7 @@ from epp.plugins.filters.decode_filter import DecodeFilter
 from epp.plugins.filters.encode_filter import EncodeFilter
 from epp.plugins.filters.label_selector_filter import LabelSelectorFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
+from epp.plugins.filters.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
 from epp.plugins.filters.slo_headroom_tier_filter import SLOHeadroomTierFilter
 from epp.plugins.flowcontrol.fcfs_ordering_policy import FCFSOrderingPolicy
 from epp.plugins.flowcontrol.global_strict_fairness_policy import GlobalStrictFairnessPolicy
@@ -33,14 +34,17 @@ from epp.plugins.pickers.round_robin_picker import RoundRobinPicker
 from epp.plugins.pickers.weighted_random_picker import WeightedRandomPicker
 from epp.plugins.prerequest.disagg_headers_handler import DisaggHeadersHandler
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
+from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
 from epp.plugins.producers.predicted_latency_producer import PredictedLatencyProducer
 from epp.plugins.producers.token_producer import TokenProducer
 from epp.plugins.profiles.disagg_profile_handler import DisaggProfileHandler
 from epp.plugins.profiles.pd_profile_handler import PdProfileHandler
 from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
+from epp.plugins.saturation.concurrency_detector import ConcurrencyDetector
 from epp.plugins.saturation.utilization_detector import UtilizationDetector
 from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
+from epp.plugins.scorers.context_length_aware import ContextLengthAware
 from epp.plugins.scorers.kv_cache_utilization_scorer import KVCacheUtilizationScorer
 from epp.plugins.scorers.latency_scorer import LatencyScorer
 from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
@@ -51,6 +55,7 @@ from epp.plugins.scorers.prefix_cache_scorer import PrefixCacheScorer
 from epp.plugins.scorers.queue_scorer import QueueScorer
 from epp.plugins.scorers.running_requests_size_scorer import RunningRequestsSizeScorer
 from epp.plugins.scorers.session_affinity_scorer import SessionAffinityScorer
+from epp.plugins.scorers.token_load_scorer import TokenLoadScorer
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     # filters
@@ -60,8 +65,10 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     LabelSelectorFilter,
     PrefillFilter,
     SLOHeadroomTierFilter,
+    PrefixCacheAffinityFilter,
     # scorers
     ActiveRequestScorer,
+    ContextLengthAware,
     KVCacheUtilizationScorer,
     LatencyScorer,
     LoadAwareScorer,
@@ -72,6 +79,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     QueueScorer,
     RunningRequestsSizeScorer,
     SessionAffinityScorer,
+    TokenLoadScorer,
     # pickers
     MaxScorePicker,
     RandomPicker,
@@ -88,6 +96,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     DisaggHeadersHandler,
     # data producers
     ApproxPrefixCacheProducer,
+    InFlightLoadProducer,
     PrecisePrefixCacheProducer,
     PredictedLatencyProducer,
     TokenProducer,
@@ -95,6 +104,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     LatencySLOAdmitter,
     # admission: saturation detector (also a filter) and flow-control policies
     UtilizationDetector,
+    ConcurrencyDetector,
     FCFSOrderingPolicy,
     GlobalStrictFairnessPolicy,
     RoundRobinFairnessPolicy,

@@ -23,6 +23,8 @@ SAMPLES = [
     "llm-d-load-aware.yaml",
     "flow-control.yaml",
     "lora-session.yaml",
+    "llm-d-optimized-baseline.yaml",
+    "llm-d-sticky-precise.yaml",
 ]
 
 
@@ -48,6 +50,22 @@ def test_precise_sample_uses_the_kv_producer_not_the_approximate_one() -> None:
     assert "approx-prefix-cache-producer" not in p.plugins
     assert [x.name for x in p.producers] == ["token-producer", "precise-prefix-cache-producer"]
     assert weights(p) == {"prefix-cache-scorer": 2.0, "kv-cache-utilization-scorer": 1.0, "queue-scorer": 1.0}
+
+
+def test_sticky_samples_order_the_load_producer_after_the_prefix_producer() -> None:
+    p = build_pipeline(load_config(CONFIG_DIR / "llm-d-optimized-baseline.yaml"), plugin_context(Datastore()))
+    assert [x.name for x in p.producers] == ["approx-prefix-cache-producer", "inflight-load-producer"]
+    prof = p.scheduler.profiles["default"]
+    assert [f.name for f in prof.filters] == ["prefix-cache-affinity-filter"] and weights(p) == {
+        "token-load-scorer": 1.0
+    }
+    p = build_pipeline(load_config(CONFIG_DIR / "llm-d-sticky-precise.yaml"), plugin_context(Datastore()))
+    assert "approx-prefix-cache-producer" not in p.plugins
+    assert [x.name for x in p.producers] == [
+        "token-producer",
+        "precise-prefix-cache-producer",
+        "inflight-load-producer",
+    ]
 
 
 def test_no_plugins_means_gie_default() -> None:

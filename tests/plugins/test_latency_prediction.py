@@ -24,6 +24,7 @@ from epp.framework import (
     Metrics,
     PrefixCacheMatchInfo,
     ProfileResult,
+    ResponseChunk,
     SchedulingResult,
     TokenizedPrompt,
     TooManyRequests,
@@ -152,7 +153,7 @@ def run_traffic(prod: PredictedLatencyProducer, eps: list[Endpoint], clock: Cloc
         t0 = clock.t
         for req, ep, _f, ttft, _ in sorted(batch, key=lambda b: b[3]):
             clock.t = t0 + ttft / 1000.0
-            prod.response_streaming(req, ep, b"data: {}\n\n", False)
+            prod.response_chunk(req, ResponseChunk(b"data: {}\n\n", True, False, clock.t), ep)
         for req, ep, f, _, tpot in sorted(batch, key=lambda b: b[2].first + 9 * b[4] / 1000.0):
             clock.t = max(clock.t, f.first + 9 * tpot / 1000.0)
             f.last = f.first + 9 * tpot / 1000.0  # the last chunk came exactly then
@@ -197,7 +198,9 @@ def test_producer_tracks_in_flight_load_and_expires_lost_completions() -> None:
     assert list(load.flights) == ["a", "b"] and load.prefill_tokens == 1600 + 400
     x_ttft, _ = prod._features(eps[0], 0)
     assert list(x_ttft[2:4]) == [2.0, 2]  # 2000 prefill tokens in flight, 2 requests
-    prod.response_streaming(a, eps[0], b"data: x\n\n", False)  # a's first token: its prefill is done
+    prod.response_chunk(
+        a, ResponseChunk(b"data: x\n\n", True, False, clock.t), eps[0]
+    )  # a's first token: its prefill is done
     assert load.prefill_tokens == 400
     clock.t += 11  # b's completion is lost: contextTTL releases it
     asyncio.run(prod.prepare(request("c", 10), eps))
@@ -381,7 +384,7 @@ async def test_chart_config_routes_by_prediction_and_sheds_through_the_director(
         prod.pre_request(req, picked(ep))
         ms = (10 + 0.1 * (500 + 37 * i)) * (4 if ep.name == "pod-1" else 1)
         clock.t += ms / 1000
-        prod.response_streaming(req, ep, b"data: x\n\n", False)
+        prod.response_chunk(req, ResponseChunk(b"data: x\n\n", True, False, clock.t), ep)
         prod.response_complete(req, ep, Usage(completion_tokens=1))
         clock.t += 1
     picks = []

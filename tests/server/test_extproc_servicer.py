@@ -73,8 +73,8 @@ class RecordingDirector:
         if self.fail_response_headers:
             raise RuntimeError("plugin bug")
 
-    def handle_response_body(
-        self, request: InferenceRequest, decision: RoutingDecision, chunk: bytes, end_of_stream: bool
+    def handle_response_chunk(
+        self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
     ) -> None:
         return None
 

@@ -41,6 +41,7 @@ from epp.framework import (
     Plugin,
     PluginContext,
     PrefixCacheMatchInfo,
+    ResponseChunk,
     SchedulingResult,
     Usage,
 )
@@ -417,15 +418,13 @@ class PredictedLatencyProducer(Plugin):
 
     # -- the response ------------------------------------------------------------------------------------------
 
-    def response_streaming(
-        self, request: InferenceRequest, endpoint: Endpoint | None, chunk: bytes, end_of_stream: bool
-    ) -> None:
+    def response_chunk(self, request: InferenceRequest, chunk: ResponseChunk, endpoint: Endpoint | None) -> None:
         flight = request.data.get(self.flight_key)
-        if flight is None or not chunk:
+        if flight is None or not chunk.data:
             return
-        now = self.clock()
+        now = chunk.time
         flight.last = now
-        flight.events += chunk.count(b"data:")
+        flight.events += chunk.data.count(b"data:")
         if flight.first:
             return
         flight.first = now
@@ -434,7 +433,7 @@ class PredictedLatencyProducer(Plugin):
             self._finish_prefill(load, flight)
         else:
             flight.prefilling = False
-        if self.streaming_mode and flight.stream and not end_of_stream:
+        if self.streaming_mode and flight.stream and not chunk.end:
             self._learn_ttft(flight, (now - flight.dispatched) * 1000.0)
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
