@@ -30,3 +30,5 @@ class Pipeline:
     # Run after the producers, before scheduling (e.g. latency-slo-admitter).
     admitters: list[Admitter] = field(default_factory=list)
     response_streaming: list[ResponseStreaming] = field(default_factory=list)
+    # requestHandler.parsers (or GIE's `parser`), in config order: the request parsers the server is to use.
+    parsers: list[Plugin] = field(default_factory=list)

@@ -65,8 +65,12 @@ class _Builder:
         if factory is None:
             known = ", ".join(self.registry.known_types())
             raise ConfigError(f"{loc}: {where}.type: unknown plugin type {spec.type!r} (known: {known})")
+        params = Params(spec.name, spec.parameters)
         try:
-            plugin = factory(spec.name, Params(spec.name, spec.parameters), self.context)
+            plugin = factory(spec.name, params, self.context)
+            unknown = params.unread_error()
+            if unknown is not None:  # the anchors decode parameters strictly: an unknown one is an error
+                raise unknown
         except PluginConfigError as e:
             pline = e.line or (line_of(spec.parameters, e.key.split(".")[0]) if e.key else 0)
             key = f"{where}.parameters.{e.key}" if e.key else f"{where}.parameters"
@@ -187,6 +191,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         )
 
     detector = _saturation_detector(b, plugins)
+    parsers = _parsers(b, plugins)
     everything = list(plugins.values())
     return Pipeline(
         plugins=plugins,
@@ -198,7 +203,19 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         response_complete=[p for p in everything if isinstance(p, ResponseComplete)],
         admitters=[p for p in everything if isinstance(p, Admitter)],
         response_streaming=[p for p in everything if isinstance(p, ResponseStreaming)],
+        parsers=parsers,
     )
+
+
+def _parsers(b: _Builder, plugins: dict[str, Plugin]) -> list[Plugin]:
+    """The request handler's parser chain (`requestHandler.parsers`), each a parser plugin."""
+    out = []
+    for ref in b.config.request_parsers:
+        p = plugins[ref]
+        if not (callable(getattr(p, "parse", None)) or p.type_name.endswith("-parser")):
+            raise ConfigError(f"{b.src}: requestHandler.parsers: {ref!r} is not a parser (type {p.type_name})")
+        out.append(p)
+    return out
 
 
 def _default(b: _Builder, type_name: str) -> Plugin:
@@ -255,10 +272,15 @@ def _profile(
         if not used and isinstance(p, DataProducer | Admitter):
             # llm-d's chart lists predicted-latency-producer in the profile: it runs before scheduling anyway.
             continue
-        if not used:
-            raise ConfigError(
-                f"{loc}: {where}.plugins[{j}].pluginRef: {ref!r} is not a filter, scorer or picker "
-                f"(type {p.type_name or '?'})"
+        if not used:  # llm-d-router ignores a non-scheduling plugin in a profile (e.g. a tokenizer)
+            log.warning(
+                "%s: %s.plugins[%d].pluginRef: %r (type %s) is not a filter, scorer or picker: ignored in profile %r",
+                loc,
+                where,
+                j,
+                ref,
+                p.type_name or "?",
+                name,
             )
     if picker is None:
         default = _default(b, "max-score-picker")
@@ -272,9 +294,17 @@ def _saturation_detector(b: _Builder, plugins: dict[str, Plugin]) -> SaturationD
     if config.saturation_detector is not None:
         p = plugins[config.saturation_detector]
         if not isinstance(p, SaturationDetector):
+            fc = config.raw.get("flowControl")
+            nested = isinstance(fc, dict) and fc.get("saturationDetector") is not None
+            holder = (
+                fc.get("saturationDetector")
+                if isinstance(fc, dict) and nested
+                else config.raw.get("saturationDetector")
+            )
+            path = "flowControl.saturationDetector" if nested else "saturationDetector"
             raise ConfigError(
-                f"{config.source}:{line_of(config.raw.get('saturationDetector'), 'pluginRef')}: "
-                f"saturationDetector.pluginRef: {p.name!r} is not a saturation detector"
+                f"{config.source}:{line_of(holder, 'pluginRef')}: "
+                f"{path}.pluginRef: {p.name!r} is not a saturation detector"
             )
         return p
     configured = [p for p in plugins.values() if p.type_name in ("utilization-detector", "concurrency-detector")]

@@ -9,8 +9,10 @@ from __future__ import annotations
 from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlugin
 from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
+from epp.discovery.plugins.file_discovery import FileDiscovery
 from epp.framework import REGISTRY, Plugin, PluginRegistry
 from epp.plugins.admitters.latency_slo_admitter import LatencySLOAdmitter
+from epp.plugins.compat.multicluster_hub import MultiClusterHubPlugin
 from epp.plugins.deciders.always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
 from epp.plugins.deciders.always_disagg_pd_decider import AlwaysDisaggPDDecider
 from epp.plugins.deciders.prefix_based_pd_decider import PrefixBasedPDDecider
@@ -113,10 +115,14 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     CoreMetricsExtractorPlugin,
     EndpointNotificationSource,
     MetricsDataSource,
+    # discovery (dataLayer.discovery)
+    FileDiscovery,
     # request parsers
     OpenAIParser,
     PassthroughParser,
     VLLMGRPCParser,
+    # recognized only to be refused with a clear error
+    MultiClusterHubPlugin,
 )
 
 

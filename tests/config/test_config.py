@@ -120,9 +120,9 @@ def test_flow_control_objectives_and_extension_keys() -> None:
     assert build_runtime(cfg2).scraper.interval == 0.1  # type: ignore[union-attr]
 
 
-def test_unknown_top_level_key_is_a_warning() -> None:
-    cfg = parse_config("plugins:\n- type: queue-scorer\nschedulingProfile: []\n", "x.yaml")
-    assert cfg.warnings == ["x.yaml:3: schedulingProfile: unknown top-level key (ignored)"]
+def test_unknown_top_level_key_is_an_error_with_its_line() -> None:
+    with pytest.raises(ConfigError, match=r"^x\.yaml:3: schedulingProfile: unknown top-level key \(allowed: "):
+        parse_config("plugins:\n- type: queue-scorer\nschedulingProfile: []\n", "x.yaml")
 
 
 BAD = [
@@ -202,9 +202,8 @@ BAD_PLUGINS = [
         "epp.yaml:4: plugins[0].parameters.engineConfigs",
     ),
     (
-        "plugins:\n- type: queue-scorer\n- type: metrics-data-source\nschedulingProfiles:\n- name: d\n  plugins:\n"
-        "  - pluginRef: metrics-data-source\n",
-        "epp.yaml:7: schedulingProfiles[0].plugins[0].pluginRef: 'metrics-data-source' is not a filter, scorer",
+        "plugins:\n- type: queue-scorer\n  parameters:\n    threshold: 3\n",
+        "epp.yaml:4: plugins[0].parameters.threshold: queue-scorer: unknown parameter 'threshold'",
     ),
     (
         "plugins:\n- type: max-score-picker\n- type: random-picker\nschedulingProfiles:\n- name: d\n  plugins:\n"
@@ -233,7 +232,10 @@ def test_validate_cli_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     bad = tmp_path / "bad.yaml"
     bad.write_text("plugins:\n- type: queue-scorer\n  parameters:\n    x: 1\n- type: nope-scorer\n")
     assert main(["validate", str(bad)]) == 1
-    assert f"{bad}:5: plugins[1].type: unknown plugin type 'nope-scorer'" in capsys.readouterr().err
+    assert f"{bad}:4: plugins[0].parameters.x: queue-scorer: unknown parameter 'x'" in capsys.readouterr().err
+    bad.write_text("plugins:\n- type: queue-scorer\n- type: nope-scorer\n")
+    assert main(["validate", str(bad)]) == 1
+    assert f"{bad}:3: plugins[1].type: unknown plugin type 'nope-scorer'" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "missing.yaml")]) == 1
     assert "cannot read config" in capsys.readouterr().err
 
