@@ -269,9 +269,6 @@ def _profile(
                 raise ConfigError(f"{loc}: {where}.plugins[{j}]: profile {name!r} has a second picker {ref!r}")
             picker = p
             used = True
-        if not used and isinstance(p, DataProducer | Admitter):
-            # llm-d's chart lists predicted-latency-producer in the profile: it runs before scheduling anyway.
-            continue
         if not used:  # llm-d-router ignores a non-scheduling plugin in a profile (e.g. a tokenizer)
             log.warning(
                 "%s: %s.plugins[%d].pluginRef: %r (type %s) is not a filter, scorer or picker: ignored in profile %r",
