@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlugin
 from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
+from epp.datalayer.plugins.local_syncer import LocalSyncer
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
+from epp.datalayer.plugins.redis_cross_replica_syncer import RedisCrossReplicaSyncer
 from epp.datalayer.plugins.topology_extractor import TopologyExtractor
 from epp.discovery.plugins.file_discovery import FileDiscovery
 from epp.framework import REGISTRY, Plugin, PluginRegistry
@@ -136,6 +138,9 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     CoreMetricsExtractorPlugin,
     EndpointNotificationSource,
     MetricsDataSource,
+    # cross-replica state (dataLayer.crossReplicaSyncerPluginRef)
+    LocalSyncer,
+    RedisCrossReplicaSyncer,
     # discovery (dataLayer.discovery)
     FileDiscovery,
     # request parsers
