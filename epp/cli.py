@@ -29,6 +29,18 @@ def main(argv: list[str] | None = None) -> int:
         help="distinct model names (and fairness ids) that become metric labels; the rest count as __other__",
     )
     s.add_argument(
+        "--endpoint-stale-after",
+        type=float,
+        default=1.0,
+        help="seconds without a good metrics scrape after which an endpoint is not routed to (0: never stale)",
+    )
+    s.add_argument(
+        "--endpoint-max-scrape-failures",
+        type=int,
+        default=2,
+        help="consecutive failed scrapes after which an endpoint is not routed to (0: scrapes never demote)",
+    )
+    s.add_argument(
         "--secure-serving", action="store_true", help="TLS on the ext_proc port (self-signed if no --cert-path)"
     )
     s.add_argument("--cert-path", help="directory with tls.crt and tls.key for the ext_proc port (implies TLS)")
@@ -92,6 +104,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     if k8s is not None:
         runtime.sources = [k8s]
+    from epp.datalayer import health
+
+    health.POLICY.stale_after = args.endpoint_stale_after if args.endpoint_stale_after > 0 else float("inf")
+    health.POLICY.max_scrape_failures = args.endpoint_max_scrape_failures or 1 << 30
     options = ServeOptions(
         bind_address=args.bind_address,
         grpc_port=args.grpc_port,
