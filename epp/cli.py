@@ -102,7 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if k8s is not None:
+    if k8s is not None and config.discovery_ref is None:  # dataLayer.discovery replaces Kubernetes discovery
         runtime.sources = [k8s]
     from epp.datalayer import health
 

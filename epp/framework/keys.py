@@ -5,10 +5,42 @@ from __future__ import annotations
 from typing import Final
 
 from epp.framework.state import DataKey
-from epp.framework.types import PrefixCacheMatchInfo, TokenizedPrompt
+from epp.framework.types import DisaggDecision, Endpoint, InFlightLoad, PrefixCacheMatchInfo, TokenizedPrompt
 
 # The prompt's token ids (token-producer); read by the precise prefix-cache producer.
 TOKENIZED_PROMPT: Final = DataKey[TokenizedPrompt]("tokenized-prompt")
 
 # How much of the prompt each endpoint caches, per producer: `PREFIX_CACHE_MATCH_INFO.of(<producer name>)`.
 PREFIX_CACHE_MATCH_INFO: Final = DataKey[PrefixCacheMatchInfo]("prefix-cache-match-info")
+
+# An endpoint's live in-flight load, an endpoint attribute (`endpoint.attributes`), per producer:
+# `INFLIGHT_LOAD.of(<inflight-load-producer name>)`.
+INFLIGHT_LOAD: Final = DataKey[InFlightLoad]("inflight-load")
+
+# The tokens this request would add to each endpoint (uncached prompt, plus estimated output when configured),
+# endpoint name → tokens, in `request.data`, per producer: `UNCACHED_REQUEST_TOKENS.of(<producer name>)`.
+UNCACHED_REQUEST_TOKENS: Final = DataKey[dict[str, int]]("uncached-request-tokens")
+
+# Predicted time to first token (ms) per endpoint name for this request, in `request.data`, per producer:
+# `PREDICTED_TTFT_MS.of(<predicted-latency-producer name>)`; read by prefix-cache-affinity-filter's
+# `ttftSource: latencyPredictor` load gate. An endpoint without a prediction is never the fastest.
+PREDICTED_TTFT_MS: Final = DataKey[dict[str, float]]("predicted-ttft-ms")
+# Request headers PreRequest plugins set on the request the model server receives (name → value, OVERWRITE).
+# The server sends them with the destination; it also removes any client-sent value of a DISAGG_HEADERS name
+# that no plugin set.
+UPSTREAM_HEADERS: Final = DataKey[dict[str, str]]("upstream-request-headers")
+
+# The stages' pods of a disaggregated request (disagg-profile-handler → its PreRequest, the headers handlers, the
+# prefix producers' speculative entries for the prefill pod).
+DISAGG_DECISION: Final = DataKey[DisaggDecision]("disagg-decision")
+
+# CycleState: the pod picked by an earlier stage of the same cycle (decode-first: the decode pick, seen by the
+# prefill profile's plugins; prefill-first: the prefill pick, seen by the decode profile's).
+PEER_ENDPOINT: Final = DataKey[Endpoint]("disagg-peer-endpoint")
+
+# The headers the decode-side routing sidecar reads (llm-d pkg/common/routing).
+PREFILL_HEADER: Final = "x-prefiller-host-port"
+ENCODER_HEADER: Final = "x-encoder-hosts-ports"
+DATA_PARALLEL_HEADER: Final = "x-data-parallel-host-port"
+# Headers only the EPP may set: a client-sent value never reaches the model server.
+DISAGG_HEADERS: Final = (PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER)

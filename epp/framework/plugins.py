@@ -16,6 +16,7 @@ from epp.framework.types import (
     InferenceRequest,
     ProfileResult,
     Response,
+    ResponseChunk,
     SchedulingResult,
     Usage,
 )
@@ -48,6 +49,10 @@ class Plugin:
 
     def consumes(self) -> Collection[DataKey[Any]]:
         """Keys this plugin needs in `request.data`; some configured producer must produce each one."""
+        return ()
+
+    def uses(self) -> Collection[DataKey[Any]]:
+        """Keys this plugin reads when some producer writes them (optional): a producer runs after theirs."""
         return ()
 
     def __repr__(self) -> str:
@@ -101,6 +106,41 @@ class ProfileHandler(Protocol):
 
 
 @runtime_checkable
+class DisaggDecider(Protocol):
+    """Decides per request whether a disaggregated stage runs (prefill: P/D; encode: E/P/D).
+
+    `endpoint` is the pod an earlier stage picked (decode-first: the decode pod), or None.
+    """
+
+    name: str
+
+    def disaggregate(self, state: CycleState, request: InferenceRequest, endpoint: Endpoint | None) -> bool: ...
+
+
+@runtime_checkable
+class ReferencesPlugins(Protocol):
+    """A plugin that names other plugins in its parameters (e.g. a profile handler's deciders).
+
+    The builder calls `resolve_plugins` once every configured plugin exists (whatever their order in the file);
+    it raises PluginConfigError (with the key) for a missing or unfit plugin.
+    """
+
+    name: str
+
+    def resolve_plugins(self, plugins: Mapping[str, Plugin], context: PluginContext) -> None: ...
+
+
+@runtime_checkable
+class AdmissionScope(Protocol):
+    """A profile handler whose requests do not all need every candidate: admission measures saturation over
+    `admission_endpoints(candidates)` (P/D: the decode pods every request needs, not an optional prefill pool)."""
+
+    name: str
+
+    def admission_endpoints(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> Sequence[Endpoint]: ...
+
+
+@runtime_checkable
 class DataProducer(Protocol):
     """Runs before scheduling (may await, e.g. tokenization off the event loop); fills request.data.
 
@@ -128,6 +168,15 @@ class ResponseComplete(Protocol):
     name: str
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None: ...
+
+
+@runtime_checkable
+class ResponseStreaming(Protocol):
+    """Runs on every response body chunk (the last one too, before ResponseComplete). Keep it cheap."""
+
+    name: str
+
+    def response_chunk(self, request: InferenceRequest, chunk: ResponseChunk, endpoint: Endpoint | None) -> None: ...
 
 
 @runtime_checkable
@@ -170,3 +219,32 @@ class UsageLimitPolicy(Protocol):
 
     name: str
     threshold: float
+
+
+@runtime_checkable
+class CrossReplicaContributor(Protocol):
+    """Per-endpoint state shared with the other EPP replicas through the configured cross-replica syncer
+    (`dataLayer.crossReplicaSyncerPluginRef`). Values are lists of ints per endpoint name, summed across replicas."""
+
+    name: str
+
+    def cross_replica_key(self) -> str | None:
+        """The namespace of this state in the shared store; None opts out (the local value is used as is)."""
+        ...
+
+    def cross_replica_snapshot(self) -> dict[str, list[int]]:
+        """This replica's current values, endpoint name → values."""
+        ...
+
+    def cross_replica_update(self, remote: Mapping[str, list[int]]) -> None:
+        """The sum over the other live replicas, endpoint name → values (absent = 0)."""
+        ...
+
+
+@runtime_checkable
+class CrossReplicaSyncer(Protocol):
+    """Publishes the contributors' snapshots every `interval` seconds and feeds back the other replicas' sums."""
+
+    name: str
+
+    def attach(self, contributors: Sequence[CrossReplicaContributor], interval: float | None) -> None: ...

@@ -159,9 +159,54 @@ class PrefixMatch:
 
 
 @dataclass(slots=True)
+class InFlightLoad:
+    """An endpoint's in-flight load as the EPP counts it (inflight-load-producer): requests and tokens from pick to
+    response end. `remote_*` is what the other EPP replicas report for it (a cross-replica syncer fills them)."""
+
+    requests: int = 0
+    tokens: int = 0
+    remote_requests: int = 0
+    remote_tokens: int = 0
+
+    @property
+    def total_requests(self) -> int:
+        return self.requests + self.remote_requests
+
+    @property
+    def total_tokens(self) -> int:
+        return self.tokens + self.remote_tokens
+
+
+@dataclass(slots=True)
+class ResponseChunk:
+    """One response body chunk as ResponseStreaming hooks see it. `first`: the first body chunk (for a streamed
+    response, prefill is done); `end`: the last one. `time` is time.monotonic() at arrival."""
+
+    data: bytes
+    first: bool
+    end: bool
+    time: float
+
+
+@dataclass(slots=True)
 class Response:
     """The model server's response as ResponseReceived hooks see it; `set_headers` go back to the client."""
 
     status: int
     headers: dict[str, str] = field(default_factory=dict)  # lower-cased names, as received
     set_headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class DisaggDecision:
+    """Which pods serve one request's stages (written by a disaggregation profile handler, per request).
+
+    `decode` serves the request; `prefill` (P/D) computes the prompt's KV cache and hands it to `decode`;
+    `encode` (E/P/D) compute multimodal embeddings. PreRequest turns them into the sidecar's headers.
+    """
+
+    decode: Endpoint
+    prefill: Endpoint | None = None
+    encode: list[Endpoint] = field(default_factory=list)
+    prefill_profile: str = "prefill"
+    encode_profile: str = "encode"

@@ -17,10 +17,13 @@ from collections.abc import Mapping
 from epp.datalayer.health import healthy_candidates, response_status
 from epp.datalayer.objectives import ObjectiveStore
 from epp.framework import (
+    UPSTREAM_HEADERS,
+    AdmissionScope,
     Endpoint,
     EndpointView,
     InferenceRequest,
     Response,
+    ResponseChunk,
     ServiceUnavailable,
     TooManyRequests,
     Usage,
@@ -62,6 +65,9 @@ class SchedulingDirector:
         self._pre_request = list(pipeline.pre_request)
         self._received = list(pipeline.response_received)
         self._complete = list(pipeline.response_complete)
+        self._streaming = list(pipeline.response_streaming)
+        handler = self.scheduler.handler
+        self._admission_scope = handler if isinstance(handler, AdmissionScope) else None
 
     async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
         headers = request.headers
@@ -76,9 +82,11 @@ class SchedulingDirector:
         if not candidates:
             raise ServiceUnavailable("failed to find candidate endpoints for serving the request")
 
+        # Stage-aware: saturation over the pods every request needs (P/D: decode pods, not the prefill pool).
+        admitted = candidates if self._admission_scope is None else self._admission_endpoints(request, candidates)
         if self.flow_controller is not None:
-            await self.flow_controller.enqueue_and_wait(request, candidates)
-        elif request.sheddable and self.detector.saturation(candidates) >= 1.0:
+            await self.flow_controller.enqueue_and_wait(request, admitted)
+        elif request.sheddable and self.detector.saturation(admitted) >= 1.0:
             raise TooManyRequests("system saturated, sheddable request dropped")
 
         if self._producers:
@@ -98,6 +106,7 @@ class SchedulingDirector:
                 hook.pre_request(request, result)
             except Exception:
                 log.exception("PreRequest plugin %s failed for request %s", hook.name, request.request_id)
+        headers_out = request.data.get(UPSTREAM_HEADERS)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "request %s model %s priority %d → %s",
@@ -106,7 +115,19 @@ class SchedulingDirector:
                 request.priority,
                 ",".join(ep.hostport for ep in result.targets),
             )
-        return RoutingDecision(endpoints=list(result.targets), result=result)
+        decision = RoutingDecision(endpoints=list(result.targets), result=result)
+        if headers_out:
+            decision.headers.update(headers_out)
+        return decision
+
+    def _admission_endpoints(self, request: InferenceRequest, candidates: list[Endpoint]) -> list[Endpoint]:
+        assert self._admission_scope is not None
+        try:
+            scoped = list(self._admission_scope.admission_endpoints(request, candidates))
+        except Exception:
+            log.exception("admission scope of %s failed; admitting over every candidate", self._admission_scope.name)
+            return candidates
+        return scoped or candidates
 
     async def _prepare(self, request: InferenceRequest, candidates: list[Endpoint]) -> None:
         """Run DataProducers in dependency order (the builder's) within one budget."""
@@ -166,6 +187,19 @@ class SchedulingDirector:
             except Exception:
                 log.exception("ResponseReceived plugin %s failed for request %s", hook.name, request.request_id)
         decision.response_headers.update(response.set_headers)
+
+    def handle_response_chunk(
+        self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
+    ) -> None:
+        if not self._streaming:
+            return
+        endpoint = self._endpoint_for(decision)
+        chunk = ResponseChunk(data, first, end, time.monotonic())
+        for hook in self._streaming:
+            try:
+                hook.response_chunk(request, chunk, endpoint)
+            except Exception:
+                log.exception("ResponseStreaming plugin %s failed for request %s", hook.name, request.request_id)
 
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None

@@ -10,6 +10,7 @@ from epp.framework import (
     PreRequest,
     ResponseComplete,
     ResponseReceived,
+    ResponseStreaming,
     SaturationDetector,
 )
 from epp.scheduling import Scheduler
@@ -25,3 +26,6 @@ class Pipeline:
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
+    response_streaming: list[ResponseStreaming] = field(default_factory=list)
+    # requestHandler.parsers (or GIE's `parser`), in config order: the request parsers the server is to use.
+    parsers: list[Plugin] = field(default_factory=list)

@@ -28,6 +28,7 @@ from envoy.type.v3 import http_status_pb2
 
 from epp.framework.context import EndpointView
 from epp.framework.errors import InternalError, RequestError, ServiceUnavailable
+from epp.framework.keys import DISAGG_HEADERS
 from epp.framework.types import InferenceRequest, Usage
 from epp.protocol.openai import bodyless_request, parse_request
 from epp.protocol.rewrite import ModelNameRewriter
@@ -164,6 +165,7 @@ class RequestStream:
     __slots__ = (
         "_body",
         "_body_size",
+        "_chunks",
         "_resp_json",
         "_restore_length",
         "_rewriter",
@@ -197,6 +199,7 @@ class RequestStream:
         self.started = 0.0
         self.status = 0
         self.response_size = 0
+        self._chunks = 0  # response body messages seen
         self._rewriter: ModelNameRewriter | None = None
         self._restore_length = False  # content-length dropped at response headers (body rewritten)
         self._sse: SSEUsageReader | None = None
@@ -264,7 +267,9 @@ class RequestStream:
             resp.dynamic_metadata.update(self.dynamic_metadata())
             return [resp]
         if self.request_mode == BUFFERED:
-            strip = pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=[DESTINATION_KEY]))
+            strip = pb.CommonResponse(
+                header_mutation=pb.HeaderMutation(remove_headers=[DESTINATION_KEY, *DISAGG_HEADERS])
+            )
             return [pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=strip))]
         return []  # FULL_DUPLEX: hold the headers until the body is complete
 
@@ -332,7 +337,10 @@ class RequestStream:
             set_headers.append(_set("content-length", str(content_length)))
         for k, v in self.decision.headers.items():
             set_headers.append(_set(k, v))
-        return pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=set_headers), clear_route_cache=True)
+        # A client-sent prefiller/encoder header never reaches the model server's sidecar: ours or none.
+        remove = [h for h in DISAGG_HEADERS if h not in self.decision.headers]
+        mutation = pb.HeaderMutation(set_headers=set_headers, remove_headers=remove)
+        return pb.CommonResponse(header_mutation=mutation, clear_route_cache=True)
 
     def dynamic_metadata(self) -> dict[str, Any]:
         assert self.decision is not None
@@ -389,6 +397,13 @@ class RequestStream:
         chunk = body.body
         eos = body.end_of_stream
         self.response_size += len(chunk)
+        self._chunks += 1
+        req = self.request
+        if self.model_routed and req is not None:
+            try:
+                self.s.director.handle_response_chunk(req, self.decision, chunk, self._chunks == 1, eos)
+            except Exception:
+                log.exception("director.handle_response_chunk failed")
         if self._sse is not None:
             self._sse.feed(chunk)
         elif self._resp_json is not None:

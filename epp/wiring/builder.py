@@ -24,8 +24,10 @@ from epp.framework import (
     PluginRegistry,
     PreRequest,
     ProfileHandler,
+    ReferencesPlugins,
     ResponseComplete,
     ResponseReceived,
+    ResponseStreaming,
     SaturationDetector,
     Scorer,
 )
@@ -62,8 +64,12 @@ class _Builder:
         if factory is None:
             known = ", ".join(self.registry.known_types())
             raise ConfigError(f"{loc}: {where}.type: unknown plugin type {spec.type!r} (known: {known})")
+        params = Params(spec.name, spec.parameters)
         try:
-            plugin = factory(spec.name, Params(spec.name, spec.parameters), self.context)
+            plugin = factory(spec.name, params, self.context)
+            unknown = params.unread_error()
+            if unknown is not None:  # the anchors decode parameters strictly: an unknown one is an error
+                raise unknown
         except PluginConfigError as e:
             pline = e.line or (line_of(spec.parameters, e.key.split(".")[0]) if e.key else 0)
             key = f"{where}.parameters.{e.key}" if e.key else f"{where}.parameters"
@@ -107,6 +113,19 @@ class _Builder:
             where = asker.path if asker else "plugins"
             self.instantiate(spec, where, note=f" (in the {req.type} added for {who})")
 
+    def resolve_references(self) -> None:
+        """Let plugins that name other plugins (a handler's deciders) find them, in any order in the file."""
+        plugins = {name: b.plugin for name, b in self.built.items()}
+        for b in list(self.built.values()):
+            if not isinstance(b.plugin, ReferencesPlugins):
+                continue
+            try:
+                b.plugin.resolve_plugins(plugins, self.context)
+            except PluginConfigError as e:
+                loc = self.loc(e.line or b.line)
+                key = f"{b.path}.parameters.{e.key}" if e.key else f"{b.path}.parameters"
+                raise ConfigError(f"{loc}: {key}: {e}") from None
+
     def check_consumers(self) -> None:
         for b in self.built.values():
             for key in b.plugin.consumes():
@@ -121,7 +140,7 @@ class _Builder:
         producers: list[Plugin] = [b.plugin for b in self.built.values() if isinstance(b.plugin, DataProducer)]
         deps: dict[str, set[str]] = {}
         for p in producers:
-            wanted = set(p.consumes())
+            wanted = set(p.consumes()) | set(p.uses())
             deps[p.name] = {q.name for q in producers if q is not p and wanted.intersection(q.produces())}
         order: list[DataProducer] = []
         placed: set[str] = set()
@@ -141,6 +160,8 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
     for i, spec in enumerate(config.plugins):
         b.instantiate(spec, f"plugins[{i}]")
     b.add_required_producers()
+    b.resolve_references()
+    b.add_required_producers()  # references may ask for producers too (a decider's prefix producer)
     b.check_consumers()
     producers = b.ordered_producers()
     plugins = {name: built.plugin for name, built in b.built.items()}
@@ -169,6 +190,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         )
 
     detector = _saturation_detector(b, plugins)
+    parsers = _parsers(b, plugins)
     everything = list(plugins.values())
     return Pipeline(
         plugins=plugins,
@@ -178,7 +200,20 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         pre_request=[p for p in everything if isinstance(p, PreRequest)],
         response_received=[p for p in everything if isinstance(p, ResponseReceived)],
         response_complete=[p for p in everything if isinstance(p, ResponseComplete)],
+        response_streaming=[p for p in everything if isinstance(p, ResponseStreaming)],
+        parsers=parsers,
     )
+
+
+def _parsers(b: _Builder, plugins: dict[str, Plugin]) -> list[Plugin]:
+    """The request handler's parser chain (`requestHandler.parsers`), each a parser plugin."""
+    out = []
+    for ref in b.config.request_parsers:
+        p = plugins[ref]
+        if not (callable(getattr(p, "parse", None)) or p.type_name.endswith("-parser")):
+            raise ConfigError(f"{b.src}: requestHandler.parsers: {ref!r} is not a parser (type {p.type_name})")
+        out.append(p)
+    return out
 
 
 def _default(b: _Builder, type_name: str) -> Plugin:
@@ -232,10 +267,15 @@ def _profile(
                 raise ConfigError(f"{loc}: {where}.plugins[{j}]: profile {name!r} has a second picker {ref!r}")
             picker = p
             used = True
-        if not used:
-            raise ConfigError(
-                f"{loc}: {where}.plugins[{j}].pluginRef: {ref!r} is not a filter, scorer or picker "
-                f"(type {p.type_name or '?'})"
+        if not used:  # llm-d-router ignores a non-scheduling plugin in a profile (e.g. a tokenizer)
+            log.warning(
+                "%s: %s.plugins[%d].pluginRef: %r (type %s) is not a filter, scorer or picker: ignored in profile %r",
+                loc,
+                where,
+                j,
+                ref,
+                p.type_name or "?",
+                name,
             )
     if picker is None:
         default = _default(b, "max-score-picker")
@@ -249,12 +289,20 @@ def _saturation_detector(b: _Builder, plugins: dict[str, Plugin]) -> SaturationD
     if config.saturation_detector is not None:
         p = plugins[config.saturation_detector]
         if not isinstance(p, SaturationDetector):
+            fc = config.raw.get("flowControl")
+            nested = isinstance(fc, dict) and fc.get("saturationDetector") is not None
+            holder = (
+                fc.get("saturationDetector")
+                if isinstance(fc, dict) and nested
+                else config.raw.get("saturationDetector")
+            )
+            path = "flowControl.saturationDetector" if nested else "saturationDetector"
             raise ConfigError(
-                f"{config.source}:{line_of(config.raw.get('saturationDetector'), 'pluginRef')}: "
-                f"saturationDetector.pluginRef: {p.name!r} is not a saturation detector"
+                f"{config.source}:{line_of(holder, 'pluginRef')}: "
+                f"{path}.pluginRef: {p.name!r} is not a saturation detector"
             )
         return p
-    configured = [p for p in plugins.values() if p.type_name == "utilization-detector"]
+    configured = [p for p in plugins.values() if p.type_name in ("utilization-detector", "concurrency-detector")]
     if len(configured) == 1 and isinstance(configured[0], SaturationDetector):
         return configured[0]
     default = _default(b, "utilization-detector")

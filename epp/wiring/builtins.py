@@ -9,12 +9,18 @@ from __future__ import annotations
 from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlugin
 from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
+from epp.discovery.plugins.file_discovery import FileDiscovery
 from epp.framework import REGISTRY, Plugin, PluginRegistry
+from epp.plugins.compat.multicluster_hub import MultiClusterHubPlugin
+from epp.plugins.deciders.always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
+from epp.plugins.deciders.always_disagg_pd_decider import AlwaysDisaggPDDecider
+from epp.plugins.deciders.prefix_based_pd_decider import PrefixBasedPDDecider
 from epp.plugins.filters.by_label import ByLabelFilter
 from epp.plugins.filters.decode_filter import DecodeFilter
 from epp.plugins.filters.encode_filter import EncodeFilter
 from epp.plugins.filters.label_selector_filter import LabelSelectorFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
+from epp.plugins.filters.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
 from epp.plugins.flowcontrol.fcfs_ordering_policy import FCFSOrderingPolicy
 from epp.plugins.flowcontrol.global_strict_fairness_policy import GlobalStrictFairnessPolicy
 from epp.plugins.flowcontrol.round_robin_fairness_policy import RoundRobinFairnessPolicy
@@ -26,12 +32,18 @@ from epp.plugins.pickers.max_score_picker import MaxScorePicker
 from epp.plugins.pickers.random_picker import RandomPicker
 from epp.plugins.pickers.round_robin_picker import RoundRobinPicker
 from epp.plugins.pickers.weighted_random_picker import WeightedRandomPicker
+from epp.plugins.prerequest.disagg_headers_handler import DisaggHeadersHandler
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
+from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
 from epp.plugins.producers.token_producer import TokenProducer
+from epp.plugins.profiles.disagg_profile_handler import DisaggProfileHandler
+from epp.plugins.profiles.pd_profile_handler import PdProfileHandler
 from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
+from epp.plugins.saturation.concurrency_detector import ConcurrencyDetector
 from epp.plugins.saturation.utilization_detector import UtilizationDetector
 from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
+from epp.plugins.scorers.context_length_aware import ContextLengthAware
 from epp.plugins.scorers.kv_cache_utilization_scorer import KVCacheUtilizationScorer
 from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
 from epp.plugins.scorers.lora_affinity_scorer import LoraAffinityScorer
@@ -41,6 +53,7 @@ from epp.plugins.scorers.prefix_cache_scorer import PrefixCacheScorer
 from epp.plugins.scorers.queue_scorer import QueueScorer
 from epp.plugins.scorers.running_requests_size_scorer import RunningRequestsSizeScorer
 from epp.plugins.scorers.session_affinity_scorer import SessionAffinityScorer
+from epp.plugins.scorers.token_load_scorer import TokenLoadScorer
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     # filters
@@ -49,8 +62,10 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     EncodeFilter,
     LabelSelectorFilter,
     PrefillFilter,
+    PrefixCacheAffinityFilter,
     # scorers
     ActiveRequestScorer,
+    ContextLengthAware,
     KVCacheUtilizationScorer,
     LoadAwareScorer,
     LoraAffinityScorer,
@@ -60,6 +75,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     QueueScorer,
     RunningRequestsSizeScorer,
     SessionAffinityScorer,
+    TokenLoadScorer,
     # pickers
     MaxScorePicker,
     RandomPicker,
@@ -67,12 +83,21 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     WeightedRandomPicker,
     # profile handlers
     SingleProfileHandler,
+    # disaggregation (P/D, E/P/D): handlers, deciders, the deprecated headers handlers
+    DisaggProfileHandler,
+    PdProfileHandler,
+    AlwaysDisaggPDDecider,
+    PrefixBasedPDDecider,
+    AlwaysDisaggMultimodalDecider,
+    DisaggHeadersHandler,
     # data producers
     ApproxPrefixCacheProducer,
+    InFlightLoadProducer,
     PrecisePrefixCacheProducer,
     TokenProducer,
     # admission: saturation detector (also a filter) and flow-control policies
     UtilizationDetector,
+    ConcurrencyDetector,
     FCFSOrderingPolicy,
     GlobalStrictFairnessPolicy,
     RoundRobinFairnessPolicy,
@@ -81,10 +106,14 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     CoreMetricsExtractorPlugin,
     EndpointNotificationSource,
     MetricsDataSource,
+    # discovery (dataLayer.discovery)
+    FileDiscovery,
     # request parsers
     OpenAIParser,
     PassthroughParser,
     VLLMGRPCParser,
+    # recognized only to be refused with a clear error
+    MultiClusterHubPlugin,
 )
 
 

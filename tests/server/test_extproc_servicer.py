@@ -22,6 +22,7 @@ from epp.config import parse_config
 from epp.datalayer.datastore import Datastore
 from epp.discovery.static import StaticEndpointSource
 from epp.framework.errors import TooManyRequests
+from epp.framework.keys import DISAGG_HEADERS
 from epp.framework.types import Endpoint, InferenceRequest, Usage
 from epp.requestcontrol.types import RoutingDecision
 from epp.server.extproc import BODY_CHUNK_LIMIT
@@ -71,6 +72,11 @@ class RecordingDirector:
         decision.response_headers.update(self.set_response_headers)
         if self.fail_response_headers:
             raise RuntimeError("plugin bug")
+
+    def handle_response_chunk(
+        self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
+    ) -> None:
+        return None
 
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
@@ -358,9 +364,11 @@ async def test_bodyless_get_routed_at_headers(epp: Harness) -> None:
 async def test_buffered_mode_answers_headers_then_decides_in_body(epp: Harness) -> None:
     call = epp.stub.Process()
     (first,) = await exchange(call, [headers_msg(mode=Mode.BUFFERED, extra={DEST: "6.6.6.6:1"})], 1)
-    assert list(first.request_headers.response.header_mutation.remove_headers) == [DEST]
+    assert list(first.request_headers.response.header_mutation.remove_headers) == [DEST, *DISAGG_HEADERS]
     (second,) = await exchange(call, [body_msg(b'{"model":"alias","prompt":"x"}', True)], 1)
     hs = set_headers(second)
+    # No plugin set a prefiller/encoder header: a client's is removed, in every mode.
+    assert mutation(second.request_body.response)[1] == list(DISAGG_HEADERS)
     assert hs[DEST].startswith("10.0.0.1:")
     assert json.loads(second.request_body.response.body_mutation.body) == {"model": "real", "prompt": "x"}
     assert hs["content-length"] == str(len(second.request_body.response.body_mutation.body))

@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import Any, Self
 
 from epp.framework import (
+    DISAGG_DECISION,
     PREFIX_CACHE_MATCH_INFO,
     DataKey,
     Endpoint,
     InferenceRequest,
     Params,
     Plugin,
-    PluginConfigError,
     PluginContext,
     PrefixCacheMatchInfo,
     SchedulingResult,
@@ -75,6 +76,9 @@ def block_hashes(text: str, block_chars: int, max_blocks: int, seed: int) -> lis
         h = hash((h, text[i : i + block_chars]))
         out.append(h)
     return out
+
+
+log = logging.getLogger(__name__)
 
 
 class PrefixIndex:
@@ -168,13 +172,12 @@ class ApproxPrefixCacheProducer(Plugin):
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        if params.has("blockSize") and not params.has("blockSizeTokens"):
-            raise PluginConfigError(
-                f"{name}: parameter 'blockSize' (characters) is deprecated: set 'blockSizeTokens' instead",
-                key="blockSize",
-            )
-        params.get("blockSize")
         block_tokens = params.int("blockSizeTokens", 16, min=1)
+        legacy = params.int("blockSize", 0, min=0)
+        if legacy > 0:  # deprecated in llm-d-router: mapped to blockSizeTokens unless that is set, with a warning
+            log.warning("%s: parameter 'blockSize' is deprecated, use 'blockSizeTokens'", name)
+            if not params.has("blockSizeTokens"):
+                block_tokens = legacy
         if params.has("hashBlockSize"):  # v1.0 scorer parameter, in characters
             block_tokens = max(1, params.int("hashBlockSize", 64, min=1) // AVERAGE_CHARS_PER_TOKEN)
         max_blocks = params.int("maxPrefixBlocksToMatch", 256, min=1)
@@ -233,12 +236,18 @@ class ApproxPrefixCacheProducer(Plugin):
         hashes = request.data.get(self._hashes_key)
         if not hashes:
             return
-        targets = [r.targets[0] for name, r in result.profile_results.items() if r.targets and name == PREFILL_PROFILE]
+        # The decode pick and, for P/D, the prefill pick: both will hold the prompt's KV blocks.
         primary = result.targets
-        if primary:
-            targets.insert(0, primary[0])
-        if not targets:
+        if not primary:
             return
+        targets = [primary[0]]
+        decision = request.data.get(DISAGG_DECISION)
+        if decision is not None and decision.prefill is not None:
+            targets.append(decision.prefill)
+        else:
+            prefill = result.profile_results.get(PREFILL_PROFILE)
+            if prefill is not None and prefill.targets and prefill.targets[0] is not primary[0]:
+                targets.append(prefill.targets[0])
         try:
             # Off the response's critical path: runs right after the director hands back its decision.
             asyncio.get_running_loop().call_soon(self._record, targets, hashes)

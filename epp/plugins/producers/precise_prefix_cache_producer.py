@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from epp.framework import (
+    DISAGG_DECISION,
     PREFIX_CACHE_MATCH_INFO,
     TOKENIZED_PROMPT,
     DataKey,
@@ -129,8 +130,13 @@ class PrecisePrefixCacheProducer(Plugin):
         info = request.data.get(self.match_key)
         if not self.speculative or info is None:
             return
+        decision = request.data.get(DISAGG_DECISION)
+        if decision is not None:  # P/D: the decode and the prefill pod (an encode pod holds no prompt KV)
+            pods = [decision.decode] if decision.prefill is None else [decision.decode, decision.prefill]
+        else:
+            pods = [pr.targets[0] for pr in result.profile_results.values() if pr is not None and pr.targets]
         seen: set[str] = set()
-        for pr in result.profile_results.values():  # primary (decode) and, for P/D, the prefill pick
-            if pr is not None and pr.targets and pr.targets[0].hostport not in seen:
-                seen.add(pr.targets[0].hostport)
-                self.index.speculate(info.keys, pr.targets[0].hostport, self.speculative_ttl)
+        for ep in pods:
+            if ep.hostport not in seen:
+                seen.add(ep.hostport)
+                self.index.speculate(info.keys, ep.hostport, self.speculative_ttl)

@@ -1,0 +1,1 @@
+"""Disaggregation deciders: per request, whether a prefill (P/D) or encode (E/P/D) stage runs."""

@@ -1,0 +1,1 @@
+"""PreRequest plugins that run after the pick, before the request is forwarded."""
