@@ -74,6 +74,16 @@ class Endpoint:
 
 
 @dataclass(slots=True)
+class MultiModalFeature:
+    """One multimodal item of a prompt: its content hash (vLLM's mm hash) and the placeholder tokens it fills."""
+
+    modality: str  # "image" | "audio" | "video"
+    hash: str
+    offset: int = 0  # first placeholder token
+    length: int = 0  # number of placeholder tokens
+
+
+@dataclass(slots=True)
 class InferenceRequest:
     """One parsed LLM request, as the scheduler and plugins see it."""
 
@@ -85,7 +95,12 @@ class InferenceRequest:
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)  # lower-cased names
     prompt: str | list[Any] | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]] | None = None  # OpenAI chat form (Anthropic/Responses converted as vLLM does)
+    tools: list[dict[str, Any]] | None = None  # OpenAI chat tools, for the chat template
+    chat_template_kwargs: dict[str, Any] | None = None
+    token_ids: list[int] | None = None  # pre-tokenized input (/inference/v1/generate, SGLang, gRPC): no tokenizing
+    mm_features: list[MultiModalFeature] | None = None  # multimodal items of pre-tokenized input
+    cache_salt: str | None = None
     stream: bool = False
     max_tokens: int | None = None
     body_size: int = 0

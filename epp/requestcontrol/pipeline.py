@@ -13,6 +13,7 @@ from epp.framework import (
     ResponseStreaming,
     SaturationDetector,
 )
+from epp.framework.parsing import ParserRegistry
 from epp.scheduling import Scheduler
 
 
@@ -29,3 +30,5 @@ class Pipeline:
     response_streaming: list[ResponseStreaming] = field(default_factory=list)
     # requestHandler.parsers (or GIE's `parser`), in config order: the request parsers the server is to use.
     parsers: list[Plugin] = field(default_factory=list)
+    # The parser per request path (the router's ParserRegistry over `parsers`, or its default list)
+    parser_registry: ParserRegistry = field(default_factory=lambda: ParserRegistry([]))

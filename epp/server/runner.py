@@ -82,6 +82,7 @@ class EppServer:
             self.metrics,
             model_rewrites=runtime.config.model_rewrites,
             max_body_bytes=options.max_body_bytes,
+            parsers=runtime.pipeline.parser_registry if runtime.pipeline is not None else None,
         )
         self._grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
         self._health_grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))

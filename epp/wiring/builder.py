@@ -31,9 +31,10 @@ from epp.framework import (
     SaturationDetector,
     Scorer,
 )
+from epp.framework.parsing import ParserRegistry, RequestParser
 from epp.requestcontrol.pipeline import Pipeline
 from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
-from epp.wiring.builtins import register_builtins
+from epp.wiring.builtins import DEFAULT_PARSERS, register_builtins
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
 
     detector = _saturation_detector(b, plugins)
     parsers = _parsers(b, plugins)
+    parser_registry = _parser_registry(b, plugins, parsers)
     everything = list(plugins.values())
     return Pipeline(
         plugins=plugins,
@@ -202,18 +204,27 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         response_complete=[p for p in everything if isinstance(p, ResponseComplete)],
         response_streaming=[p for p in everything if isinstance(p, ResponseStreaming)],
         parsers=parsers,
+        parser_registry=parser_registry,
     )
 
 
 def _parsers(b: _Builder, plugins: dict[str, Plugin]) -> list[Plugin]:
     """The request handler's parser chain (`requestHandler.parsers`), each a parser plugin."""
-    out = []
+    out: list[Plugin] = []
     for ref in b.config.request_parsers:
         p = plugins[ref]
-        if not (callable(getattr(p, "parse", None)) or p.type_name.endswith("-parser")):
+        if not isinstance(p, RequestParser):
             raise ConfigError(f"{b.src}: requestHandler.parsers: {ref!r} is not a parser (type {p.type_name})")
         out.append(p)
     return out
+
+
+def _parser_registry(b: _Builder, plugins: dict[str, Plugin], parsers: list[Plugin]) -> ParserRegistry:
+    """The router's resolution over the chain; none listed = its defaults (openai, anthropic, vllmhttp, then
+    passthrough as the fallback), each the configured plugin of that name if there is one. An explicit list gains
+    no fallback: a path no listed parser claims is refused."""
+    chain = parsers or [plugins.get(t) or _default(b, t) for t in DEFAULT_PARSERS]
+    return ParserRegistry([p for p in chain if isinstance(p, RequestParser)])
 
 
 def _default(b: _Builder, type_name: str) -> Plugin:

@@ -11,6 +11,7 @@ from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificat
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
 from epp.discovery.plugins.file_discovery import FileDiscovery
 from epp.framework import REGISTRY, Plugin, PluginRegistry
+from epp.framework.parsing import ParserRegistry, RequestParser
 from epp.plugins.compat.multicluster_hub import MultiClusterHubPlugin
 from epp.plugins.deciders.always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
 from epp.plugins.deciders.always_disagg_pd_decider import AlwaysDisaggPDDecider
@@ -25,9 +26,13 @@ from epp.plugins.flowcontrol.fcfs_ordering_policy import FCFSOrderingPolicy
 from epp.plugins.flowcontrol.global_strict_fairness_policy import GlobalStrictFairnessPolicy
 from epp.plugins.flowcontrol.round_robin_fairness_policy import RoundRobinFairnessPolicy
 from epp.plugins.flowcontrol.static_usage_limit_policy import StaticUsageLimitPolicy
+from epp.plugins.parsers.anthropic_parser import AnthropicParser
 from epp.plugins.parsers.openai_parser import OpenAIParser
 from epp.plugins.parsers.passthrough_parser import PassthroughParser
+from epp.plugins.parsers.sglanghttp_parser import SGLangHTTPParser
+from epp.plugins.parsers.vertexai_parser import VertexAIParser
 from epp.plugins.parsers.vllmgrpc_parser import VLLMGRPCParser
+from epp.plugins.parsers.vllmhttp_parser import VLLMHTTPParser
 from epp.plugins.pickers.max_score_picker import MaxScorePicker
 from epp.plugins.pickers.random_picker import RandomPicker
 from epp.plugins.pickers.round_robin_picker import RoundRobinPicker
@@ -110,11 +115,18 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     FileDiscovery,
     # request parsers
     OpenAIParser,
-    PassthroughParser,
+    AnthropicParser,
+    VLLMHTTPParser,
+    SGLangHTTPParser,
+    VertexAIParser,
     VLLMGRPCParser,
+    PassthroughParser,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )
+
+# The router's parsers when `requestHandler.parsers` is empty (config/loader/defaults.go ensureParsers).
+DEFAULT_PARSERS = ("openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser")
 
 
 def register_builtins(registry: PluginRegistry = REGISTRY) -> PluginRegistry:
@@ -128,3 +140,10 @@ def register_builtins(registry: PluginRegistry = REGISTRY) -> PluginRegistry:
 def known_types() -> list[str]:
     """Every plugin type this EPP knows (built-ins, aliases and entry points)."""
     return register_builtins().known_types()
+
+
+def default_parsers() -> ParserRegistry:
+    """The router's default parser list, for servers built without a config (tests, benchmarks)."""
+    by_type = {cls.type_name: cls for cls in BUILTIN_PLUGINS}
+    parsers = [by_type[t]() for t in DEFAULT_PARSERS]
+    return ParserRegistry([p for p in parsers if isinstance(p, RequestParser)])
