@@ -25,6 +25,7 @@ from epp.framework import (
     PreRequest,
     ProfileHandler,
     ReferencesPlugins,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseReceived,
     ResponseStreaming,
@@ -205,6 +206,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         response_streaming=[p for p in everything if isinstance(p, ResponseStreaming)],
         parsers=parsers,
         parser_registry=parser_registry,
+        header_processors=[p for p in everything if isinstance(p, RequestHeaderProcessor)],
     )
 
 
