@@ -144,6 +144,9 @@ class Usage:
     completion_tokens: int = 0
     total_tokens: int = 0
     cached_tokens: int = 0
+    # Whether the server reported `cached_tokens` at all (vLLM only with --enable-prompt-tokens-details): a 0
+    # that was never reported must not read as "no cache hit".
+    cached_tokens_reported: bool = False
 
 
 @dataclass(slots=True)
@@ -225,3 +228,36 @@ class DisaggDecision:
     encode: list[Endpoint] = field(default_factory=list)
     prefill_profile: str = "prefill"
     encode_profile: str = "encode"
+
+
+@dataclass(slots=True)
+class LatencyPrediction:
+    """One endpoint's predicted latency for this request (llm-d's LatencyPredictionInfo), in milliseconds.
+
+    Headroom = SLO - predicted (negative: the SLO would be missed); without an SLO it is -predicted, and the
+    valid flags are those of a zero SLO. `dispatched` is the requests this EPP has in flight on the endpoint.
+    """
+
+    ttft_ms: float
+    tpot_ms: float
+    ttft_valid: bool
+    tpot_valid: bool
+    ttft_headroom: float
+    tpot_headroom: float
+    dispatched: int = 0
+
+    @property
+    def valid(self) -> bool:
+        return self.ttft_valid and self.tpot_valid
+
+
+@dataclass(slots=True)
+class LatencyPredictionInfo:
+    """Per endpoint name: the latency predictions a predicted-latency producer made for this request.
+
+    `predictions` is empty when the model is cold or unfit (consumers then fall back to their non-latency
+    behaviour); `has_slo` says whether the request carried an SLO header.
+    """
+
+    predictions: dict[str, LatencyPrediction] = field(default_factory=dict)
+    has_slo: bool = False

@@ -3,7 +3,8 @@
 Order follows GIE's director: the protocol layer has already applied model rewrites; then priority from the
 InferenceObjective named by `x-gateway-inference-objective`; candidates (subset hint; none → 503); admission
 (legacy: sheddable + saturated → 429; or the flow-control queue); DataProducers within one 400 ms budget (a
-failure never fails the request); Schedule (failure → 429); PreRequest hooks. The response hooks get the
+failure never fails the request); Admitters (a deny reason → 429, as a shed); Schedule (failure → 429);
+PreRequest hooks; ResponseStreaming hooks see every response body chunk. The response hooks get the
 endpoint that served the request (Envoy's `-served` metadata, else the pick).
 """
 
@@ -71,6 +72,7 @@ class SchedulingDirector:
         self._header_processors = list(pipeline.header_processors)
         handler = self.scheduler.handler
         self._admission_scope = handler if isinstance(handler, AdmissionScope) else None
+        self._admitters = list(pipeline.admitters)
 
     async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
         headers = request.headers
@@ -100,6 +102,15 @@ class SchedulingDirector:
 
         if self._producers:
             await self._prepare(request, candidates)
+
+        for admitter in self._admitters:
+            try:
+                reason = admitter.admit(request, candidates)
+            except Exception:
+                log.exception("Admitter %s failed for request %s; admitting", admitter.name, request.request_id)
+                continue
+            if reason is not None:
+                raise TooManyRequests(f"request cannot be admitted: {reason}")
 
         try:
             result = self.scheduler.schedule(request, candidates)
