@@ -31,6 +31,11 @@ class RoundRobinDirector:
     ) -> None:
         return None
 
+    def handle_response_chunk(
+        self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
+    ) -> None:
+        return None
+
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None:

@@ -25,10 +25,21 @@ log = logging.getLogger(__name__)
 API_VERSIONS = (
     "inference.networking.x-k8s.io/v1alpha1",
     "llm-d.ai/v1alpha1",
+    "llm-d.ai/v1",  # llm-d's current guides write it
     "config.x-k8s.io/v1alpha1",
 )
 KIND = "EndpointPickerConfig"
-FEATURE_GATES = ("dataLayer", "enableLegacyMetrics", "flowControl", "prepareDataPlugins")
+# Feature gates and their defaults (GIE v1.5 and llm-d-router v0.10 register these); a gate is written `name`
+# (on) or `name=<bool>` as Go's strconv.ParseBool reads it.
+FEATURE_GATE_DEFAULTS: dict[str, bool] = {
+    "dataLayer": False,
+    "enableLegacyMetrics": False,
+    "flowControl": False,
+    "prepareDataPlugins": False,
+    "haPopulateNonLeaderDatastore": True,
+}
+FEATURE_GATES = tuple(FEATURE_GATE_DEFAULTS)
+_GO_BOOLS = {"1": True, "t": True, "true": True, "0": False, "f": False, "false": False}
 GIE_KEYS = (
     "apiVersion",
     "kind",
@@ -40,8 +51,9 @@ GIE_KEYS = (
     "data",
     "flowControl",
     "parser",
+    "requestHandler",
 )
-# Our keys; other parts of the EPP may append theirs (unknown top-level keys are warnings, not errors).
+# Our keys; other parts of the EPP may append theirs (any other top-level key is an error).
 EXTENSION_KEYS: list[str] = [
     "endpoints",
     "modelRewrites",
@@ -131,8 +143,18 @@ class EppConfig:
     saturation_detector: str | None = None
     feature_gates: list[str] = field(default_factory=list)
     data_sources: list[DataSourceSpec] = field(default_factory=list)
+    # dataLayer.crossReplicaSyncerPluginRef / crossReplicaSyncInterval (seconds; None: the syncer's default)
+    cross_replica_syncer: str | None = None
+    cross_replica_interval: float | None = None
     flow_control: FlowControlSpec | None = None
     parser: str | None = None
+    # requestHandler.parsers (or the deprecated top-level `parser`), in order: the request parsers to use.
+    request_parsers: list[str] = field(default_factory=list)
+    gate_values: dict[str, bool] = field(default_factory=dict)
+    # dataLayer: injectDefaults (None = unset: inject the default metrics source), discovery/peerDiscovery refs.
+    inject_data_defaults: bool | None = None
+    discovery_ref: str | None = None
+    peer_discovery_ref: str | None = None
     objectives: dict[str, int] = field(default_factory=dict)
     refresh_metrics_interval: float = 0.05
     metrics_staleness_threshold: float = 2.0
@@ -143,7 +165,9 @@ class EppConfig:
     warnings: list[str] = field(default_factory=list)
 
     def gate(self, name: str) -> bool:
-        return name in self.feature_gates
+        if name in self.gate_values:
+            return self.gate_values[name]
+        return name in self.feature_gates or FEATURE_GATE_DEFAULTS.get(name, False)
 
     def plugin(self, name: str) -> PluginSpec | None:
         return next((p for p in self.plugins if p.name == name), None)
@@ -332,24 +356,92 @@ def _profiles(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> list[Profil
     return out
 
 
-def _ref(ctx: _Ctx, raw: Mapping[str, Any], key: str, names: set[str]) -> str | None:
+def _ref(ctx: _Ctx, raw: Mapping[str, Any], key: str, names: set[str], path: str = "") -> str | None:
     v = raw.get(key)
     if v is None:
         return None
-    m = _mapping(ctx, raw, key, key, v, ("pluginRef",))
-    ref = _str(ctx, m, "pluginRef", key)
+    path = path or key
+    m = _mapping(ctx, raw, key, path, v, ("pluginRef",))
+    ref = _str(ctx, m, "pluginRef", path)
     assert ref is not None
     if ref not in names:
-        raise ctx.err(m, "pluginRef", f"{key}.pluginRef", f"no plugin named {ref!r} in plugins")
+        raise ctx.err(m, "pluginRef", f"{path}.pluginRef", f"no plugin named {ref!r} in plugins")
     return ref
 
 
-def _data_layer(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> list[DataSourceSpec]:
+def _request_parsers(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> list[str]:
+    """`requestHandler.parsers` (llm-d-router), else the deprecated top-level `parser` (GIE): parser names."""
+    v = raw.get("requestHandler")
+    if v is not None:
+        m = _mapping(ctx, raw, "requestHandler", "requestHandler", v, ("parsers",))
+        items = _list(ctx, m, "parsers", "requestHandler.parsers", m.get("parsers"))
+        out: list[str] = []
+        for i, item in enumerate(items):
+            path = f"requestHandler.parsers[{i}]"
+            pm = _mapping(ctx, items, i, path, item, ("pluginRef",))
+            ref = _str(ctx, pm, "pluginRef", path)
+            assert ref is not None
+            if ref not in names:
+                raise ctx.err(pm, "pluginRef", f"{path}.pluginRef", f"no plugin named {ref!r} in plugins")
+            if ref in out:
+                raise ctx.err(pm, "pluginRef", f"{path}.pluginRef", f"parser {ref!r} listed twice")
+            out.append(ref)
+        if out:
+            if raw.get("parser") is not None:
+                log.warning("%s: parser: deprecated and ignored, requestHandler.parsers is set", ctx.source)
+            return out
+    legacy = _ref(ctx, raw, "parser", names)
+    if legacy is not None and raw.get("requestHandler") is None:
+        log.info("%s: parser: deprecated, use requestHandler.parsers", ctx.source)
+    return [legacy] if legacy is not None else []
+
+
+def _feature_gates(ctx: _Ctx, raw: Mapping[str, Any]) -> dict[str, bool]:
+    """`featureGates: [name, name=false, ...]` → {name: on}; unknown names and bad values are errors."""
+    gates = _list(ctx, raw, "featureGates", "featureGates", raw.get("featureGates"))
+    out: dict[str, bool] = {}
+    for i, g in enumerate(gates):
+        if not isinstance(g, str) or not g:
+            raise ctx.err(gates, i, f"featureGates[{i}]", f"expected a gate name, got {g!r}")
+        name, eq, value = g.partition("=")
+        name = name.strip()
+        if name not in FEATURE_GATE_DEFAULTS:
+            known = ", ".join(FEATURE_GATES)
+            raise ctx.err(gates, i, f"featureGates[{i}]", f"unknown feature gate {name!r} (known: {known})")
+        on = True
+        if eq:
+            v = value.strip()
+            parsed = _GO_BOOLS.get(v.lower()) if v in (v.lower(), v.upper(), v.capitalize()) else None
+            if parsed is None:
+                raise ctx.err(gates, i, f"featureGates[{i}]", f"{v!r} is not a valid value for the gate {name}")
+            on = parsed
+        out[name] = on
+    return out
+
+
+def _data_layer(
+    ctx: _Ctx, raw: Mapping[str, Any], names: set[str], cfg: EppConfig | None = None
+) -> list[DataSourceSpec]:
     key = "dataLayer" if "dataLayer" in raw else "data"
     v = raw.get(key)
     if v is None:
         return []
-    m = _mapping(ctx, raw, key, key, v, ("sources",))
+    allowed = (
+        "sources",
+        "injectDefaults",
+        "discovery",
+        "peerDiscovery",
+        "crossReplicaSyncerPluginRef",
+        "crossReplicaSyncInterval",
+    )
+    m = _mapping(ctx, raw, key, key, v, allowed)
+    if cfg is not None:
+        inject = m.get("injectDefaults")
+        if inject is not None and not isinstance(inject, bool):
+            raise ctx.err(m, "injectDefaults", f"{key}.injectDefaults", f"expected true or false, got {inject!r}")
+        cfg.inject_data_defaults = inject
+        cfg.discovery_ref = _discovery_ref(ctx, m, "discovery", key, names)
+        cfg.peer_discovery_ref = _discovery_ref(ctx, m, "peerDiscovery", key, names)
     sources = _list(ctx, m, "sources", f"{key}.sources", m.get("sources"))
     out = []
     for i, s in enumerate(sources):
@@ -371,6 +463,46 @@ def _data_layer(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> list[Data
             ex_refs.append(eref)
         out.append(DataSourceSpec(ref=ref, extractors=ex_refs, line=line_of(sources, i)))
     return out
+
+
+def _cross_replica(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> tuple[str | None, float | None]:
+    """llm-d's `dataLayer.crossReplicaSyncerPluginRef` (a plugin name) and `crossReplicaSyncInterval` (a duration)."""
+    m = raw.get("dataLayer")
+    if not isinstance(m, Mapping):
+        return None, None
+    ref = _str(ctx, m, "crossReplicaSyncerPluginRef", "dataLayer", required=False) or None
+    path = "dataLayer.crossReplicaSyncerPluginRef"
+    if ref is not None and ref not in names:
+        raise ctx.err(m, "crossReplicaSyncerPluginRef", path, f"no plugin named {ref!r} in plugins")
+    interval = None
+    if m.get("crossReplicaSyncInterval") is not None:
+        try:
+            interval = parse_duration(m["crossReplicaSyncInterval"])
+        except ValueError as e:
+            raise ctx.err(m, "crossReplicaSyncInterval", "dataLayer.crossReplicaSyncInterval", str(e)) from None
+        if interval <= 0:
+            raise ctx.err(
+                m, "crossReplicaSyncInterval", "dataLayer.crossReplicaSyncInterval", f"must be positive, got {interval}"
+            )
+    return ref, interval
+
+
+def _discovery_ref(ctx: _Ctx, m: Mapping[str, Any], key: str, parent: str, names: set[str]) -> str | None:
+    """`dataLayer.discovery` / `peerDiscovery`: {pluginRef} (llm-d-router); llm-d's guides also nest it under
+    `endpoints:`, which the hub types use."""
+    v = m.get(key)
+    if v is None:
+        return None
+    path = f"{parent}.{key}"
+    d = _mapping(ctx, m, key, path, v, ("pluginRef", "endpoints"))
+    if "endpoints" in d:
+        d = _mapping(ctx, d, "endpoints", f"{path}.endpoints", d["endpoints"], ("pluginRef",))
+        path = f"{path}.endpoints"
+    ref = _str(ctx, d, "pluginRef", path)
+    assert ref is not None
+    if ref not in names:
+        raise ctx.err(d, "pluginRef", f"{path}.pluginRef", f"no plugin named {ref!r} in plugins")
+    return ref
 
 
 _BAND_KEYS = ("priority", "priorityName", "maxBytes", "maxRequests", "fairnessPolicyRef", "orderingPolicyRef")
@@ -431,6 +563,10 @@ def _flow_control(ctx: _Ctx, raw: Mapping[str, Any], names: set[str] | None = No
         "defaultPriorityBand",
         "priorityBands",
         "usageLimitPolicyPluginRef",
+        "noEndpointRequestTTL",
+        "defaultNegativePriorityBand",
+        "saturationDetector",
+        "enableEviction",
     )
     m = _mapping(ctx, raw, "flowControl", "flowControl", v, keys)
     fc = FlowControlSpec()
@@ -457,6 +593,27 @@ def _flow_control(ctx: _Ctx, raw: Mapping[str, Any], names: set[str] | None = No
         seen.add(band.priority)
         fc.priority_bands.append(band)
     fc.usage_limit_policy_ref = _check_ref(ctx, m, "usageLimitPolicyPluginRef", "flowControl", names)
+    if m.get("noEndpointRequestTTL") is not None:
+        try:
+            fc.no_endpoint_request_ttl = parse_duration(m["noEndpointRequestTTL"])
+        except ValueError as e:
+            raise ctx.err(m, "noEndpointRequestTTL", "flowControl.noEndpointRequestTTL", str(e)) from None
+    if m.get("defaultNegativePriorityBand") is not None:
+        fc.default_negative_priority_band = _band(
+            ctx,
+            m,
+            "defaultNegativePriorityBand",
+            "flowControl.defaultNegativePriorityBand",
+            m["defaultNegativePriorityBand"],
+            -1,
+            names,
+        )
+    ev = m.get("enableEviction")
+    if ev is not None and not isinstance(ev, bool):
+        raise ctx.err(m, "enableEviction", "flowControl.enableEviction", f"expected true or false, got {ev!r}")
+    fc.enable_eviction = bool(ev)
+    if names is not None:
+        fc.saturation_detector_ref = _ref(ctx, m, "saturationDetector", names, "flowControl.saturationDetector")
     return fc
 
 
@@ -501,10 +658,11 @@ def parse_config(text: str, source: str = "<text>") -> EppConfig:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: top level must be a mapping")
-    warnings = []
-    for k in raw:
+    warnings: list[str] = []
+    for k in raw:  # the anchors decode strictly: an unknown top-level key is an error
         if k not in GIE_KEYS and k not in EXTENSION_KEYS:
-            warnings.append(f"{source}:{line_of(raw, k)}: {k}: unknown top-level key (ignored)")
+            allowed = ", ".join((*GIE_KEYS, *EXTENSION_KEYS))
+            raise ctx.err(raw, k, str(k), f"unknown top-level key (allowed: {allowed})")
     api_version = raw.get("apiVersion")
     if api_version is not None and api_version not in API_VERSIONS:
         supported = ", ".join(API_VERSIONS)
@@ -513,11 +671,7 @@ def parse_config(text: str, source: str = "<text>") -> EppConfig:
     if kind is not None and kind != KIND:
         raise ctx.err(raw, "kind", "kind", f"expected {KIND}, got {kind!r}")
 
-    gates = _list(ctx, raw, "featureGates", "featureGates", raw.get("featureGates"))
-    for i, g in enumerate(gates):
-        if g not in FEATURE_GATES:
-            known = ", ".join(FEATURE_GATES)
-            raise ctx.err(gates, i, f"featureGates[{i}]", f"unknown feature gate {g!r} (known: {known})")
+    gate_values = _feature_gates(ctx, raw)
 
     eps = _list(ctx, raw, "endpoints", "endpoints", raw.get("endpoints"))
     rewrites = raw.get("modelRewrites") or {}
@@ -529,9 +683,20 @@ def parse_config(text: str, source: str = "<text>") -> EppConfig:
     plugins = _plugins(ctx if not default_plugins else _Ctx("<default config>"), plugin_src)
     names = {p.name for p in plugins}
     profiles = _profiles(ctx if not default_plugins else _Ctx("<default config>"), plugin_src, names)
-    data_sources = _data_layer(ctx, raw, names)
+    holder = EppConfig(raw={})
+    data_sources = _data_layer(ctx, raw, names, holder)
+    cross_replica_syncer, cross_replica_interval = _cross_replica(ctx, raw, names)
     if not data_sources and default_plugins and raw.get("dataLayer") is None:
         data_sources = [DataSourceSpec("metrics-data-source", ["core-metrics-extractor"])]
+    flow_control = _flow_control(ctx, raw, names)
+    detector = _ref(ctx, raw, "saturationDetector", names)
+    if detector is not None:
+        warnings.append(
+            f"{source}:{line_of(raw, 'saturationDetector')}: saturationDetector: deprecated, "
+            "use flowControl.saturationDetector"
+        )
+    if flow_control is not None and flow_control.saturation_detector_ref is not None:
+        detector = flow_control.saturation_detector_ref  # the new field wins, as in llm-d-router
 
     cfg = EppConfig(
         raw=raw,
@@ -542,11 +707,18 @@ def parse_config(text: str, source: str = "<text>") -> EppConfig:
         kind=kind or "",
         plugins=plugins,
         profiles=profiles,
-        saturation_detector=_ref(ctx, raw, "saturationDetector", names),
-        feature_gates=[str(g) for g in gates],
+        saturation_detector=detector,
+        feature_gates=[g for g, on in gate_values.items() if on],
+        gate_values=gate_values,
         data_sources=data_sources,
-        flow_control=_flow_control(ctx, raw, names),
+        cross_replica_syncer=cross_replica_syncer,
+        cross_replica_interval=cross_replica_interval,
+        flow_control=flow_control,
         parser=_ref(ctx, raw, "parser", names),
+        request_parsers=_request_parsers(ctx, raw, names),
+        inject_data_defaults=holder.inject_data_defaults,
+        discovery_ref=holder.discovery_ref,
+        peer_discovery_ref=holder.peer_discovery_ref,
         objectives=_objectives(ctx, raw),
         refresh_metrics_interval=_duration_key(ctx, raw, "refreshMetricsInterval", 0.05),
         metrics_staleness_threshold=_duration_key(ctx, raw, "metricsStalenessThreshold", 2.0),

@@ -125,6 +125,13 @@ BUILTIN_ENGINES: dict[str, EngineConfig] = {
         'nv_trt_llm_request_metrics{request_type="scheduled"}',
         'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}',
     ),
+    # Triton Inference Server for non-LLM models (llm-d-router's `triton`): queue and running counts, no KV.
+    "triton": EngineConfig.from_specs(
+        "triton",
+        "nv_inference_pending_request_count",
+        "nv_inference_exec_count",
+        "",
+    ),
 }
 
 

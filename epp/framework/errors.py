@@ -19,8 +19,13 @@ class RequestError(Exception):
         if code is not None:
             self.code = code
 
-    def body(self) -> bytes:
-        """The JSON error body, shaped like OpenAI's (and vLLM's) error responses."""
+    def body(self, error_format: str = "openai") -> bytes:
+        """The JSON error body in the API's shape: OpenAI's (and vLLM's) by default, Anthropic's for the Messages
+        API (`{"type": "error", "error": {"type": <Anthropic's type for the status>, "message": ...}}`)."""
+        if error_format == "anthropic":
+            return json.dumps(
+                {"type": "error", "error": {"type": anthropic_error_type(self.status), "message": self.message}}
+            ).encode()
         return json.dumps(
             {
                 "error": {
@@ -30,6 +35,22 @@ class RequestError(Exception):
                 }
             }
         ).encode()
+
+
+# Anthropic's error.type per HTTP status (as vLLM's /v1/messages answers: translate_error_type).
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_type(status: int) -> str:
+    return _ANTHROPIC_ERROR_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
 
 
 class BadRequest(RequestError):

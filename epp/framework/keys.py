@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Final
 
 from epp.framework.state import DataKey
-from epp.framework.types import DisaggDecision, Endpoint, PrefixCacheMatchInfo, TokenizedPrompt
+from epp.framework.types import (
+    DisaggDecision,
+    Endpoint,
+    InFlightLoad,
+    LatencyPredictionInfo,
+    PrefixCacheMatchInfo,
+    TokenizedPrompt,
+)
 
 # The prompt's token ids (token-producer); read by the precise prefix-cache producer.
 TOKENIZED_PROMPT: Final = DataKey[TokenizedPrompt]("tokenized-prompt")
@@ -13,6 +20,18 @@ TOKENIZED_PROMPT: Final = DataKey[TokenizedPrompt]("tokenized-prompt")
 # How much of the prompt each endpoint caches, per producer: `PREFIX_CACHE_MATCH_INFO.of(<producer name>)`.
 PREFIX_CACHE_MATCH_INFO: Final = DataKey[PrefixCacheMatchInfo]("prefix-cache-match-info")
 
+# An endpoint's live in-flight load, an endpoint attribute (`endpoint.attributes`), per producer:
+# `INFLIGHT_LOAD.of(<inflight-load-producer name>)`.
+INFLIGHT_LOAD: Final = DataKey[InFlightLoad]("inflight-load")
+
+# The tokens this request would add to each endpoint (uncached prompt, plus estimated output when configured),
+# endpoint name → tokens, in `request.data`, per producer: `UNCACHED_REQUEST_TOKENS.of(<producer name>)`.
+UNCACHED_REQUEST_TOKENS: Final = DataKey[dict[str, int]]("uncached-request-tokens")
+
+# Predicted time to first token (ms) per endpoint name for this request, in `request.data`, per producer:
+# `PREDICTED_TTFT_MS.of(<predicted-latency-producer name>)`; read by prefix-cache-affinity-filter's
+# `ttftSource: latencyPredictor` load gate. An endpoint without a prediction is never the fastest.
+PREDICTED_TTFT_MS: Final = DataKey[dict[str, float]]("predicted-ttft-ms")
 # Request headers PreRequest plugins set on the request the model server receives (name → value, OVERWRITE).
 # The server sends them with the destination; it also removes any client-sent value of a DISAGG_HEADERS name
 # that no plugin set.
@@ -32,3 +51,6 @@ ENCODER_HEADER: Final = "x-encoder-hosts-ports"
 DATA_PARALLEL_HEADER: Final = "x-data-parallel-host-port"
 # Headers only the EPP may set: a client-sent value never reaches the model server.
 DISAGG_HEADERS: Final = (PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER)
+
+# Predicted TTFT/TPOT per endpoint, per producer: `LATENCY_PREDICTION_INFO.of(<producer name>)`.
+LATENCY_PREDICTION_INFO: Final = DataKey[LatencyPredictionInfo]("latency-prediction-info")

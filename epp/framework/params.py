@@ -72,6 +72,7 @@ class Params:
         self.raw: Mapping[builtins.str, Any] = raw if raw is not None else {}
         self.path = path
         self._read: builtins.set[builtins.str] = builtins.set()
+        self._sections: builtins.list[Params] = []
 
     def _path(self, key: builtins.str) -> builtins.str:
         return f"{self.path}.{key}" if self.path else key
@@ -94,15 +95,37 @@ class Params:
         return default if v is None else v
 
     def unread(self) -> builtins.list[builtins.str]:
-        """Keys present but never read (candidates for an unknown-parameter error)."""
-        return [k for k in self.raw if k not in self._read]
+        """Keys present but never read, as dotted paths, nested sections included (unknown parameters)."""
+        out = [self._path(k) for k in self.raw if k not in self._read]
+        for sec in self._sections:
+            out.extend(sec.unread())
+        return out
+
+    def unread_error(self) -> PluginConfigError | None:
+        """An error naming the first unknown parameter (and its line), or None when every key was read."""
+        for k in self.raw:
+            if k not in self._read:
+                return PluginConfigError(
+                    f"{self.plugin}: unknown parameter {self._path(k)!r}", key=self._path(k), line=_line_of(self.raw, k)
+                )
+        for sec in self._sections:
+            err = sec.unread_error()
+            if err is not None:
+                return err
+        return None
+
+    def ignore(self, *keys: builtins.str) -> None:
+        """Mark keys as read: accepted for compatibility and deliberately without effect."""
+        self._read.update(keys)
 
     def section(self, key: builtins.str) -> Params:
         """The nested mapping under `key` (empty if absent)."""
         v = self.get(key, None)
         if v is not None and not isinstance(v, Mapping):
             raise self.fail(key, "expected a mapping")
-        return Params(self.plugin, v, path=self._path(key))
+        sec = Params(self.plugin, v, path=self._path(key))
+        self._sections.append(sec)
+        return sec
 
     def int(
         self,

@@ -16,6 +16,7 @@ from epp.framework.types import (
     InferenceRequest,
     ProfileResult,
     Response,
+    ResponseChunk,
     SchedulingResult,
     Usage,
 )
@@ -48,6 +49,10 @@ class Plugin:
 
     def consumes(self) -> Collection[DataKey[Any]]:
         """Keys this plugin needs in `request.data`; some configured producer must produce each one."""
+        return ()
+
+    def uses(self) -> Collection[DataKey[Any]]:
+        """Keys this plugin reads when some producer writes them (optional): a producer runs after theirs."""
         return ()
 
     def __repr__(self) -> str:
@@ -136,6 +141,15 @@ class AdmissionScope(Protocol):
 
 
 @runtime_checkable
+class RequestHeaderProcessor(Protocol):
+    """Runs first, on the parsed request, before admission (e.g. agent-identity: a fairness id from headers)."""
+
+    name: str
+
+    def process_request_headers(self, request: InferenceRequest) -> None: ...
+
+
+@runtime_checkable
 class DataProducer(Protocol):
     """Runs before scheduling (may await, e.g. tokenization off the event loop); fills request.data.
 
@@ -163,6 +177,24 @@ class ResponseComplete(Protocol):
     name: str
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None: ...
+
+
+@runtime_checkable
+class Admitter(Protocol):
+    """Runs after the data producers, before scheduling: a deny reason rejects the request (429), None admits."""
+
+    name: str
+
+    def admit(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None: ...
+
+
+@runtime_checkable
+class ResponseStreaming(Protocol):
+    """Runs on every response body chunk (the last one too, before ResponseComplete). Keep it cheap."""
+
+    name: str
+
+    def response_chunk(self, request: InferenceRequest, chunk: ResponseChunk, endpoint: Endpoint | None) -> None: ...
 
 
 @runtime_checkable
@@ -205,3 +237,32 @@ class UsageLimitPolicy(Protocol):
 
     name: str
     threshold: float
+
+
+@runtime_checkable
+class CrossReplicaContributor(Protocol):
+    """Per-endpoint state shared with the other EPP replicas through the configured cross-replica syncer
+    (`dataLayer.crossReplicaSyncerPluginRef`). Values are lists of ints per endpoint name, summed across replicas."""
+
+    name: str
+
+    def cross_replica_key(self) -> str | None:
+        """The namespace of this state in the shared store; None opts out (the local value is used as is)."""
+        ...
+
+    def cross_replica_snapshot(self) -> dict[str, list[int]]:
+        """This replica's current values, endpoint name → values."""
+        ...
+
+    def cross_replica_update(self, remote: Mapping[str, list[int]]) -> None:
+        """The sum over the other live replicas, endpoint name → values (absent = 0)."""
+        ...
+
+
+@runtime_checkable
+class CrossReplicaSyncer(Protocol):
+    """Publishes the contributors' snapshots every `interval` seconds and feeds back the other replicas' sums."""
+
+    name: str
+
+    def attach(self, contributors: Sequence[CrossReplicaContributor], interval: float | None) -> None: ...

@@ -35,6 +35,17 @@ class Metrics:
         return (time.monotonic() if now is None else now) - self.update_time
 
 
+@dataclass(slots=True)
+class EndpointHealth:
+    """What the EPP observed of an endpoint's liveness: written by the metrics scraper and by routed responses'
+    status, judged by `epp.datalayer.health` when candidates are chosen. Times are time.monotonic()."""
+
+    scrape_failures: int = 0  # consecutive failed scrapes (connection refused, timeout, 5xx, bad page)
+    last_ok: float = 0.0  # the last good scrape; 0.0 = no scraper has succeeded yet (never judged stale)
+    server_errors: int = 0  # consecutive 5xx answers (the model server's or Envoy's upstream errors)
+    ejected_until: float = 0.0  # after too many consecutive 5xx: not a candidate until then
+
+
 @dataclass(slots=True, eq=False)
 class Endpoint:
     """One schedulable target: a (pod, port) pair. `name` is `<pod>-rank-<i>` for Kubernetes pods."""
@@ -50,6 +61,7 @@ class Endpoint:
     # Per-endpoint data owned by plugins and data sources (e.g. the KV-event endpoint), by typed key.
     attributes: DataMap = field(default_factory=DataMap)
     hostport: str = ""
+    health: EndpointHealth = field(default_factory=EndpointHealth)
 
     def __post_init__(self) -> None:
         self.hostport = join_host_port(self.address, self.port)
@@ -59,6 +71,16 @@ class Endpoint:
     @property
     def metrics_hostport(self) -> str:
         return join_host_port(self.address, self.metrics_port or self.port)
+
+
+@dataclass(slots=True)
+class MultiModalFeature:
+    """One multimodal item of a prompt: its content hash (vLLM's mm hash) and the placeholder tokens it fills."""
+
+    modality: str  # "image" | "audio" | "video"
+    hash: str
+    offset: int = 0  # first placeholder token
+    length: int = 0  # number of placeholder tokens
 
 
 @dataclass(slots=True)
@@ -73,7 +95,12 @@ class InferenceRequest:
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)  # lower-cased names
     prompt: str | list[Any] | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]] | None = None  # OpenAI chat form (Anthropic/Responses converted as vLLM does)
+    tools: list[dict[str, Any]] | None = None  # OpenAI chat tools, for the chat template
+    chat_template_kwargs: dict[str, Any] | None = None
+    token_ids: list[int] | None = None  # pre-tokenized input (/inference/v1/generate, SGLang, gRPC): no tokenizing
+    mm_features: list[MultiModalFeature] | None = None  # multimodal items of pre-tokenized input
+    cache_salt: str | None = None
     stream: bool = False
     max_tokens: int | None = None
     body_size: int = 0
@@ -117,6 +144,9 @@ class Usage:
     completion_tokens: int = 0
     total_tokens: int = 0
     cached_tokens: int = 0
+    # Whether the server reported `cached_tokens` at all (vLLM only with --enable-prompt-tokens-details): a 0
+    # that was never reported must not read as "no cache hit".
+    cached_tokens_reported: bool = False
 
 
 @dataclass(slots=True)
@@ -147,6 +177,36 @@ class PrefixMatch:
 
 
 @dataclass(slots=True)
+class InFlightLoad:
+    """An endpoint's in-flight load as the EPP counts it (inflight-load-producer): requests and tokens from pick to
+    response end. `remote_*` is what the other EPP replicas report for it (a cross-replica syncer fills them)."""
+
+    requests: int = 0
+    tokens: int = 0
+    remote_requests: int = 0
+    remote_tokens: int = 0
+
+    @property
+    def total_requests(self) -> int:
+        return self.requests + self.remote_requests
+
+    @property
+    def total_tokens(self) -> int:
+        return self.tokens + self.remote_tokens
+
+
+@dataclass(slots=True)
+class ResponseChunk:
+    """One response body chunk as ResponseStreaming hooks see it. `first`: the first body chunk (for a streamed
+    response, prefill is done); `end`: the last one. `time` is time.monotonic() at arrival."""
+
+    data: bytes
+    first: bool
+    end: bool
+    time: float
+
+
+@dataclass(slots=True)
 class Response:
     """The model server's response as ResponseReceived hooks see it; `set_headers` go back to the client."""
 
@@ -168,3 +228,36 @@ class DisaggDecision:
     encode: list[Endpoint] = field(default_factory=list)
     prefill_profile: str = "prefill"
     encode_profile: str = "encode"
+
+
+@dataclass(slots=True)
+class LatencyPrediction:
+    """One endpoint's predicted latency for this request (llm-d's LatencyPredictionInfo), in milliseconds.
+
+    Headroom = SLO - predicted (negative: the SLO would be missed); without an SLO it is -predicted, and the
+    valid flags are those of a zero SLO. `dispatched` is the requests this EPP has in flight on the endpoint.
+    """
+
+    ttft_ms: float
+    tpot_ms: float
+    ttft_valid: bool
+    tpot_valid: bool
+    ttft_headroom: float
+    tpot_headroom: float
+    dispatched: int = 0
+
+    @property
+    def valid(self) -> bool:
+        return self.ttft_valid and self.tpot_valid
+
+
+@dataclass(slots=True)
+class LatencyPredictionInfo:
+    """Per endpoint name: the latency predictions a predicted-latency producer made for this request.
+
+    `predictions` is empty when the model is cold or unfit (consumers then fall back to their non-latency
+    behaviour); `has_slo` says whether the request carried an SLO header.
+    """
+
+    predictions: dict[str, LatencyPrediction] = field(default_factory=dict)
+    has_slo: bool = False

@@ -43,6 +43,9 @@ class KVCacheSettings:
         sizes = tpc.section("blockSizes")
         idx = p.section("indexerConfig")
         kbi = idx.section("kvBlockIndexConfig")
+        # llm-d's index metrics switch and log interval: our KV-index metrics are always exported on /metrics.
+        kbi.bool("enableMetrics", True)
+        kbi.duration("metricsLoggingInterval", 0.0)
         mem = kbi.section("inMemoryConfig")
         redis = kbi.section("redisConfig") if kbi.has("redisConfig") else kbi.section("valkeyConfig")
         weights: dict[str, float] = {}

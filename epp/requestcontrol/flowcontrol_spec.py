@@ -25,3 +25,10 @@ class FlowControlSpec:
     default_priority_band: PriorityBandSpec | None = None
     priority_bands: list[PriorityBandSpec] = field(default_factory=list)
     usage_limit_policy_ref: str | None = None
+    # llm-d-router v0.10: `noEndpointRequestTTL` (how long a request waits for an endpoint to appear),
+    # `defaultNegativePriorityBand` (the template for undeclared priorities < 0), `enableEviction`
+    # (sheddable in-flight requests may be evicted for higher priorities) and the saturation detector's name.
+    no_endpoint_request_ttl: float | None = None
+    default_negative_priority_band: PriorityBandSpec | None = None
+    enable_eviction: bool = False
+    saturation_detector_ref: str | None = None

@@ -5,13 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from epp.framework import (
+    Admitter,
     DataProducer,
     Plugin,
     PreRequest,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseReceived,
+    ResponseStreaming,
     SaturationDetector,
 )
+from epp.framework.parsing import ParserRegistry
 from epp.scheduling import Scheduler
 
 
@@ -25,3 +29,12 @@ class Pipeline:
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
+    # Run after the producers, before scheduling (e.g. latency-slo-admitter).
+    admitters: list[Admitter] = field(default_factory=list)
+    response_streaming: list[ResponseStreaming] = field(default_factory=list)
+    # requestHandler.parsers (or GIE's `parser`), in config order: the request parsers the server is to use.
+    parsers: list[Plugin] = field(default_factory=list)
+    # The parser per request path (the router's ParserRegistry over `parsers`, or its default list)
+    parser_registry: ParserRegistry = field(default_factory=lambda: ParserRegistry([]))
+    # Run first, before admission (agent-identity).
+    header_processors: list[RequestHeaderProcessor] = field(default_factory=list)

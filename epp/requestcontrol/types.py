@@ -49,6 +49,12 @@ class Director(Protocol):
         """Record the response's arrival; may fill `decision.response_headers`."""
         ...
 
+    def handle_response_chunk(
+        self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
+    ) -> None:
+        """One response body chunk (`first`/`end` mark the first and the last)."""
+        ...
+
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None: ...

@@ -27,14 +27,16 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
 
 from epp.framework.context import EndpointView
-from epp.framework.errors import InternalError, RequestError, ServiceUnavailable
+from epp.framework.errors import BadRequest, InternalError, RequestError, ServiceUnavailable
 from epp.framework.keys import DISAGG_HEADERS
+from epp.framework.parsing import NoParser, ParserRegistry, request_path
 from epp.framework.types import InferenceRequest, Usage
-from epp.protocol.openai import bodyless_request, parse_request
+from epp.protocol.openai import bodyless_request, build_request
 from epp.protocol.rewrite import ModelNameRewriter
 from epp.protocol.usage import MAX_JSON_USAGE_BYTES, SSEUsageReader, usage_from_json
 from epp.requestcontrol.types import Director, RoutingDecision, locate_candidates
 from epp.server.metrics import RequestMetrics
+from epp.wiring.builtins import default_parsers
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +104,27 @@ def _served(md: base_pb2.Metadata) -> str | None:
     return None
 
 
-def immediate(err: RequestError) -> pb.ProcessingResponse:
-    """An ImmediateResponse with the OpenAI-style JSON error body."""
+# gRPC status codes for the HTTP statuses the EPP answers with (gRPC APIs get a gRPC error, not a JSON body).
+_GRPC_STATUS = {400: 3, 404: 12, 413: 8, 429: 8, 500: 13, 503: 14}
+
+
+def immediate(err: RequestError, error_format: str = "openai") -> pb.ProcessingResponse:
+    """An ImmediateResponse in the API's error shape: OpenAI-style JSON, Anthropic's JSON, or a gRPC status."""
+    if error_format == "grpc":
+        return pb.ProcessingResponse(
+            immediate_response=pb.ImmediateResponse(
+                status=http_status_pb2.HttpStatus(code=err.status),
+                headers=pb.HeaderMutation(remove_headers=[DESTINATION_KEY]),
+                grpc_status=pb.GrpcStatus(status=_GRPC_STATUS.get(err.status, 2)),
+                body=err.message.encode(),
+                details=f"epp_{err.code}",
+            )
+        )
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=err.status),
             headers=pb.HeaderMutation(set_headers=[_JSON_CT], remove_headers=[DESTINATION_KEY]),
-            body=err.body(),
+            body=err.body(error_format),
             details=f"epp_{err.code}",
         )
     )
@@ -139,8 +155,10 @@ class ServerState:
         request_body_mode: int = FULL_DUPLEX,
         response_body_mode: int = FULL_DUPLEX,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        parsers: ParserRegistry | None = None,
     ) -> None:
         self.director = director
+        self.parsers = parsers if parsers is not None else default_parsers()
         self.datastore = datastore
         self.metrics = metrics
         self.model_rewrites = dict(model_rewrites or {})
@@ -149,6 +167,7 @@ class ServerState:
         self.max_body_bytes = max_body_bytes
         self.active_streams = 0
         self._bodyless_next = 0
+        self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
 
     def pick_bodyless(self, subset: list[str] | None) -> RoutingDecision:
         """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
@@ -165,9 +184,12 @@ class RequestStream:
     __slots__ = (
         "_body",
         "_body_size",
+        "_chunks",
+        "_error_format",
         "_resp_json",
         "_restore_length",
         "_rewriter",
+        "_skip_response",
         "_sse",
         "decision",
         "headers",
@@ -192,15 +214,18 @@ class RequestStream:
         self.subset: list[str] | None = None
         self._body: list[bytes] = []
         self._body_size = 0
+        self._error_format = "openai"  # the API's error shape, known once a parser is chosen
         self.request: InferenceRequest | None = None
         self.decision: RoutingDecision | None = None
         self.model_routed = False  # True once the director accepted the request (it must see completion)
         self.started = 0.0
         self.status = 0
         self.response_size = 0
+        self._chunks = 0  # response body messages seen
         self._rewriter: ModelNameRewriter | None = None
         self._restore_length = False  # content-length dropped at response headers (body rewritten)
         self._sse: SSEUsageReader | None = None
+        self._skip_response = False  # the parser's SkipResponseProcessing: no usage read from the response
         self._resp_json: list[bytes] | None = None
 
     # -- dispatch ---------------------------------------------------------------------------------------------
@@ -241,7 +266,7 @@ class RequestStream:
         if req is not None and req.model:
             self.s.metrics.request_error(req.model, req.target_model, err.code)
         self.state = _COMPLETE
-        return immediate(err)
+        return immediate(err, self._error_format)
 
     # -- request path -----------------------------------------------------------------------------------------
 
@@ -252,7 +277,7 @@ class RequestStream:
             self.response_mode = pc.response_body_mode
         self.headers = _headers(msg.request_headers)
         if msg.HasField("metadata_context"):
-            self.subset = _subset_hint(msg.metadata_context)
+            self.subset = _subset_hint(msg.metadata_context) if self.s.honor_subset_hint else None
         self.started = time.monotonic()
         self.state = _HEADERS_DONE
         if msg.request_headers.end_of_stream or self.request_mode not in (FULL_DUPLEX, BUFFERED):
@@ -294,7 +319,16 @@ class RequestStream:
     async def _decide(self, end_of_stream: bool) -> list[pb.ProcessingResponse]:
         parts = self._body
         raw = parts[0] if len(parts) == 1 else b"".join(parts)
-        request, forward = parse_request(self.headers, raw, self.s.model_rewrites)
+        path = request_path(self.headers)
+        try:
+            parser = self.s.parsers.resolve(path)
+        except NoParser as e:
+            raise BadRequest(str(e)) from None
+        self._error_format = parser.error_format
+        parsed = parser.parse(self.headers, raw)
+        request, forward = build_request(self.headers, parsed, raw, self.s.model_rewrites)
+        if parsed.skip_response:
+            self._skip_response = True
         request.subset = self.subset
         self.request = request
         decision = await self.s.director.handle_request(request)
@@ -365,7 +399,9 @@ class RequestStream:
                 self.s.director.handle_response_headers(req, self.decision, self.status, served, headers)
             except Exception:  # a plugin bug must not turn a good response into an error
                 log.exception("director.handle_response_headers failed for request %s", req.request_id)
-            if "text/event-stream" in headers.get("content-type", ""):
+            if self._skip_response:
+                pass
+            elif "text/event-stream" in headers.get("content-type", ""):
                 self._sse = SSEUsageReader()
             else:
                 self._resp_json = []
@@ -395,6 +431,13 @@ class RequestStream:
         chunk = body.body
         eos = body.end_of_stream
         self.response_size += len(chunk)
+        self._chunks += 1
+        req = self.request
+        if self.model_routed and req is not None:
+            try:
+                self.s.director.handle_response_chunk(req, self.decision, chunk, self._chunks == 1, eos)
+            except Exception:
+                log.exception("director.handle_response_chunk failed")
         if self._sse is not None:
             self._sse.feed(chunk)
         elif self._resp_json is not None:

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from epp.config.loader import ConfigError, EppConfig, PluginSpec
 from epp.config.yamlmarks import line_of
 from epp.framework import (
+    Admitter,
+    CrossReplicaContributor,
+    CrossReplicaSyncer,
     DataKey,
     DataProducer,
     Filter,
@@ -25,14 +28,17 @@ from epp.framework import (
     PreRequest,
     ProfileHandler,
     ReferencesPlugins,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseReceived,
+    ResponseStreaming,
     SaturationDetector,
     Scorer,
 )
+from epp.framework.parsing import ParserRegistry, RequestParser
 from epp.requestcontrol.pipeline import Pipeline
 from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
-from epp.wiring.builtins import register_builtins
+from epp.wiring.builtins import DEFAULT_PARSERS, register_builtins
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +69,12 @@ class _Builder:
         if factory is None:
             known = ", ".join(self.registry.known_types())
             raise ConfigError(f"{loc}: {where}.type: unknown plugin type {spec.type!r} (known: {known})")
+        params = Params(spec.name, spec.parameters)
         try:
-            plugin = factory(spec.name, Params(spec.name, spec.parameters), self.context)
+            plugin = factory(spec.name, params, self.context)
+            unknown = params.unread_error()
+            if unknown is not None:  # the anchors decode parameters strictly: an unknown one is an error
+                raise unknown
         except PluginConfigError as e:
             pline = e.line or (line_of(spec.parameters, e.key.split(".")[0]) if e.key else 0)
             key = f"{where}.parameters.{e.key}" if e.key else f"{where}.parameters"
@@ -135,7 +145,7 @@ class _Builder:
         producers: list[Plugin] = [b.plugin for b in self.built.values() if isinstance(b.plugin, DataProducer)]
         deps: dict[str, set[str]] = {}
         for p in producers:
-            wanted = set(p.consumes())
+            wanted = set(p.consumes()) | set(p.uses())
             deps[p.name] = {q.name for q in producers if q is not p and wanted.intersection(q.produces())}
         order: list[DataProducer] = []
         placed: set[str] = set()
@@ -185,6 +195,9 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         )
 
     detector = _saturation_detector(b, plugins)
+    _attach_cross_replica(b, plugins)
+    parsers = _parsers(b, plugins)
+    parser_registry = _parser_registry(b, plugins, parsers)
     everything = list(plugins.values())
     return Pipeline(
         plugins=plugins,
@@ -194,7 +207,47 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         pre_request=[p for p in everything if isinstance(p, PreRequest)],
         response_received=[p for p in everything if isinstance(p, ResponseReceived)],
         response_complete=[p for p in everything if isinstance(p, ResponseComplete)],
+        admitters=[p for p in everything if isinstance(p, Admitter)],
+        response_streaming=[p for p in everything if isinstance(p, ResponseStreaming)],
+        parsers=parsers,
+        parser_registry=parser_registry,
+        header_processors=[p for p in everything if isinstance(p, RequestHeaderProcessor)],
     )
+
+
+def _attach_cross_replica(b: _Builder, plugins: dict[str, Plugin]) -> None:
+    """Hand the syncer named by dataLayer.crossReplicaSyncerPluginRef every contributor that shares its state."""
+    config = b.config
+    ref = config.cross_replica_syncer
+    if ref is None:
+        return
+    syncer = plugins[ref]
+    if not isinstance(syncer, CrossReplicaSyncer):
+        raise ConfigError(
+            f"{config.source}:{line_of(config.raw.get('dataLayer'), 'crossReplicaSyncerPluginRef')}: "
+            f"dataLayer.crossReplicaSyncerPluginRef: {ref!r} is not a cross-replica syncer (type {syncer.type_name})"
+        )
+    contributors = [p for p in plugins.values() if isinstance(p, CrossReplicaContributor) and p.cross_replica_key()]
+    syncer.attach(contributors, config.cross_replica_interval)
+
+
+def _parsers(b: _Builder, plugins: dict[str, Plugin]) -> list[Plugin]:
+    """The request handler's parser chain (`requestHandler.parsers`), each a parser plugin."""
+    out: list[Plugin] = []
+    for ref in b.config.request_parsers:
+        p = plugins[ref]
+        if not isinstance(p, RequestParser):
+            raise ConfigError(f"{b.src}: requestHandler.parsers: {ref!r} is not a parser (type {p.type_name})")
+        out.append(p)
+    return out
+
+
+def _parser_registry(b: _Builder, plugins: dict[str, Plugin], parsers: list[Plugin]) -> ParserRegistry:
+    """The router's resolution over the chain; none listed = its defaults (openai, anthropic, vllmhttp, then
+    passthrough as the fallback), each the configured plugin of that name if there is one. An explicit list gains
+    no fallback: a path no listed parser claims is refused."""
+    chain = parsers or [plugins.get(t) or _default(b, t) for t in DEFAULT_PARSERS]
+    return ParserRegistry([p for p in chain if isinstance(p, RequestParser)])
 
 
 def _default(b: _Builder, type_name: str) -> Plugin:
@@ -248,10 +301,15 @@ def _profile(
                 raise ConfigError(f"{loc}: {where}.plugins[{j}]: profile {name!r} has a second picker {ref!r}")
             picker = p
             used = True
-        if not used:
-            raise ConfigError(
-                f"{loc}: {where}.plugins[{j}].pluginRef: {ref!r} is not a filter, scorer or picker "
-                f"(type {p.type_name or '?'})"
+        if not used:  # llm-d-router ignores a non-scheduling plugin in a profile (e.g. a tokenizer)
+            log.warning(
+                "%s: %s.plugins[%d].pluginRef: %r (type %s) is not a filter, scorer or picker: ignored in profile %r",
+                loc,
+                where,
+                j,
+                ref,
+                p.type_name or "?",
+                name,
             )
     if picker is None:
         default = _default(b, "max-score-picker")
@@ -265,12 +323,20 @@ def _saturation_detector(b: _Builder, plugins: dict[str, Plugin]) -> SaturationD
     if config.saturation_detector is not None:
         p = plugins[config.saturation_detector]
         if not isinstance(p, SaturationDetector):
+            fc = config.raw.get("flowControl")
+            nested = isinstance(fc, dict) and fc.get("saturationDetector") is not None
+            holder = (
+                fc.get("saturationDetector")
+                if isinstance(fc, dict) and nested
+                else config.raw.get("saturationDetector")
+            )
+            path = "flowControl.saturationDetector" if nested else "saturationDetector"
             raise ConfigError(
-                f"{config.source}:{line_of(config.raw.get('saturationDetector'), 'pluginRef')}: "
-                f"saturationDetector.pluginRef: {p.name!r} is not a saturation detector"
+                f"{config.source}:{line_of(holder, 'pluginRef')}: "
+                f"{path}.pluginRef: {p.name!r} is not a saturation detector"
             )
         return p
-    configured = [p for p in plugins.values() if p.type_name == "utilization-detector"]
+    configured = [p for p in plugins.values() if p.type_name in ("utilization-detector", "concurrency-detector")]
     if len(configured) == 1 and isinstance(configured[0], SaturationDetector):
         return configured[0]
     default = _default(b, "utilization-detector")

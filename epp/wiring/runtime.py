@@ -4,8 +4,9 @@ layer, built from the config. The server runs what this returns."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
-from epp.config import EppConfig
+from epp.config import ConfigError, EppConfig
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.scraper import MetricsScraper
@@ -72,6 +73,13 @@ def build_runtime(config: EppConfig, *, sources: list[EndpointSource] | None = N
     objectives = ObjectiveStore(config.objectives)
     context = plugin_context(datastore, config.pool_name)
     pipeline = build_pipeline(config, context)
+    if config.discovery_ref is not None:  # dataLayer.discovery: the plugin is the endpoint source
+        discovery = pipeline.plugins[config.discovery_ref]
+        if not callable(getattr(discovery, "run", None)):
+            raise ConfigError(
+                f"{config.source}: dataLayer.discovery.pluginRef: {config.discovery_ref!r} is not a discovery plugin"
+            )
+        sources = [cast(EndpointSource, discovery)]
     flow = None
     if config.gate("flowControl"):
         flow = FlowController(

@@ -26,8 +26,9 @@ class EppServices:
         return tok
 
     def kv_cache(self, params: Params) -> KVCacheIndex:
+        settings = KVCacheSettings.from_params(params)  # every asker's parameters are checked (and read)
         if self.kv is None:
-            svc = KVCacheService(KVCacheSettings.from_params(params))
+            svc = KVCacheService(settings)
             if svc.settings.events_enabled:
                 self._endpoints.subscribe(svc.pool.subscriptions)
                 self._background.append(svc.pool.run)

@@ -23,6 +23,8 @@ SAMPLES = [
     "llm-d-load-aware.yaml",
     "flow-control.yaml",
     "lora-session.yaml",
+    "llm-d-optimized-baseline.yaml",
+    "llm-d-sticky-precise.yaml",
 ]
 
 
@@ -48,6 +50,22 @@ def test_precise_sample_uses_the_kv_producer_not_the_approximate_one() -> None:
     assert "approx-prefix-cache-producer" not in p.plugins
     assert [x.name for x in p.producers] == ["token-producer", "precise-prefix-cache-producer"]
     assert weights(p) == {"prefix-cache-scorer": 2.0, "kv-cache-utilization-scorer": 1.0, "queue-scorer": 1.0}
+
+
+def test_sticky_samples_order_the_load_producer_after_the_prefix_producer() -> None:
+    p = build_pipeline(load_config(CONFIG_DIR / "llm-d-optimized-baseline.yaml"), plugin_context(Datastore()))
+    assert [x.name for x in p.producers] == ["approx-prefix-cache-producer", "inflight-load-producer"]
+    prof = p.scheduler.profiles["default"]
+    assert [f.name for f in prof.filters] == ["prefix-cache-affinity-filter"] and weights(p) == {
+        "token-load-scorer": 1.0
+    }
+    p = build_pipeline(load_config(CONFIG_DIR / "llm-d-sticky-precise.yaml"), plugin_context(Datastore()))
+    assert "approx-prefix-cache-producer" not in p.plugins
+    assert [x.name for x in p.producers] == [
+        "token-producer",
+        "precise-prefix-cache-producer",
+        "inflight-load-producer",
+    ]
 
 
 def test_no_plugins_means_gie_default() -> None:
@@ -102,9 +120,9 @@ def test_flow_control_objectives_and_extension_keys() -> None:
     assert build_runtime(cfg2).scraper.interval == 0.1  # type: ignore[union-attr]
 
 
-def test_unknown_top_level_key_is_a_warning() -> None:
-    cfg = parse_config("plugins:\n- type: queue-scorer\nschedulingProfile: []\n", "x.yaml")
-    assert cfg.warnings == ["x.yaml:3: schedulingProfile: unknown top-level key (ignored)"]
+def test_unknown_top_level_key_is_an_error_with_its_line() -> None:
+    with pytest.raises(ConfigError, match=r"^x\.yaml:3: schedulingProfile: unknown top-level key \(allowed: "):
+        parse_config("plugins:\n- type: queue-scorer\nschedulingProfile: []\n", "x.yaml")
 
 
 BAD = [
@@ -184,9 +202,8 @@ BAD_PLUGINS = [
         "epp.yaml:4: plugins[0].parameters.engineConfigs",
     ),
     (
-        "plugins:\n- type: queue-scorer\n- type: metrics-data-source\nschedulingProfiles:\n- name: d\n  plugins:\n"
-        "  - pluginRef: metrics-data-source\n",
-        "epp.yaml:7: schedulingProfiles[0].plugins[0].pluginRef: 'metrics-data-source' is not a filter, scorer",
+        "plugins:\n- type: queue-scorer\n  parameters:\n    threshold: 3\n",
+        "epp.yaml:4: plugins[0].parameters.threshold: queue-scorer: unknown parameter 'threshold'",
     ),
     (
         "plugins:\n- type: max-score-picker\n- type: random-picker\nschedulingProfiles:\n- name: d\n  plugins:\n"
@@ -215,7 +232,10 @@ def test_validate_cli_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     bad = tmp_path / "bad.yaml"
     bad.write_text("plugins:\n- type: queue-scorer\n  parameters:\n    x: 1\n- type: nope-scorer\n")
     assert main(["validate", str(bad)]) == 1
-    assert f"{bad}:5: plugins[1].type: unknown plugin type 'nope-scorer'" in capsys.readouterr().err
+    assert f"{bad}:4: plugins[0].parameters.x: queue-scorer: unknown parameter 'x'" in capsys.readouterr().err
+    bad.write_text("plugins:\n- type: queue-scorer\n- type: nope-scorer\n")
+    assert main(["validate", str(bad)]) == 1
+    assert f"{bad}:3: plugins[1].type: unknown plugin type 'nope-scorer'" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "missing.yaml")]) == 1
     assert "cannot read config" in capsys.readouterr().err
 

@@ -110,7 +110,9 @@ def test_producer_parameters() -> None:
     assert p.block_size_tokens == 8 and p.max_blocks == 100
     legacy = build(ApproxPrefixCacheProducer, name="p", parameters={"hashBlockSize": 64})
     assert legacy.block_size_tokens == 16
-    with pytest.raises(PluginConfigError, match="blockSize"):
-        build(ApproxPrefixCacheProducer, name="p", parameters={"blockSize": 64})
+    # llm-d-router: the deprecated blockSize maps to blockSizeTokens (with a warning) unless that is set
+    assert build(ApproxPrefixCacheProducer, name="p", parameters={"blockSize": 64}).block_size_tokens == 64
+    both = build(ApproxPrefixCacheProducer, name="p", parameters={"blockSize": 64, "blockSizeTokens": 32})
+    assert both.block_size_tokens == 32
     with pytest.raises(PluginConfigError, match="lruCapacityPerServer"):
         build(ApproxPrefixCacheProducer, name="p", parameters={"lruCapacityPerServer": 0})

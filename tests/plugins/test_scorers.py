@@ -19,7 +19,6 @@ from epp.framework import (
     Response,
     SchedulingResult,
 )
-from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
 from epp.plugins.scorers.kv_cache_utilization_scorer import KVCacheUtilizationScorer
 from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
 from epp.plugins.scorers.lora_affinity_scorer import LoraAffinityScorer
@@ -79,36 +78,6 @@ def test_lora_affinity_scorer() -> None:
         ep("full", active_models=frozenset({"x", "y"}), max_active_models=2),
     ]
     assert LoraAffinityScorer("l").score(S, req("lora-a"), eps) == [1.0, 0.8, 0.6, 0.0]
-
-
-def test_active_request_scorer_tracks_inflight() -> None:
-    a, b, c = ep("a"), ep("b"), ep("c")
-    s = ActiveRequestScorer("ar")
-    assert s.score(S, req(), [a, b, c]) == [1.0, 1.0, 1.0]
-    for i in range(4):
-        s.pre_request(req(rid=f"a{i}"), result_for(a))
-    for i in range(2):
-        s.pre_request(req(rid=f"b{i}"), result_for(b))
-    # max count 4: a → 0, b → (4-2)/4, c idle → 1
-    assert s.score(S, req(), [a, b, c]) == [0.0, 0.5, 1.0]
-    for i in range(4):
-        s.response_complete(req(rid=f"a{i}"), a, None)
-    assert s.counts == {"b": 2}
-    s2 = build(ActiveRequestScorer, name="ar", parameters={"idleThreshold": 2, "maxBusyScore": 0.5})
-    for i in range(4):
-        s2.pre_request(req(rid=f"a{i}"), result_for(a))
-    s2.pre_request(req(rid="b0"), result_for(b))
-    assert s2.score(S, req(), [a, b]) == [0.0, 1.0]
-
-
-def test_active_request_scorer_expires_lost_completions() -> None:
-    a = ep("a")
-    s = ActiveRequestScorer("ar", request_timeout=0.01)
-    s.pre_request(req(rid="lost"), result_for(a))
-    time.sleep(0.02)
-    s._next_sweep = 0.0
-    s.pre_request(req(rid="new"), result_for(a))
-    assert s.counts == {"a": 1}
 
 
 def test_session_affinity_encoded_header() -> None:

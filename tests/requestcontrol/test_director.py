@@ -21,6 +21,7 @@ from epp.framework import (
     ServiceUnavailable,
     TooManyRequests,
 )
+from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
 from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
 from epp.requestcontrol.director import SchedulingDirector
 from epp.requestcontrol.flowcontrol import FlowController
@@ -166,17 +167,22 @@ async def test_data_producers_budget_and_failures_do_not_fail_the_request() -> N
 async def test_response_hooks_drive_active_request_bookkeeping() -> None:
     ds = pool(2)
     d = director(ds, "plugins: [{type: active-request-scorer}]")
-    scorer = d.pipeline.plugins["active-request-scorer"]
-    assert isinstance(scorer, ActiveRequestScorer)
+    assert isinstance(d.pipeline.plugins["active-request-scorer"], ActiveRequestScorer)
+    producer = d.pipeline.plugins["inflight-load-producer"]  # added for the scorer
+    assert isinstance(producer, InFlightLoadProducer)
     r1, r2 = chat("a", rid="1"), chat("b", rid="2")
     d1 = await d.handle_request(r1)
     d2 = await d.handle_request(r2)
     assert d1.endpoints[0] is not d2.endpoints[0]  # the second goes to the idle pod
-    assert sorted(scorer.counts.values()) == [1, 1]
+    assert sorted(load.requests for load in producer.loads.values()) == [1, 1]
     d.handle_response_headers(r1, d1, 200, d1.destination, {})
+    d.handle_response_chunk(r1, d1, b"data: {}", True, False)
+    first, second = producer.loads[d1.endpoints[0].name], producer.loads[d2.endpoints[0].name]
+    assert (first.requests, first.tokens) == (1, 0)  # first chunk: prefill done, tokens released
+    assert second.requests == 1 and second.tokens > 0
     d.handle_response_complete(r1, d1, None)
     d.handle_response_complete(r2, d2, None)
-    assert scorer.counts == {}
+    assert [(load.requests, load.tokens) for load in producer.loads.values()] == [(0, 0), (0, 0)]
 
 
 def fc_director(ds: Datastore, spec: FlowControlSpec, objectives: str = "{}") -> SchedulingDirector:
@@ -306,3 +312,24 @@ async def test_scheduler_metrics_and_debug_decision_log(caplog: pytest.LogCaptur
     with pytest.raises(TooManyRequests):
         await strict.handle_request(chat("x"))
     assert attempts("failure") == fail0 + 1
+
+
+async def test_unhealthy_endpoints_are_not_candidates() -> None:
+    """Dead pods (failed scrapes) and pods answering 5xx in a row are skipped; all unhealthy fails open."""
+    ds = pool(3)
+    d = director(ds, "plugins: [{type: active-request-scorer}]")
+    ep0, ep1, ep2 = ds.endpoints()
+    ep0.health.scrape_failures = 5
+    picks = set()
+    for i in range(12):
+        r = chat("x", rid=str(i))
+        dec = await d.handle_request(r)
+        picks.add(dec.endpoints[0].name)
+        status = 503 if dec.endpoints[0] is ep1 else 200  # ep1 answers 503 (also what Envoy says when it is down)
+        d.handle_response_headers(r, dec, status, dec.destination, {})
+    assert "pod-0" not in picks
+    assert ep1.health.ejected_until > time.monotonic()  # five 503s in a row: ejected
+    for i in range(5):
+        assert (await d.handle_request(chat("x", rid=f"e{i}"))).endpoints[0] is ep2
+    ep2.health.scrape_failures = ep1.health.scrape_failures = 5
+    assert len({(await d.handle_request(chat("x", rid=f"o{i}"))).endpoints[0].name for i in range(9)}) > 1

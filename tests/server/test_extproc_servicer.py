@@ -23,7 +23,9 @@ from epp.datalayer.datastore import Datastore
 from epp.discovery.static import StaticEndpointSource
 from epp.framework.errors import TooManyRequests
 from epp.framework.keys import DISAGG_HEADERS
+from epp.framework.parsing import ParserRegistry
 from epp.framework.types import Endpoint, InferenceRequest, Usage
+from epp.plugins.parsers.vllmgrpc_parser import VLLMGRPCParser
 from epp.requestcontrol.types import RoutingDecision
 from epp.server.extproc import BODY_CHUNK_LIMIT
 from epp.server.metrics import RequestMetrics
@@ -72,6 +74,11 @@ class RecordingDirector:
         decision.response_headers.update(self.set_response_headers)
         if self.fail_response_headers:
             raise RuntimeError("plugin bug")
+
+    def handle_response_chunk(
+        self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
+    ) -> None:
+        return None
 
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
@@ -598,3 +605,44 @@ def test_cert_path_without_files_is_a_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(TLSError, match=r"tls\.crt/tls\.key"):
         load_credentials(tmp_path)
+
+
+async def test_errors_in_each_apis_shape(epp: Harness) -> None:
+    """/v1/messages gets Anthropic's error body (400 and a director 429), a gRPC API a gRPC status."""
+    call = epp.stub.Process()
+    (resp,) = await exchange(call, [headers_msg("/v1/messages"), body_msg(b'{"model":"c","messages":[]}', True)], 1)
+    ir = resp.immediate_response
+    assert ir.status.code == 400
+    assert json.loads(ir.body) == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "invalid messages request: must have at least one message",
+        },
+    }
+    call.cancel()
+    epp.director.fail = TooManyRequests("system saturated, sheddable request dropped")
+    call = epp.stub.Process()
+    ok = b'{"model":"c","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}'
+    (resp,) = await exchange(call, [headers_msg("/v1/messages"), body_msg(ok, True)], 1)
+    assert resp.immediate_response.status.code == 429
+    assert json.loads(resp.immediate_response.body)["error"]["type"] == "rate_limit_error"
+    call.cancel()
+    epp.director.fail = None
+    epp.server.state.parsers = ParserRegistry([VLLMGRPCParser()])
+    call = epp.stub.Process()
+    path = "/vllm.grpc.engine.VllmEngine/Generate"
+    (resp,) = await exchange(call, [headers_msg(path), body_msg(b"\x01\x00\x00\x00\x00", True)], 1)
+    ir = resp.immediate_response
+    assert (ir.status.code, ir.grpc_status.status, ir.body) == (400, 3, b"compressed gRPC payload is not supported")
+    call.cancel()
+
+
+async def test_passthrough_forwards_any_body_unchanged(epp: Harness) -> None:
+    body = b"\x00\x01 arbitrary, not JSON \xff" * 100
+    call = epp.stub.Process()
+    out = await exchange(call, [headers_msg("/custom/v9/thing"), body_msg(body, True)], 2)
+    assert set_headers(out[0])[DEST] and set_headers(out[0])["content-length"] == str(len(body))
+    assert out[1].request_body.response.body_mutation.streamed_response.body == body
+    assert epp.director.requests[-1].api == "passthrough" and epp.director.requests[-1].model == ""
+    call.cancel()

@@ -194,3 +194,25 @@ def test_a_factory_crash_is_a_config_error_with_the_line() -> None:
     with pytest.raises(ConfigError) as e:
         build("plugins:\n- type: queue-scorer\n- type: exploding\n", reg)
     assert str(e.value) == f"{SRC}:3: plugins[1] (exploding): RuntimeError: cannot reach the license server"
+
+
+def _parser_types(p: Pipeline) -> list[str]:
+    reg = p.parser_registry
+    return [x.type_name for x in reg.parsers] + (["fallback"] if reg.fallback else [])
+
+
+def test_parser_registry_as_the_router_resolves_it() -> None:
+    base = "plugins:\n- type: queue-scorer\n"
+    # none listed: the router's defaults, passthrough last as the fallback
+    assert _parser_types(build(base)) == [
+        "openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser", "fallback"
+    ]  # fmt: skip
+    # a configured parser of a default type is the one used
+    assert build(base + "- name: openai-parser\n  type: openai-parser\n").parser_registry.resolve(
+        "/v1/chat/completions"
+    )
+    # an explicit list is used as given: no fallback
+    p = build(base + "- name: gen\n  type: sglanghttp-parser\n- type: anthropic-parser\nrequestHandler:\n"
+              "  parsers:\n  - pluginRef: gen\n  - pluginRef: anthropic-parser\n")  # fmt: skip
+    assert _parser_types(p) == ["sglanghttp-parser", "anthropic-parser"]
+    assert p.parser_registry.resolve("/generate").name == "gen"

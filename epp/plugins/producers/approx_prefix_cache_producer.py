@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import Any, Self
@@ -26,7 +27,6 @@ from epp.framework import (
     InferenceRequest,
     Params,
     Plugin,
-    PluginConfigError,
     PluginContext,
     PrefixCacheMatchInfo,
     SchedulingResult,
@@ -76,6 +76,9 @@ def block_hashes(text: str, block_chars: int, max_blocks: int, seed: int) -> lis
         h = hash((h, text[i : i + block_chars]))
         out.append(h)
     return out
+
+
+log = logging.getLogger(__name__)
 
 
 class PrefixIndex:
@@ -169,13 +172,12 @@ class ApproxPrefixCacheProducer(Plugin):
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        if params.has("blockSize") and not params.has("blockSizeTokens"):
-            raise PluginConfigError(
-                f"{name}: parameter 'blockSize' (characters) is deprecated: set 'blockSizeTokens' instead",
-                key="blockSize",
-            )
-        params.get("blockSize")
         block_tokens = params.int("blockSizeTokens", 16, min=1)
+        legacy = params.int("blockSize", 0, min=0)
+        if legacy > 0:  # deprecated in llm-d-router: mapped to blockSizeTokens unless that is set, with a warning
+            log.warning("%s: parameter 'blockSize' is deprecated, use 'blockSizeTokens'", name)
+            if not params.has("blockSizeTokens"):
+                block_tokens = legacy
         if params.has("hashBlockSize"):  # v1.0 scorer parameter, in characters
             block_tokens = max(1, params.int("hashBlockSize", 64, min=1) // AVERAGE_CHARS_PER_TOKEN)
         max_blocks = params.int("maxPrefixBlocksToMatch", 256, min=1)

@@ -31,13 +31,22 @@ class TokenProducer(Plugin):
     type_name = "token-producer"
     aliases = ("tokenizer",)
 
-    def __init__(self, name: str, tokenizer: Tokenizer) -> None:
+    def __init__(self, name: str, tokenizer: Tokenizer, model_name: str | None = None) -> None:
         super().__init__(name)
         self.tokenizer = tokenizer
+        # llm-d's `modelName`: the model whose tokenizer is used (sent in render requests), whatever the request's.
+        self.model_name = model_name
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        return cls(name, context.services.tokenizer(params))
+        if params.has("udsTokenizerConfig"):
+            raise params.fail(
+                "udsTokenizerConfig",
+                "the deprecated UDS tokenizer sidecar is not supported: use vllm.url (the model server's render "
+                "endpoint) or tokenizer.models (local tokenizers)",
+            )
+        model_name = params.optional_str("modelName") or None
+        return cls(name, context.services.tokenizer(params), model_name)
 
     def produces(self) -> Collection[DataKey[Any]]:
         return (TOKENIZED_PROMPT,)
@@ -47,7 +56,7 @@ class TokenProducer(Plugin):
             return
         try:
             toks = await self.tokenizer.tokenize(
-                request.target_model,
+                self.model_name or request.target_model,
                 prompt=request.prompt if request.messages is None else None,
                 messages=request.messages,
                 chat_template_kwargs=request.body.get("chat_template_kwargs"),

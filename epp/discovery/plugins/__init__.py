@@ -1,0 +1,1 @@
+"""Discovery plugin types (llm-d-router's `dataLayer.discovery`)."""

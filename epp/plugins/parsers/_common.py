@@ -1,0 +1,125 @@
+"""What the JSON parsers share: body decoding, field readers, the model rewrite and the parser base class."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from epp.framework import BadRequest, Plugin
+from epp.framework.parsing import ParsedRequest
+
+# Deeper JSON is refused with 400: no API body nests this deep, and every walk over the body (templates,
+# re-encoding, plugins) would otherwise pay for it (or hit Python's recursion limit).
+MAX_JSON_DEPTH = 128
+
+
+def decode_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
+    if not body:
+        raise BadRequest("request body is empty")
+    try:
+        parsed = json.loads(body)
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8") from None
+    except ValueError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest(f"request body nests deeper than {max_depth} levels") from None
+    if not isinstance(parsed, dict):
+        raise BadRequest("request body must be a JSON object")
+    if body.count(b"{") + body.count(b"[") > max_depth:  # only then can it nest that deep (a C-speed check)
+        _check_depth(parsed, max_depth)
+    return parsed
+
+
+def _check_depth(root: dict[str, Any], max_depth: int) -> None:
+    """Iterative (no recursion): the decoded body's containers nest at most `max_depth` deep."""
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            raise BadRequest(f"request body nests deeper than {max_depth} levels")
+        for v in node.values() if isinstance(node, dict) else node:
+            if isinstance(v, dict | list):
+                stack.append((v, depth + 1))
+
+
+def encode_json_body(parsed: dict[str, Any]) -> bytes:
+    """Compact UTF-8 JSON; strings holding lone surrogates (from `\\ud800` escapes) are kept as escapes."""
+    try:
+        return json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(parsed, ensure_ascii=True, separators=(",", ":")).encode()
+
+
+def json_model_rewriter(parsed: dict[str, Any]) -> Callable[[str], bytes]:
+    """The body re-encoded with `model` replaced (only called when the target model differs)."""
+
+    def rewrite(model: str) -> bytes:
+        out = dict(parsed)
+        out["model"] = model
+        return encode_json_body(out)
+
+    return rewrite
+
+
+def non_negative_int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def first_int(body: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        v = non_negative_int(body.get(key))
+        if v is not None:
+            return v
+    return None
+
+
+def required_model(body: Mapping[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("model not found in request body")
+    return model
+
+
+def optional_model(body: Mapping[str, Any]) -> str:
+    model = body.get("model")
+    if model is None:
+        return ""
+    if not isinstance(model, str):
+        raise BadRequest("model must be a string")
+    return model
+
+
+def token_id_list(value: Any, field: str) -> list[int]:
+    """A non-empty list of token ids (uint32, as the router accepts them)."""
+    if not isinstance(value, list) or not value:
+        raise BadRequest(f"{field} must be a non-empty array of token ids")
+    for i, t in enumerate(value):
+        if type(t) is not int or not 0 <= t <= 0xFFFFFFFF:
+            raise BadRequest(f"{field}[{i}]: invalid token id {str(t)[:40]}")
+    return value
+
+
+def cache_salt(body: Mapping[str, Any], key: str = "cache_salt") -> str | None:
+    salt = body.get(key)
+    if salt is None:
+        return None
+    if not isinstance(salt, str):
+        raise BadRequest(f"{key} must be a string")
+    return salt or None
+
+
+class ParserPlugin(Plugin):
+    """Base of the request parsers: the paths it claims and the shape of its errors."""
+
+    paths: ClassVar[tuple[str, ...]] = ()
+    error_format: str = "openai"
+
+    def claims(self) -> Sequence[str]:
+        return self.paths
+
+    def parse(self, headers: Mapping[str, str], body: bytes) -> ParsedRequest:
+        raise NotImplementedError

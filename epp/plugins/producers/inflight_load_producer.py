@@ -1,0 +1,352 @@
+"""inflight-load-producer (llm-d): in-flight requests and tokens per endpoint, counted by this EPP from pick to
+response end.
+
+PreRequest adds 1 request and the request's tokens to the primary target of every profile: the prompt tokens not
+already cached there (from the prefix producer named by `prefixMatchInfoProducerName`, the approximate one by
+default), plus, with `addEstimatedOutputTokens`, an output estimate min(round(input·outputRatio), the client's
+max_tokens, maxEstimatedOutputTokens). The first response chunk means prefill is done: without the output estimate
+every target's tokens are released then (the `prefill` profile's target is released entirely); with it only the
+`prefill` target is. The last chunk (or the end of the stream, however it ends) releases the rest. A request with no
+response activity for `stale_after` (5 minutes, the router's PluginState staleness) is reaped, so a lost
+completion cannot pin an endpoint. Releases go to the counter object the request incremented, so an endpoint that
+left and came back under the same name is not decremented for requests of its earlier life.
+
+Each endpoint carries its live `InFlightLoad` as an attribute (`INFLIGHT_LOAD.of(name)`), which the
+token-load-scorer, active-request-scorer, concurrency-detector and prefix-cache-affinity-filter read. Per request,
+`prepare` writes the tokens the request would add on each candidate (`UNCACHED_REQUEST_TOKENS.of(name)`). With a
+cross-replica syncer configured (`dataLayer.crossReplicaSyncerPluginRef`) the other replicas' counts are added in as
+`remote_*` unless `syncCrossReplicaState: false`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+import weakref
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
+
+from prometheus_client.core import REGISTRY, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from epp.framework import (
+    INFLIGHT_LOAD,
+    PREFIX_CACHE_MATCH_INFO,
+    TOKENIZED_PROMPT,
+    UNCACHED_REQUEST_TOKENS,
+    DataKey,
+    Endpoint,
+    InferenceRequest,
+    InFlightLoad,
+    Params,
+    Plugin,
+    PluginContext,
+    ResponseChunk,
+    SchedulingResult,
+    Usage,
+)
+from epp.plugins.producers._tokens import input_tokens
+
+TYPE = "inflight-load-producer"
+DEFAULT_PREFIX_PRODUCER = "approx-prefix-cache-producer"
+DEFAULT_OUTPUT_RATIO = 1.5
+PREFILL_PROFILE = "prefill"
+STALE_AFTER_SECONDS = 300.0
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One profile target's contribution; zeroed as it is released, so each part is released once."""
+
+    load: InFlightLoad
+    profile: str
+    tokens: int
+    requests: int = 1
+
+
+@dataclass(slots=True)
+class _Tracked:
+    entries: list[_Entry]
+    last: float
+    serial: int = 0
+    released: bool = False
+
+
+_TRACKED = DataKey[_Tracked]("inflight-load-tracked")
+
+
+class _InFlightCollector(Collector):
+    """llm_d_epp_inflight_requests / llm_d_epp_inflight_tokens, read at scrape time (nothing on the hot path)."""
+
+    def __init__(self) -> None:
+        self.producers: weakref.WeakSet[InFlightLoadProducer] = weakref.WeakSet()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["endpoint_name", "namespace", "producer_name"]
+        reqs = GaugeMetricFamily(
+            "llm_d_epp_inflight_requests",
+            "Current number of in-flight requests per endpoint, as tracked by the in-flight load producer.",
+            labels=labels,
+        )
+        toks = GaugeMetricFamily(
+            "llm_d_epp_inflight_tokens",
+            "Current number of in-flight tokens per endpoint (uncached prompt tokens, optionally plus estimated "
+            "output), as tracked by the in-flight load producer.",
+            labels=labels,
+        )
+        remote_reqs = GaugeMetricFamily(
+            "epp_inflight_remote_requests",
+            "In-flight requests per endpoint reported by the other EPP replicas (cross-replica sync).",
+            labels=labels,
+        )
+        remote_toks = GaugeMetricFamily(
+            "epp_inflight_remote_tokens",
+            "In-flight tokens per endpoint reported by the other EPP replicas (cross-replica sync).",
+            labels=labels,
+        )
+        for p in list(self.producers):
+            for name, (ns, load) in sorted(p.endpoint_loads().items()):
+                reqs.add_metric([name, ns, p.name], load.requests)
+                toks.add_metric([name, ns, p.name], load.tokens)
+                remote_reqs.add_metric([name, ns, p.name], load.remote_requests)
+                remote_toks.add_metric([name, ns, p.name], load.remote_tokens)
+        yield reqs
+        yield toks
+        yield remote_reqs
+        yield remote_toks
+
+
+_COLLECTOR: _InFlightCollector | None = None
+
+
+def _register(producer: InFlightLoadProducer) -> None:
+    global _COLLECTOR
+    if _COLLECTOR is None:
+        _COLLECTOR = _InFlightCollector()
+        REGISTRY.register(_COLLECTOR)
+    _COLLECTOR.producers.add(producer)
+
+
+class InFlightLoadProducer(Plugin):
+    type_name = TYPE
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        add_estimated_output_tokens: bool = False,
+        output_ratio: float = DEFAULT_OUTPUT_RATIO,
+        max_estimated_output_tokens: int | None = None,
+        prefix_producer: str = DEFAULT_PREFIX_PRODUCER,
+        sync_cross_replica_state: bool = True,
+        stale_after: float = STALE_AFTER_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(name)
+        self.add_output = add_estimated_output_tokens
+        self.output_ratio = output_ratio
+        self.max_output = max_estimated_output_tokens
+        self.prefix_key = PREFIX_CACHE_MATCH_INFO.of(prefix_producer)
+        self.key = INFLIGHT_LOAD.of(self.name)
+        self.uncached_key = UNCACHED_REQUEST_TOKENS.of(self.name)
+        self.sync = sync_cross_replica_state
+        self.stale_after = stale_after
+        self.clock = clock
+        self.loads: dict[str, InFlightLoad] = {}
+        self._namespaces: dict[str, str] = {}
+        self._live: dict[int, _Tracked] = {}
+        self._serial = itertools.count(1)
+        self._next_sweep = 0.0
+
+    @classmethod
+    def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
+        max_out = params.int("maxEstimatedOutputTokens", -1, min=0) if params.has("maxEstimatedOutputTokens") else None
+        producer = cls(
+            name,
+            add_estimated_output_tokens=params.bool("addEstimatedOutputTokens", False),
+            output_ratio=params.float("outputRatio", DEFAULT_OUTPUT_RATIO, min=0.0),
+            max_estimated_output_tokens=max_out,
+            prefix_producer=params.str("prefixMatchInfoProducerName", "") or DEFAULT_PREFIX_PRODUCER,
+            sync_cross_replica_state=params.bool("syncCrossReplicaState", True),
+        )
+        context.endpoints.subscribe(producer)
+        _register(producer)
+        return producer
+
+    def produces(self) -> Collection[DataKey[Any]]:
+        return (self.key, self.uncached_key)
+
+    def uses(self) -> Collection[DataKey[Any]]:
+        return (TOKENIZED_PROMPT, self.prefix_key)
+
+    # -- endpoints: each carries its live counters -------------------------------------------------------------
+
+    def load_for(self, endpoint: Endpoint) -> InFlightLoad:
+        load = self.loads.get(endpoint.name)
+        if load is None:
+            load = self.loads[endpoint.name] = InFlightLoad()
+            self._namespaces[endpoint.name] = endpoint.namespace
+        if endpoint.attributes.get(self.key) is not load:
+            endpoint.attributes.put(self.key, load)
+        return load
+
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        self.load_for(endpoint)
+
+    def endpoint_updated(self, endpoint: Endpoint) -> None:
+        self.load_for(endpoint)
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        self.loads.pop(endpoint.name, None)
+        self._namespaces.pop(endpoint.name, None)
+
+    def endpoint_loads(self) -> dict[str, tuple[str, InFlightLoad]]:
+        return {n: (self._namespaces.get(n, ""), load) for n, load in self.loads.items()}
+
+    # -- the request's tokens ----------------------------------------------------------------------------------
+
+    def estimate_output(self, inputs: int, client_max: int | None) -> int:
+        if inputs <= 0:
+            return 0
+        est = math.floor(inputs * self.output_ratio + 0.5)
+        if client_max is not None and 0 <= client_max < est:
+            est = client_max
+        if self.max_output is not None and self.max_output < est:
+            est = self.max_output
+        return est
+
+    def _request_tokens(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> dict[str, int]:
+        inputs = input_tokens(request)
+        info = request.data.get(self.prefix_key)
+        output = self.estimate_output(inputs, request.max_tokens) if self.add_output else 0
+        out: dict[str, int] = {}
+        if info is None or info.block_size_tokens <= 0:
+            for ep in endpoints:
+                out[ep.name] = inputs + output
+            return out
+        bs = info.block_size_tokens
+        indexed = info.total_blocks * bs
+        tail = max(0, inputs - indexed)
+        matches = info.matches
+        for ep in endpoints:
+            matched = int(matches.get(ep.name, 0) * bs)
+            out[ep.name] = max(0, indexed - matched) + tail + output
+        return out
+
+    async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        for ep in endpoints:
+            if ep.attributes.get(self.key) is None:
+                self.load_for(ep)
+        request.data.put(self.uncached_key, self._request_tokens(request, endpoints))
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        now = self.clock()
+        if now >= self._next_sweep:
+            self.sweep(now)
+        previous = request.data.get(_TRACKED)
+        if previous is not None:  # scheduled again (a retry through the same stream): drop the earlier booking
+            self._release(previous)
+        tokens = request.data.get(self.uncached_key) or {}
+        entries = []
+        for profile, res in result.profile_results.items():
+            if res is None or not res.targets:
+                continue
+            ep = res.targets[0]
+            load = self.load_for(ep)
+            n = tokens.get(ep.name)
+            if n is None:
+                n = self._request_tokens(request, [ep])[ep.name]
+            load.requests += 1
+            load.tokens += n
+            entries.append(_Entry(load, profile, n))
+        if not entries:
+            return
+        tracked = _Tracked(entries, now, next(self._serial))
+        self._live[tracked.serial] = tracked
+        request.data.put(_TRACKED, tracked)
+
+    def response_chunk(self, request: InferenceRequest, chunk: ResponseChunk, endpoint: Endpoint | None) -> None:
+        tracked = request.data.get(_TRACKED)
+        if tracked is None or tracked.released:
+            return
+        tracked.last = self.clock()
+        if chunk.end:
+            self._release(tracked)
+            return
+        if not chunk.first:
+            return
+        for e in tracked.entries:
+            if e.profile == PREFILL_PROFILE:
+                _release_entry(e, tokens=True, requests=True)
+            elif not self.add_output:
+                _release_entry(e, tokens=True, requests=False)
+
+    def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
+        tracked = request.data.get(_TRACKED)
+        if tracked is not None:
+            self._release(tracked)
+
+    def _release(self, tracked: _Tracked) -> None:
+        if tracked.released:
+            return
+        tracked.released = True
+        self._live.pop(tracked.serial, None)
+        for e in tracked.entries:
+            _release_entry(e, tokens=True, requests=True)
+
+    def sweep(self, now: float | None = None) -> int:
+        """Reap requests without response activity for `stale_after`; returns how many."""
+        now = self.clock() if now is None else now
+        self._next_sweep = now + max(0.05, min(60.0, self.stale_after / 5))
+        cutoff = now - self.stale_after
+        stale = [t for t in self._live.values() if t.last < cutoff]
+        for t in stale:
+            self._release(t)
+        return len(stale)
+
+    def tracked_requests(self) -> int:
+        return len(self._live)
+
+    # -- cross-replica state -----------------------------------------------------------------------------------
+
+    def cross_replica_key(self) -> str | None:
+        return f"inflight:{self.name}" if self.sync else None
+
+    def cross_replica_snapshot(self) -> dict[str, list[int]]:
+        return {n: [load.requests, load.tokens] for n, load in self.loads.items()}
+
+    def cross_replica_update(self, remote: Mapping[str, list[int]]) -> None:
+        for n, load in self.loads.items():
+            vals = remote.get(n)
+            if vals is None:
+                load.remote_requests = load.remote_tokens = 0
+            else:
+                load.remote_requests = vals[0] if len(vals) > 0 else 0
+                load.remote_tokens = vals[1] if len(vals) > 1 else 0
+
+
+def _release_entry(e: _Entry, *, tokens: bool, requests: bool) -> None:
+    load = e.load
+    if tokens and e.tokens:
+        load.tokens = max(0, load.tokens - e.tokens)
+        e.tokens = 0
+    if requests and e.requests:
+        load.requests = max(0, load.requests - e.requests)
+        e.requests = 0
+
+
+def inflight_producer_name(params: Params, context: PluginContext, requested_by: str) -> str:
+    """The producer a consumer reads (`inFlightLoadProducerName`); the default one is added when none is named."""
+    name = params.str("inFlightLoadProducerName", "")
+    if name:
+        return name
+    context.require_producer(INFLIGHT_LOAD.of(TYPE), TYPE, TYPE, requested_by=requested_by)
+    return TYPE
+
+
+def load_of(endpoint: Endpoint, key: DataKey[InFlightLoad]) -> InFlightLoad | None:
+    return endpoint.attributes.get(key)

@@ -1,0 +1,137 @@
+"""The anchors' own EndpointPickerConfigs (tests/corpus/anchors, provenance in manifest.tsv): each loads and builds
+into the plugin graph the anchor would build, or fails for the documented reason in exceptions.tsv.
+
+The expected graph is read from the file with plain YAML, independently of our loader: every declared plugin is
+built with its declared type, every profile has exactly its declared filters, weighted scorers (weight 1 when
+unset) and picker (max-score-picker when unset), the handler is the declared one (single-profile-handler when none),
+the declared parser chain is the request handler's, and every parameter was read (the builder rejects unknown ones).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from epp.config.loader import ConfigError, load_config
+from epp.datalayer.datastore import Datastore
+from epp.framework import Filter, Picker, Plugin, ProfileHandler, Scorer
+from epp.requestcontrol.pipeline import Pipeline
+from epp.wiring import build_pipeline, plugin_context
+
+CORPUS = Path(__file__).parent.parent / "corpus"
+ANCHORS = CORPUS / "anchors"
+
+
+def _tsv(name: str) -> list[dict[str, str]]:
+    with open(CORPUS / name, newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+MANIFEST = {r["file"]: r for r in _tsv("manifest.tsv")}
+EXCEPTIONS = {r["file"]: r for r in _tsv("exceptions.tsv")}
+NOT_REAL = ("fragment", "test-only")  # not a config a user could run: excluded from the real total
+
+
+def _build(name: str) -> Pipeline:
+    return build_pipeline(load_config(ANCHORS / name), plugin_context(Datastore()))
+
+
+def test_every_corpus_file_has_its_source_and_commit() -> None:
+    files = {p.name for p in ANCHORS.glob("*.yaml")}
+    assert files == set(MANIFEST), "anchors/ and manifest.tsv must list the same files"
+    for row in MANIFEST.values():
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+", row["repo"]), row
+        assert re.fullmatch(r"[0-9a-f]{40}", row["commit"]), row
+        assert row["path"] and row["where"], row
+    assert set(EXCEPTIONS) <= set(MANIFEST)
+    assert {r["kind"] for r in EXCEPTIONS.values()} <= {*NOT_REAL, "anchor-rejects", "unsupported", "pending"}
+
+
+def _type_matches(plugin: Plugin, declared: str) -> bool:
+    return declared in (plugin.type_name, *getattr(plugin, "aliases", ()))
+
+
+def _expect_graph(name: str, pipeline: Pipeline) -> None:
+    raw: dict[str, Any] = yaml.safe_load((ANCHORS / name).read_text()) or {}
+    declared = {p.get("name") or p["type"]: p["type"] for p in raw.get("plugins") or []}
+    for pname, ptype in declared.items():
+        assert pname in pipeline.plugins, f"{name}: plugin {pname!r} not built"
+        assert _type_matches(pipeline.plugins[pname], ptype), f"{name}: {pname!r} built as {pipeline.plugins[pname]}"
+    profiles = raw.get("schedulingProfiles") or []
+    sched = pipeline.scheduler
+    if not raw.get("plugins") and not profiles:
+        assert list(sched.profiles) == ["default"]  # GIE's default config
+        return
+    if profiles:
+        assert list(sched.profiles) == [p["name"] for p in profiles], name
+    for prof in profiles:
+        built = sched.profiles[prof["name"]]
+        refs = [(r["pluginRef"], r.get("weight")) for r in prof.get("plugins") or []]
+        members = {ref: pipeline.plugins[ref] for ref, _ in refs}
+        filters = [ref for ref, _ in refs if isinstance(members[ref], Filter)]
+        scorers = [(ref, 1.0 if w is None else float(w)) for ref, w in refs if isinstance(members[ref], Scorer)]
+        pickers = [ref for ref, _ in refs if isinstance(members[ref], Picker)]
+        assert [f.name for f in built.filters] == filters, f"{name}: {prof['name']} filters"
+        assert [(ws.scorer.name, float(ws.weight)) for ws in built.scorers] == scorers, f"{name}: {prof['name']}"
+        assert built.picker.name == (pickers[0] if pickers else "max-score-picker"), f"{name}: {prof['name']} picker"
+    handlers = [n for n, p in pipeline.plugins.items() if isinstance(p, ProfileHandler)]
+    assert sched.handler.name == (handlers[0] if handlers else "single-profile-handler"), name
+    parsers = [p["pluginRef"] for p in (raw.get("requestHandler") or {}).get("parsers") or []]
+    if not parsers and raw.get("parser"):
+        parsers = [raw["parser"]["pluginRef"]]
+    assert [p.name for p in pipeline.parsers] == parsers, f"{name}: request handler parsers"
+
+
+LOADING = sorted(set(MANIFEST) - set(EXCEPTIONS))
+
+
+@pytest.mark.parametrize("name", LOADING)
+def test_anchor_config_builds_the_anchors_graph(name: str) -> None:
+    _expect_graph(name, _build(name))
+
+
+REFUSED = sorted(f for f, r in EXCEPTIONS.items() if r["kind"] != "pending")
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_anchor_config_is_refused_for_its_documented_reason(name: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        _build(name)
+    msg = str(ei.value)
+    assert msg.startswith(str(ANCHORS / name)), msg  # names the file (and the line where there is one)
+    assert EXCEPTIONS[name]["expect"] in msg, msg
+
+
+PENDING = sorted(f for f, r in EXCEPTIONS.items() if r["kind"] == "pending")
+
+
+@pytest.mark.parametrize("name", PENDING)
+def test_pending_config_fails_cleanly_or_builds(name: str) -> None:
+    """Waits for a plugin type another issue builds: a clear error until it lands, then the anchor's graph."""
+    try:
+        pipeline = _build(name)
+    except ConfigError as e:
+        assert str(e).startswith(str(ANCHORS / name)), str(e)
+        return
+    _expect_graph(name, pipeline)
+
+
+def test_corpus_count(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR)
+    real = [f for f in MANIFEST if EXCEPTIONS.get(f, {}).get("kind") not in NOT_REAL]
+    loaded = []
+    for f in real:
+        try:
+            _build(f)
+            loaded.append(f)
+        except ConfigError:
+            pass
+    # the floor rises as catalog plugins land (docs/compatibility.md has the current count)
+    assert len(loaded) >= len(LOADING)
+    print(f"corpus: {len(loaded)}/{len(real)} real configs load")
