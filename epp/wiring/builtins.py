@@ -25,6 +25,7 @@ from epp.plugins.filters.header_based_testing_filter import HeaderBasedTestingFi
 from epp.plugins.filters.label_selector_filter import LabelSelectorFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
 from epp.plugins.filters.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
+from epp.plugins.filters.session_affinity_filter import SessionAffinityFilter
 from epp.plugins.filters.topology_affinity_filter import TopologyAffinityFilter
 from epp.plugins.filters.utilization_filter import UtilizationFilter
 from epp.plugins.flowcontrol.edf_ordering_policy import EDFOrderingPolicy
@@ -51,8 +52,11 @@ from epp.plugins.prerequest.disagg_headers_handler import DisaggHeadersHandler
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
+from epp.plugins.producers.session_id_producer import SessionIDProducer
 from epp.plugins.producers.token_producer import TokenProducer
+from epp.plugins.profiles.data_parallel_profile_handler import DataParallelProfileHandler
 from epp.plugins.profiles.disagg_profile_handler import DisaggProfileHandler
+from epp.plugins.profiles.header_profile_handler import HeaderProfileHandler
 from epp.plugins.profiles.pd_profile_handler import PdProfileHandler
 from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
 from epp.plugins.requestcontrol.agent_identity import AgentIdentity
@@ -154,6 +158,10 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     SoftReflectiveCeilingPolicy,
     AgentIdentity,
     ProbabilisticAdmitter,
+    SessionAffinityFilter,
+    SessionIDProducer,
+    HeaderProfileHandler,
+    DataParallelProfileHandler,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )
