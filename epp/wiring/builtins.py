@@ -62,6 +62,7 @@ from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
 from epp.plugins.requestcontrol.agent_identity import AgentIdentity
 from epp.plugins.requestcontrol.destination_endpoint_served_verifier import DestinationEndpointServedVerifier
 from epp.plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter
+from epp.plugins.requestcontrol.request_attribute_reporter import RequestAttributeReporter
 from epp.plugins.saturation.concurrency_detector import ConcurrencyDetector
 from epp.plugins.saturation.utilization_detector import UtilizationDetector
 from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
@@ -162,6 +163,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     SessionIDProducer,
     HeaderProfileHandler,
     DataParallelProfileHandler,
+    RequestAttributeReporter,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )
