@@ -50,6 +50,7 @@ class Endpoint:
     # Per-endpoint data owned by plugins and data sources (e.g. the KV-event endpoint), by typed key.
     attributes: DataMap = field(default_factory=DataMap)
     hostport: str = ""
+    node_address: str = ""  # the node's IP (pod status.hostIP), for per-node exporters (dcgm-data-source)
 
     def __post_init__(self) -> None:
         self.hostport = join_host_port(self.address, self.port)

@@ -161,6 +161,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
     b = _Builder(config, context, registry or register_builtins())
     for i, spec in enumerate(config.plugins):
         b.instantiate(spec, f"plugins[{i}]")
+    _wire_data_sources(b)
     b.add_required_producers()
     b.resolve_references()
     b.add_required_producers()  # references may ask for producers too (a decider's prefix producer)
@@ -208,6 +209,19 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         parser_registry=parser_registry,
         header_processors=[p for p in everything if isinstance(p, RequestHeaderProcessor)],
     )
+
+
+def _wire_data_sources(b: _Builder) -> None:
+    """dataLayer.sources: hand each polling source (dcgm, models) the extractors listed under it."""
+    for i, src in enumerate(b.config.data_sources):
+        source = b.built[src.ref].plugin
+        attach = getattr(source, "attach", None)
+        if attach is None:
+            continue
+        try:
+            attach([b.built[e].plugin for e in src.extractors])
+        except ValueError as e:
+            raise ConfigError(f"{b.loc(src.line)}: dataLayer.sources[{i}].extractors: {e}") from None
 
 
 def _parsers(b: _Builder, plugins: dict[str, Plugin]) -> list[Plugin]:

@@ -7,8 +7,12 @@ the `epp.plugins` entry-point group. Nothing registers as a side effect of an im
 from __future__ import annotations
 
 from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlugin
+from epp.datalayer.plugins.dcgm_data_source import DCGMDataSource
+from epp.datalayer.plugins.dcgm_extractor import DCGMExtractor
 from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
+from epp.datalayer.plugins.models_data_extractor import ModelsDataExtractor
+from epp.datalayer.plugins.models_data_source import ModelsDataSource
 from epp.datalayer.plugins.topology_extractor import TopologyExtractor
 from epp.discovery.plugins.file_discovery import FileDiscovery
 from epp.framework import REGISTRY, Plugin, PluginRegistry
@@ -164,6 +168,10 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     HeaderProfileHandler,
     DataParallelProfileHandler,
     RequestAttributeReporter,
+    DCGMDataSource,
+    DCGMExtractor,
+    ModelsDataSource,
+    ModelsDataExtractor,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )
