@@ -55,6 +55,7 @@ from epp.plugins.pickers.weighted_random_picker import WeightedRandomPicker
 from epp.plugins.prerequest.disagg_headers_handler import DisaggHeadersHandler
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
+from epp.plugins.producers.p2p_source_producer import P2PSourceProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
 from epp.plugins.producers.session_id_producer import SessionIDProducer
 from epp.plugins.producers.token_producer import TokenProducer
@@ -172,6 +173,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     DCGMExtractor,
     ModelsDataSource,
     ModelsDataExtractor,
+    P2PSourceProducer,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )
