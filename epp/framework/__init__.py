@@ -50,6 +50,7 @@ from epp.framework.plugins import (
     ResponseStreaming,
     SaturationDetector,
     Scorer,
+    Screener,
     UsageLimitPolicy,
 )
 from epp.framework.registry import REGISTRY, PluginRegistry, get_factory, known_types
@@ -133,6 +134,7 @@ __all__ = [
     "SaturationDetector",
     "SchedulingResult",
     "Scorer",
+    "Screener",
     "ServiceUnavailable",
     "Services",
     "TokenizationError",

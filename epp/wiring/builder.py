@@ -31,6 +31,7 @@ from epp.framework import (
     ResponseStreaming,
     SaturationDetector,
     Scorer,
+    Screener,
 )
 from epp.framework.parsing import ParserRegistry, RequestParser
 from epp.requestcontrol.pipeline import Pipeline
@@ -208,6 +209,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         parsers=parsers,
         parser_registry=parser_registry,
         header_processors=[p for p in everything if isinstance(p, RequestHeaderProcessor)],
+        screeners=[p for p in everything if isinstance(p, Screener)],
     )
 
 

@@ -66,6 +66,7 @@ from epp.plugins.profiles.pd_profile_handler import PdProfileHandler
 from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
 from epp.plugins.requestcontrol.agent_identity import AgentIdentity
 from epp.plugins.requestcontrol.destination_endpoint_served_verifier import DestinationEndpointServedVerifier
+from epp.plugins.requestcontrol.disaggregatedset_rollout_screener import DisaggregatedSetRolloutScreener
 from epp.plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter
 from epp.plugins.requestcontrol.request_attribute_reporter import RequestAttributeReporter
 from epp.plugins.saturation.concurrency_detector import ConcurrencyDetector
@@ -174,6 +175,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     ModelsDataSource,
     ModelsDataExtractor,
     P2PSourceProducer,
+    DisaggregatedSetRolloutScreener,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )
