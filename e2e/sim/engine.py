@@ -5,6 +5,12 @@ each further output token takes inter_token_latency x load factor. The load fact
 from 1 (one running request) to `time_factor_under_load` (max-num-seqs running), as in
 llm-d-inference-sim. Everything is real time (asyncio sleeps), so routing choices show up in measured
 latency.
+
+With `prefill_tokens_per_second` > 0 prefill is the engine's shared resource, as with vLLM's chunked
+prefill: admitted requests prefill one after the other (FCFS) at that many uncached tokens per second
+(plus prefill_overhead), so a pod that receives much uncached work builds a prefill backlog; only the
+prefill being computed counts for `prefill_interference` (decode steps slowed while prefills share the
+engine). `time_scale` multiplies every modelled duration, so a workload can be replayed time-compressed.
 """
 
 from __future__ import annotations
@@ -42,6 +48,10 @@ class SimRequest:
     alloc: Allocation | None = None
     cached_tokens: int = 0
     admitted: asyncio.Future[None] | None = None
+    # P/D: blocks a prefiller computed for this decode (kv_transfer_params.remote_block_ids), or None
+    remote_blocks: list[int] | None = None
+    remote_decode: bool = False  # this is the prefill of a disaggregated request
+    block_ids: list[int] = field(default_factory=list)  # the prompt's blocks here, for kv_transfer_params
 
 
 @dataclass
@@ -71,6 +81,9 @@ class Engine:
         self.loras = {name: LoraRef(name, path, i + 1) for i, (name, path) in enumerate(cfg.lora_paths().items())}
         self._on_events: list[Callable[[list[KVEvent]], None]] = []
         self._output_ids = output_ids or [0]
+        self.prefilling = 0  # requests computing their prefill right now (they slow this engine's decodes)
+        self._prefill_lock = asyncio.Lock()  # FIFO: the shared prefill of prefill_tokens_per_second mode
+        self._next_block_id = 0
 
     # --- events -----------------------------------------------------------------------------------------
     def _emit(self, events: list[KVEvent]) -> None:
@@ -127,6 +140,25 @@ class Engine:
             return 1.0 if n < cap else self.cfg.time_factor_under_load
         return 1.0 + (self.cfg.time_factor_under_load - 1.0) * (min(n, cap) - 1) / (cap - 1)
 
+    async def _prefill(self, uncached: int) -> None:
+        cfg = self.cfg
+        if cfg.prefill_tokens_per_second > 0:
+            async with self._prefill_lock:  # waiting for the lock is not computing: no interference
+                self.prefilling += 1
+                try:
+                    await asyncio.sleep(
+                        (cfg.prefill_overhead + uncached / cfg.prefill_tokens_per_second) * cfg.time_scale
+                    )
+                finally:
+                    self.prefilling -= 1
+            return
+        t = (cfg.prefill_overhead + uncached * cfg.prefill_time_per_token) * self.load_factor()
+        self.prefilling += 1
+        try:
+            await asyncio.sleep(t * cfg.time_scale)
+        finally:
+            self.prefilling -= 1
+
     # --- one request ------------------------------------------------------------------------------------
     def check(self, req: SimRequest) -> None:
         n = len(req.prompt_ids)
@@ -160,16 +192,21 @@ class Engine:
             queued = time.monotonic() - req.arrival
             uncached = len(req.prompt_ids) - req.cached_tokens
             self.metrics.on_admit(len(req.prompt_ids), req.cached_tokens, queued)
-            prefill = (self.cfg.prefill_overhead + uncached * self.cfg.prefill_time_per_token) * self.load_factor()
-            await asyncio.sleep(prefill)
+            if req.remote_blocks is not None:
+                await self._pull_remote_kv(req, uncached)
+            else:
+                await self._prefill(uncached)
+            if req.remote_decode:
+                self.metrics.on_remote_decode()
             assert req.alloc is not None
             self.kv.register(req.alloc, req.prompt_ids, req.lora, req.cache_salt)
+            req.block_ids = self._block_ids(self.kv.blocks_for(len(req.prompt_ids)))
             self.metrics.on_first_token(time.monotonic() - req.arrival)
             last = time.monotonic()
             all_ids = list(req.prompt_ids)
             for i in range(req.max_tokens):
                 if i:
-                    await asyncio.sleep(self.cfg.inter_token_latency * self.load_factor())
+                    await asyncio.sleep(self.inter_token_latency() * self.cfg.time_scale)
                     now = time.monotonic()
                     self.metrics.on_token(now - last)
                     last = now
@@ -188,6 +225,36 @@ class Engine:
             if req.alloc is not None:
                 self.kv.release(req.alloc)
             self.schedule()
+
+    def inter_token_latency(self) -> float:
+        """A decode step: slower under load, and slower while prefills share the engine (chunked prefill)."""
+        interference = 1.0 + self.cfg.prefill_interference * self.prefilling
+        return self.cfg.inter_token_latency * self.load_factor() * interference
+
+    async def _pull_remote_kv(self, req: SimRequest, uncached: int) -> None:
+        """P/D decode: the prompt's uncached blocks come from the prefiller (a transfer, no compute); tokens the
+        prefiller did not send (fewer blocks than needed) are computed here."""
+        assert req.remote_blocks is not None
+        bs = self.cfg.block_size
+        needed = -(-uncached // bs)
+        pulled = min(needed, len(req.remote_blocks))
+        missing = max(0, uncached - pulled * bs)
+        delay = self.cfg.kv_transfer_overhead + pulled * self.cfg.kv_transfer_time_per_block
+        self.metrics.on_remote_prefill(pulled)
+        if missing:
+            self.prefilling += 1
+            delay += missing * self.cfg.prefill_time_per_token * self.load_factor()
+        try:
+            await asyncio.sleep(delay * self.cfg.time_scale)
+        finally:
+            if missing:
+                self.prefilling -= 1
+
+    def _block_ids(self, n: int) -> list[int]:
+        """Block ids for kv_transfer_params (the simulator has no physical ids: a fresh range per request)."""
+        start = self._next_block_id
+        self._next_block_id = (start + n) % (1 << 31)
+        return list(range(start, start + n))
 
     def load(self) -> int:
         """vLLM's DP balancing score: 4 x waiting + running."""
