@@ -1,194 +1,117 @@
-"""`make demo`: Envoy + pyepp + N simulated vLLM pods on loopback; a shared-prefix workload per routing strategy.
+"""`make demo`: Envoy + pyepp + 4 simulated vLLM pods on loopback; a compact run of the routing suite.
 
-For each strategy (precise prefix-cache routing from KV events, GIE's approximate prefix routing, load-only,
-round-robin, random) the simulators' caches are reset, an EPP with that strategy's config and an Envoy in
-front of it are started, the same workload (same prompts, same arrival times) is replayed through Envoy,
-and the results are compared: KV hit rate, TTFT p50/p90/p99, throughput and load balance across pods.
-Writes `demo-results.json` (raw per-request results) and `demo-ttft.png` (TTFT distribution per strategy).
+Two workloads of the suite (`e2e/bench/bench_routing.py`): the shared-prefix shape (16 system prompts x 8
+questions) and multi-turn chat with a shared system prompt. For each, every strategy (random, cache-blind load,
+GIE's approximate prefix routing, llm-d's precise blend, llm-d v0.10's sticky-until-saturated default and
+pyepp's default, `config/pyepp-default.yaml`) gets the same requests at the same times through a fresh EPP and
+Envoy, with the simulators' caches reset in between. Prints a table per workload (TTFT p50/p90/p99, throughput,
+KV hit against the unlimited-cache bound, load spread) and how pyepp's default compares at p90; writes
+`demo-results.json` (summaries and per-request results), `demo-ttft.png` (TTFT distribution per strategy, first
+workload) and one `<workload>.png` per workload (TTFT p50/p90/p99 per strategy).
 
-    python -m e2e.demo                 # the default, a few minutes on 2 cores
+    python -m e2e.demo                 # the default, about 5 minutes on 2 cores
     python -m e2e.demo --quick         # a smaller run (used by the smoke test)
-    python -m e2e.demo --workload multi-turn | mooncake
+    python -m e2e.demo --workloads agentic,no-reuse --strategies load,pyepp-default
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-from e2e.bench import loadgen, report
-from e2e.harness.http import post_json
-from e2e.harness.stack import start_stack
-from e2e.sim.launch import SimProcess, start_simulators
-from e2e.strategies import PROFILES, config_text
-from e2e.workloads.base import Workload
-from e2e.workloads.mooncake import mooncake_replay
-from e2e.workloads.multiturn import multi_turn_chat
-from e2e.workloads.shared_prefix import shared_prefix
+from e2e.bench import bench_routing as suite
+from e2e.bench import report
+from e2e.bench.loadgen import Result
+from e2e.strategies import LLMD, OURS, available_strategies
 
-MOONCAKE_SAMPLE = Path(__file__).parent / "workloads" / "data" / "mooncake_sample.jsonl"
-SERVED_HEADER = "x-inference-pod"
+DEFAULT_STRATEGIES = ["random", "load", "approximate", "precise", LLMD, OURS]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__.split("\n\n")[0])
     a = p.add_argument
+    a("--workloads", default="shared-prefix-demo,multi-turn", help=f"comma list of {', '.join(suite.WORKLOADS)}")
+    a("--strategies", default=",".join(DEFAULT_STRATEGIES), help=f"comma list of {', '.join(available_strategies())}")
     a("--pods", type=int, default=4)
-    a("--strategies", default=",".join(PROFILES), help=f"comma list of {', '.join(PROFILES)}")
-    a("--workload", choices=["shared-prefix", "multi-turn", "mooncake"], default="shared-prefix")
-    a("--groups", type=int, default=16, help="shared-prefix: number of system prompts")
-    a("--prompts-per-group", type=int, default=8)
-    a("--system-len", type=int, default=1024, help="system prompt tokens")
-    a("--question-len", type=int, default=64)
-    a("--output-len", type=int, default=16)
-    a("--rate", type=float, default=20.0, help="requests per second (Poisson)")
-    a("--requests", type=int, default=600)
-    a("--seed", type=int, default=1)
-    # simulator: a small GPU whose cache holds half of the groups' system prompts
     a("--block-size", type=int, default=16)
-    a("--gpu-blocks", type=int, default=512, help="KV-cache capacity per pod, in blocks")
-    a("--max-num-seqs", type=int, default=4)
-    a("--prefill-per-token", type=float, default=0.0005, help="seconds per uncached prompt token")
-    a("--itl", type=float, default=0.005, help="seconds per output token")
-    a("--load-factor", type=float, default=2.0, help="slowdown at max-num-seqs running (time_factor_under_load)")
-    a("--quick", action="store_true", help="a small, fast run")
-    a("--out", default="e2e/out/demo", help="directory for the JSON and PNG")
+    a("--scale", type=float, default=0.6, help="workload length factor")
+    a("--quick", action="store_true", help="a small, fast run (one workload, scale 0.25)")
+    a("--out", default="e2e/out/demo", help="directory for the JSON and PNGs")
     ns = p.parse_args(argv)
     if ns.quick:
-        ns.groups, ns.prompts_per_group, ns.requests, ns.rate = 8, 4, 60, 12.0
-        ns.system_len, ns.gpu_blocks = 256, 192
+        ns.scale = 0.25
+        ns.workloads = ns.workloads if ns.workloads != p.get_default("workloads") else "shared-prefix-demo"
     return ns
-
-
-def make_workload(ns: argparse.Namespace) -> Workload:
-    if ns.workload == "multi-turn":
-        return multi_turn_chat(
-            num_sessions=ns.groups, turns=4, system_prompt_len=ns.system_len, user_len=ns.question_len,
-            output_len=ns.output_len, rate=ns.rate, seed=ns.seed,
-        )  # fmt: skip
-    if ns.workload == "mooncake":
-        return mooncake_replay(MOONCAKE_SAMPLE, block_tokens=32, time_scale=0.05, max_output=ns.output_len)
-    return shared_prefix(
-        num_groups=ns.groups, num_prompts_per_group=ns.prompts_per_group, system_prompt_len=ns.system_len,
-        question_len=ns.question_len, output_len=ns.output_len, rate=ns.rate, num_requests=ns.requests, seed=ns.seed,
-    )  # fmt: skip
-
-
-def sim_args(ns: argparse.Namespace) -> list[str]:
-    return [
-        "--block-size", str(ns.block_size), "--num-gpu-blocks", str(ns.gpu_blocks),
-        "--max-num-seqs", str(ns.max_num_seqs), "--prefill-time-per-token", str(ns.prefill_per_token),
-        "--inter-token-latency", str(ns.itl), "--time-factor-under-load", str(ns.load_factor),
-        "--prefill-overhead", "0.005",
-    ]  # fmt: skip
-
-
-def _post_ok(url: str, body: object, timeout: float) -> None:
-    r = post_json(url, body, timeout=timeout)
-    if r.status != 200:
-        raise RuntimeError(f"POST {url}: HTTP {r.status}: {r.body[:200]!r}")
-
-
-def reset_caches(sims: Sequence[SimProcess]) -> None:
-    for s in sims:
-        _post_ok(s.url + "/reset_prefix_cache", {}, timeout=10)
-
-
-class Progress:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, label: str, total: int) -> None:
-        self.label, self.total, self.start = label, total, time.monotonic()
-
-    def __call__(self, done: int, total: int) -> None:
-        if done % max(1, total // 50) and done != total:
-            return
-        width = 30
-        filled = width * done // total
-        elapsed = time.monotonic() - self.start
-        sys.stderr.write(
-            f"\r  {self.label:<12} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:5.1f}s"
-        )
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
-def warm_up(url: str, model: str) -> None:
-    """One request through the whole path, so one-time costs (tokenizer load, connections) are not measured."""
-    _post_ok(url + "/v1/completions", {"model": model, "prompt": "warm up", "max_tokens": 1}, timeout=60)
-
-
-def run_strategy(
-    strategy: str, sims: Sequence[SimProcess], workload: Workload, ns: argparse.Namespace, workdir: Path
-) -> tuple[list[loadgen.Result], float]:
-    text = config_text(strategy, sims, block_size=ns.block_size)
-    (workdir / strategy).mkdir(parents=True, exist_ok=True)
-    stack = start_stack(workdir / strategy, backends=[], config=text, epp_args=["--log-level", "warning"])
-    try:
-        warm_up(stack.url, str(workload.requests[0].body["model"]))
-        reset_caches(sims)
-        time.sleep(0.5)  # the EPP sees the caches cleared (events) and fresh metrics before traffic
-        results, duration = asyncio.run(
-            loadgen.run(
-                stack.url, workload.requests, served_header=SERVED_HEADER,
-                progress=Progress(strategy, len(workload.requests)),
-            )
-        )  # fmt: skip
-    finally:
-        stack.close()
-    return results, duration
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = parse_args(argv)
     strategies = [s.strip() for s in ns.strategies.split(",") if s.strip()]
-    for s in strategies:
-        if s not in PROFILES:
-            print(f"unknown strategy {s!r}; choose from {', '.join(PROFILES)}", file=sys.stderr)
-            return 2
+    workloads = [w.strip() for w in ns.workloads.split(",") if w.strip()]
+    bad = [s for s in strategies if s not in available_strategies()] + [
+        w for w in workloads if w not in suite.WORKLOADS
+    ]
+    if bad:
+        print(f"unknown strategy or workload: {', '.join(bad)}", file=sys.stderr)
+        return 2
     out = Path(ns.out)
-    workload = make_workload(ns)
-    print(
-        f"workload {workload.name}: {len(workload.requests)} requests over {workload.duration:.0f}s, {workload.params}"
-    )
-    print(f"{ns.pods} simulated vLLM pods: {' '.join(sim_args(ns))}")
-    raw: dict[str, list[loadgen.Result]] = {}
-    summaries = []
-    with (
-        tempfile.TemporaryDirectory(prefix="pyepp-demo-") as tmp,
-        start_simulators(ns.pods, base_args=sim_args(ns), per_sim_args=lambda i: ["--seed", str(i)]) as sims,
-    ):
-        pods = [f"sim-{s.http_port}" for s in sims]
-        for strategy in strategies:
-            results, duration = run_strategy(strategy, sims, workload, ns, Path(tmp))
-            raw[strategy] = results
-            summaries.append(loadgen.summarize(strategy, results, duration, pods))
+    raw: dict[str, Any] = {}
+    cells: list[suite.Cell] = []
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pyepp-demo-") as tmp:
+        for w in workloads:
+            cells.append(
+                suite.run_cell(
+                    suite.WORKLOADS[w], ns.pods, ns.block_size, strategies, suite.SimModel(), ns.scale, Path(tmp), raw
+                )
+            )
     print()
-    baseline = "precise" if "precise" in raw else None
-    print(report.table(summaries, baseline=baseline))
-    if baseline:
-        base = next(s for s in summaries if s.label == baseline)
-        for s in summaries:
-            if s.label != baseline and base.ttft_p90 > 0:
-                print(f"  TTFT p90: precise is {s.ttft_p90 / base.ttft_p90:.1f}x better than {s.label}")
-    meta: dict[str, object] = {
-        "args": vars(ns),
-        "workload": workload.params,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
-    report.write_json(out / "demo-results.json", summaries, raw, meta)
-    report.plot_ttft(out / "demo-ttft.png", raw, f"TTFT by routing strategy ({workload.name}, {ns.pods} pods)")
-    print(f"\nwrote {out / 'demo-results.json'} and {out / 'demo-ttft.png'}")
-    failed = sum(s.n - s.ok for s in summaries)
+    for c in cells:
+        base = next((s for s in c.summaries if s["label"] == OURS), None)
+        if base is None or not base["ttft_p90"] > 0:
+            continue
+        gains = ", ".join(
+            f"{s['ttft_p90'] / base['ttft_p90']:.1f}x vs {s['label']}" for s in c.summaries if s["label"] != OURS
+        )
+        print(f"{c.workload}: {OURS} TTFT p90 {base['ttft_p90'] * 1000:.0f} ms; {gains}")
+    print(f"\n{len(cells)} workloads x {len(strategies)} strategies in {time.monotonic() - t0:.0f}s")
+    write(out, cells, raw, ns)
+    failed = sum(s["n"] - s["ok"] for c in cells for s in c.summaries)
     if failed:
         print(f"{failed} requests failed", file=sys.stderr)
     return 0 if failed == 0 else 1
+
+
+def write(out: Path, cells: Sequence[suite.Cell], raw: dict[str, Any], ns: argparse.Namespace) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    first = cells[0]
+    per_request: dict[str, list[Result]] = {}
+    for s in first.summaries:
+        rows = raw[f"{first.workload}/{first.pods}/{first.block_size}/{s['label']}"]
+        per_request[s["label"]] = [
+            Result(group="", status=st, ttft=ttft, e2e=0.0, prompt_tokens=pt, cached_tokens=ct, served_by=pod)
+            for ttft, st, ct, pt, pod in rows
+        ]
+    doc = {
+        "meta": {"args": vars(ns), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "sim_model": asdict(suite.SimModel())},
+        "cells": [asdict(c) for c in cells],
+        "summaries": first.summaries,
+        "results": {k: [asdict(r) for r in v] for k, v in per_request.items()},
+    }
+    (out / "demo-results.json").write_text(json.dumps(doc, indent=1, default=str))
+    report.plot_ttft(
+        out / "demo-ttft.png", per_request, f"TTFT by routing strategy ({first.workload}, {first.pods} pods)"
+    )
+    for c in cells:
+        suite.plot(out / f"{c.workload}.png", c.workload, [c])
+    print(f"wrote {out / 'demo-results.json'}, {out / 'demo-ttft.png'} and one PNG per workload")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 # pyepp's shipped default (config/pyepp-default.yaml), run as shipped except for the prefill throughput, which the
 # file says to set to the engine's (the benchmarks pass the simulator's).
 OURS = "pyepp-default"
+LLMD = "llm-d-v0.10"
 
 PROFILES: dict[str, str] = {
     # llm-d's precise prefix-cache routing (KV events), with the blog's weights: prefix 3, kv-cache 2, queue 2.
@@ -59,6 +60,25 @@ schedulingProfiles:
   - {{pluginRef: kv-cache-utilization-scorer, weight: 1}}
   - {{pluginRef: queue-scorer, weight: 1}}
 """,
+    # llm-d-router v0.10's default, "sticky until saturated" (config/llm-d-sticky-precise.yaml): keep the request on
+    # the pods caching >= 80% of its prompt unless that costs > 18 s of TTFT, then the fewest tokens in flight;
+    # the precise producer says who caches what. peakPrefillThroughput is calibrated to the engines, as llm-d's
+    # calibration recipe says to.
+    LLMD: """
+plugins:
+- type: precise-prefix-cache-producer
+  parameters: {{kvEventsConfig: {{topicFilter: "kv@"}}}}
+- type: inflight-load-producer
+  parameters: {{prefixMatchInfoProducerName: precise-prefix-cache-producer}}
+- type: prefix-cache-affinity-filter
+  parameters: {{prefixMatchInfoProducerName: precise-prefix-cache-producer, peakPrefillThroughput: {prefill_tps}}}
+- type: token-load-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: prefix-cache-affinity-filter}}
+  - {{pluginRef: token-load-scorer}}
+""",
     "round-robin": """
 plugins: [{{type: round-robin-picker}}]
 schedulingProfiles: [{{name: default, plugins: [{{pluginRef: round-robin-picker}}]}}]
@@ -71,7 +91,7 @@ schedulingProfiles: [{{name: default, plugins: [{{pluginRef: random-picker}}]}}]
 
 
 # The order strategies are listed in (tables, plots); files-based ones are appended by `available_strategies`.
-ORDER = ["random", "round-robin", "load", "approximate", "precise", OURS]
+ORDER = ["random", "round-robin", "load", "approximate", "precise", LLMD, OURS]
 
 
 def available_strategies() -> list[str]:
@@ -79,11 +99,12 @@ def available_strategies() -> list[str]:
     return [s for s in ORDER if s in PROFILES or s == OURS]
 
 
-def _ours(block_size: int, prefill_tps: float) -> str:
+def _ours(block_size: int, prefill_tps: float, overrides: dict[str, Any] | None = None) -> str:
     doc: dict[str, Any] = yaml.safe_load((CONFIG_DIR / "pyepp-default.yaml").read_text())
     for p in doc["plugins"]:
         if p["type"] == "prefill-cost-scorer":
             p.setdefault("parameters", {})["prefillTokensPerSecond"] = prefill_tps
+            p["parameters"].update(overrides or {})
     return yaml.safe_dump(doc, sort_keys=False)
 
 
@@ -102,12 +123,22 @@ def endpoints_yaml(sims: Sequence[SimProcess]) -> str:
 
 
 def config_text(
-    strategy: str, sims: Sequence[SimProcess], *, block_size: int = 16, extra: str = "", prefill_tps: float = 15928.0
+    strategy: str,
+    sims: Sequence[SimProcess],
+    *,
+    block_size: int = 16,
+    extra: str = "",
+    prefill_tps: float = 15928.0,
+    ours_overrides: dict[str, Any] | None = None,
 ) -> str:
     """The EPP config of `strategy` over `sims`; `prefill_tps` is the engines' prefill throughput (tokens/s) for
     the strategies that take it."""
     if strategy == OURS:
-        return _ours(block_size, prefill_tps) + endpoints_yaml(sims) + extra
+        return _ours(block_size, prefill_tps, ours_overrides) + endpoints_yaml(sims) + extra
     if strategy not in PROFILES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(available_strategies())}")
-    return PROFILES[strategy].format(block_size=block_size).lstrip() + endpoints_yaml(sims) + extra
+    return (
+        PROFILES[strategy].format(block_size=block_size, prefill_tps=prefill_tps).lstrip()
+        + endpoints_yaml(sims)
+        + extra
+    )

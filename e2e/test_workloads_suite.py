@@ -66,3 +66,29 @@ def test_mooncake_sampling_keeps_whole_conversations(tmp_path: Path) -> None:
     assert w.requests[2].body["max_tokens"] == 16
     first, second = (str(r.body["prompt"]) for r in w.requests[:2])
     assert second.startswith(first)  # the conversation's second turn extends its first
+
+
+def test_every_strategy_config_builds() -> None:
+    """The suite's strategies are valid EPP configs (a bad parameter would only show after minutes of benchmark)."""
+    from types import SimpleNamespace
+
+    from e2e.strategies import LLMD, OURS, available_strategies, config_text
+    from epp.config import parse_config
+    from epp.datalayer.datastore import Datastore
+    from epp.wiring import plugin_context
+    from epp.wiring.builder import build_pipeline
+
+    sims = [
+        SimpleNamespace(host="127.0.0.1", http_port=8000 + i, event_port=5557 + i, replay_port=None) for i in range(2)
+    ]
+    names = available_strategies()
+    assert {"random", "load", "approximate", "precise", LLMD, OURS} <= set(names)
+    for name in names:
+        text = config_text(name, sims, block_size=64, prefill_tps=1234.0)  # type: ignore[arg-type]
+        p = build_pipeline(parse_config(text), plugin_context(Datastore()))
+        assert p.scheduler.profiles["default"] is not None
+        if name == OURS:
+            assert "prefillTokensPerSecond: 1234.0" in text
+            assert "prefill-cost-scorer" in p.plugins and "precise-prefix-cache-producer" in p.plugins
+    ours = config_text(OURS, sims, ours_overrides={"uncachedWeight": 3})  # type: ignore[arg-type]
+    assert "uncachedWeight: 3" in ours

@@ -42,20 +42,20 @@ def pick(scorer: PrefillCostScorer, r: InferenceRequest, endpoints: list[Endpoin
 
 
 def test_cost_is_uncached_tokens_when_idle() -> None:
-    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1000})
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1000, "uncachedWeight": 1})
     r = req("r1", 1024, {"a": 48, "b": 16})  # a holds 768 tokens, b 256, c none
     assert s.costs(r, eps(), now=0.0) == [256.0, 768.0, 1024.0]
+    assert build(PrefillCostScorer, {"uncachedWeight": 2}).costs(r, eps(), now=0.0) == [512.0, 1536.0, 2048.0]
     assert s.score(S, r, eps()) == [1.0, pytest.approx(256 / 768), 0.0]
 
 
 def test_backlog_moves_work_off_a_busy_cached_pod_and_drains() -> None:
-    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1000, "decodeWeight": 0})
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "uncachedWeight": 1})
     e = eps()
     # three cold 2000-token prompts in a row: each goes where no prefill is queued
     chosen = [pick(s, req(f"cold{i}", 2000, {}), e).name for i in range(3)]
     assert sorted(chosen) == ["a", "b", "c"]
-    # a prompt cached on a (1800 of 2000 tokens): a still has ~2 s of prefill queued (2000 tokens at 1000/s),
-    # so the 200 uncached tokens there cost more than... no: every pod has the same backlog, so the cache wins
+    # a prompt cached on a (1800 of 2000 tokens): every pod has the same backlog, so the cache wins
     assert pick(s, req("warm", 2000, {"a": 112.5}), e).name == "a"
     # now a's queue is longer than b's and c's by the 200 tokens it took: a long cached prefix still wins
     assert pick(s, req("warm2", 2000, {"a": 112.5}), e).name == "a"
@@ -67,7 +67,7 @@ def test_backlog_moves_work_off_a_busy_cached_pod_and_drains() -> None:
 
 
 def test_in_flight_tokens_count_until_the_response_completes() -> None:
-    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "decodeWeight": 0.5})
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "decodeWeight": 0.5, "uncachedWeight": 1})
     e = eps()
     r = req("r1", 1000, {}, max_tokens=200)
     assert pick(s, r, e).name == "a"

@@ -1,7 +1,7 @@
 """prefill-cost-scorer (pyepp): score each endpoint by the work, in prompt tokens, that stands between this request
 and its first token there.
 
-    cost(e) = uncached(e)                       prompt tokens e does not hold (precise prefix match)
+    cost(e) = uncachedWeight x uncached(e)      prompt tokens e does not hold (precise prefix match)
             + backlog(e)                        prefill tokens already routed to e and not yet processed
             + decodeWeight x active(e)          prompt + output tokens of the requests in flight on e
 
@@ -10,7 +10,10 @@ queue, which drains at `prefillTokensPerSecond` (the engine's prefill throughput
 `peakPrefillThroughput`); in-flight requests are counted from the pick to the end of the response, with a
 `requestTimeout` so a lost completion cannot pin an endpoint. It is Dynamo's cost function (prefill not covered by
 the cached prefix plus decode load) with the prefill charge decayed by the estimated prefill time rather than held
-until completion. The score is min-max normalized and inverted (lowest cost = 1).
+until completion. `uncachedWeight` > 1 charges a recompute more than a wait of the same length: the tokens a pod
+computes again delay every request queued behind them, not only this one (with 1 the pick is greedy for this
+request's TTFT and, under a burst, spreads a prefix over pods that all compute it). The score is min-max
+normalized and inverted (lowest cost = 1).
 
 A request without a prefix match (no tokens, cold index) costs the same uncached tokens everywhere, so the
 choice falls to backlog and decode load: the scorer degrades to a token-load balancer.
@@ -74,6 +77,7 @@ class PrefillCostScorer(Plugin):
         producer: str = DEFAULT_PRODUCER,
         prefill_tokens_per_second: float = 15928.0,
         decode_weight: float = 0.05,
+        uncached_weight: float = 2.0,
         default_output_tokens: int = 256,
         request_timeout: float = 300.0,
     ) -> None:
@@ -83,6 +87,7 @@ class PrefillCostScorer(Plugin):
         self.cost_key = COST.of(self.name)
         self.rate = prefill_tokens_per_second
         self.decode_weight = decode_weight
+        self.uncached_weight = uncached_weight
         self.default_output = default_output_tokens
         self.request_timeout = request_timeout
         self.queues: dict[str, _Queue] = {}
@@ -97,6 +102,7 @@ class PrefillCostScorer(Plugin):
             producer=producer,
             prefill_tokens_per_second=params.float("prefillTokensPerSecond", 15928.0, min=1.0),
             decode_weight=params.float("decodeWeight", 0.05, min=0.0),
+            uncached_weight=params.float("uncachedWeight", 2.0, min=0.0),
             default_output_tokens=params.int("defaultOutputTokens", 256, min=0),
             request_timeout=params.duration("requestTimeout", 300.0),
         )
@@ -119,12 +125,12 @@ class PrefillCostScorer(Plugin):
         bs = info.block_size_tokens if info is not None else 0
         uncached: dict[str, int] = {}
         out: list[float] = []
-        rate, dw, queues = self.rate, self.decode_weight, self.queues
+        rate, dw, uw, queues = self.rate, self.decode_weight, self.uncached_weight, self.queues
         for ep in endpoints:
             u = max(0, n - int(matches.get(ep.name, 0) * bs))
             uncached[ep.name] = u
             q = queues.get(ep.name)
-            cost = float(u)
+            cost = uw * u
             if q is not None:
                 if q.busy_until > now:
                     cost += (q.busy_until - now) * rate
