@@ -1,15 +1,15 @@
 """`make demo`: Envoy + pyepp + 4 simulated vLLM pods on loopback; a compact run of the routing suite.
 
 Two workloads of the suite (`e2e/bench/bench_routing.py`): the shared-prefix shape (16 system prompts x 8
-questions) and multi-turn chat with a shared system prompt. For each, every strategy (random, cache-blind load,
-GIE's approximate prefix routing, llm-d's precise blend, llm-d v0.10's sticky-until-saturated default and
+questions) and multi-turn chat with a shared system prompt. For each, every strategy (random, GIE's approximate
+prefix routing, llm-d's precise blend, llm-d v0.10's sticky-until-saturated default and
 pyepp's default, `config/pyepp-default.yaml`) gets the same requests at the same times through a fresh EPP and
 Envoy, with the simulators' caches reset in between. Prints a table per workload (TTFT p50/p90/p99, throughput,
 KV hit against the unlimited-cache bound, load spread) and how pyepp's default compares at p90; writes
 `demo-results.json` (summaries and per-request results), `demo-ttft.png` (TTFT distribution per strategy, first
 workload) and one `<workload>.png` per workload (TTFT p50/p90/p99 per strategy).
 
-    python -m e2e.demo                 # the default, about 5 minutes on 2 cores
+    python -m e2e.demo                 # the default, about 5-6 minutes on 2 cores
     python -m e2e.demo --quick         # a smaller run (used by the smoke test)
     python -m e2e.demo --workloads agentic,no-reuse --strategies load,pyepp-default
 """
@@ -31,7 +31,7 @@ from e2e.bench import report
 from e2e.bench.loadgen import Result
 from e2e.strategies import LLMD, OURS, available_strategies
 
-DEFAULT_STRATEGIES = ["random", "load", "approximate", "precise", LLMD, OURS]
+DEFAULT_STRATEGIES = ["random", "approximate", "precise", LLMD, OURS]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -41,12 +41,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--strategies", default=",".join(DEFAULT_STRATEGIES), help=f"comma list of {', '.join(available_strategies())}")
     a("--pods", type=int, default=4)
     a("--block-size", type=int, default=16)
-    a("--scale", type=float, default=0.6, help="workload length factor")
-    a("--quick", action="store_true", help="a small, fast run (one workload, scale 0.25)")
+    a("--scale", type=float, default=0.8, help="workload length factor")
+    a("--quick", action="store_true", help="a small, fast run (one workload, scale 0.6)")
     a("--out", default="e2e/out/demo", help="directory for the JSON and PNGs")
     ns = p.parse_args(argv)
     if ns.quick:
-        ns.scale = 0.25
+        ns.scale = 0.6
         ns.workloads = ns.workloads if ns.workloads != p.get_default("workloads") else "shared-prefix-demo"
     return ns
 

@@ -329,6 +329,8 @@ def run_cell(
     with contextlib.ExitStack() as stack:
         if sims is None:
             sims = stack.enter_context(start_sims(model, pods, block_size, spec.kv_tokens))
+        for sim in sims:  # this workload's KV capacity (the simulators may have run another workload before)
+            _post_ok(sim.url + "/admin/config", {"num_gpu_blocks": max(8, spec.kv_tokens // block_size)}, timeout=10)
         pod_names = [f"sim-{s.http_port}" for s in sims]
         for strategy in strategies:
             results, duration = run_strategy(strategy, sims, workload, block_size, workdir)
@@ -464,14 +466,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pyepp-bench-routing-") as tmp:
         for pods, bs in grid:
-            # one set of simulators per KV capacity (starting them is slow on a loaded machine)
-            for kv in sorted({WORKLOADS[w].kv_tokens for w in workloads}):
-                with start_sims(model, pods, bs, kv) as sims:
-                    for w in (w for w in workloads if WORKLOADS[w].kv_tokens == kv):
-                        cells.append(
-                            run_cell(WORKLOADS[w], pods, bs, strategies, model, ns.scale, Path(tmp), raw, sims)
-                        )
-                        _write(out, cells, raw, command, model)
+            # one set of simulators per cell of the grid (starting them is slow on a loaded machine); each workload
+            # sets its KV capacity through /admin/config
+            with start_sims(model, pods, bs, max(WORKLOADS[w].kv_tokens for w in workloads)) as sims:
+                for w in workloads:
+                    cells.append(run_cell(WORKLOADS[w], pods, bs, strategies, model, ns.scale, Path(tmp), raw, sims))
+                    _write(out, cells, raw, command, model)
         for w in workloads:
             plot(plots / f"{w}.png", w, cells)
     print(f"\n{len(cells)} cells, {len(strategies)} strategies in {time.monotonic() - t0:.0f}s; wrote {out}/results.*")

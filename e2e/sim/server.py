@@ -32,7 +32,7 @@ OUTPUT_TEXT = " The quick brown fox jumps over the lazy dog."
 RUNTIME_SETTABLE = {
     "prefill_overhead", "prefill_time_per_token", "inter_token_latency", "time_factor_under_load",
     "failure_rate", "failure_status", "max_num_seqs", "prefill_tokens_per_second",
-    "kv_transfer_overhead", "kv_transfer_time_per_block", "prefill_interference",
+    "kv_transfer_overhead", "kv_transfer_time_per_block", "prefill_interference", "num_gpu_blocks",
 }  # fmt: skip
 
 APP_KEY: web.AppKey[Simulator] = web.AppKey("simulator")
@@ -513,6 +513,12 @@ async def admin_config(request: web.Request) -> web.Response:
             or (want is int and not isinstance(value, int))
         ):
             raise EngineError(400, f"`{key}` must be a number.")
+        if key == "num_gpu_blocks":  # the KV capacity: only while no block is in use, and the cache is cleared
+            if value <= 0 or any(e.kv.used_blocks for e in sim.engines):
+                raise EngineError(409, "`num_gpu_blocks` must be positive and can only change while the engine is idle.")
+            for e in sim.engines:
+                e.kv.reset()
+                e.kv.num_blocks = int(value)
         setattr(sim.cfg, key, want(value))
     for e in sim.engines:
         e.schedule()

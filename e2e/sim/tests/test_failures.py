@@ -110,3 +110,13 @@ def test_big_prompt_tokenization_does_not_stall_the_loop(thread_sim_factory: Any
     th.join()
     assert result["status"] == 200 and result["body"]["count"] > 90_000
     assert len(latencies) >= 3 and max(latencies) < result["seconds"] / 2
+
+
+def test_kv_capacity_changes_at_run_time_while_idle(thread_sim_factory: Any) -> None:
+    sim = thread_sim_factory("--num-gpu-blocks", "64", events=False)
+    status, state = post(sim.url + "/admin/config", {"num_gpu_blocks": 32})
+    assert status == 200 and state["config"]["num_gpu_blocks"] == 32
+    # a prompt needing more than 32 blocks of 16 tokens is now rejected as too large for the cache
+    status, err = post(sim.url + "/v1/completions", {"prompt": "word " * 600, "max_tokens": 1})
+    assert status == 400 and "blocks" in err["error"]["message"]
+    assert post(sim.url + "/admin/config", {"num_gpu_blocks": 0})[0] == 409
