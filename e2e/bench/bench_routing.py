@@ -403,6 +403,35 @@ def plot(path: Path, workload: str, cells: Sequence[Cell]) -> None:
     plt.close(fig)
 
 
+def goals(cells: Sequence[Cell]) -> str:
+    """issue 11's goals for pyepp-default, per cell, from the numbers measured side by side."""
+    rows = ["| cell | p90 vs best other (<= 1.0) | p90 vs llm-d-v0.10 (<= 0.9 on multi-turn, agentic) "
+            "| p99 vs load (<= 1.05) | captured of the bound (>= 95%) | demo: p90 gain vs random (>= 50) / "
+            "approximate (>= 5) |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for c in cells:
+        by = {s["label"]: s for s in c.summaries}
+        ours = by.get(OURS)
+        if ours is None:
+            continue
+        others = [s["ttft_p90"] for k, s in by.items() if k != OURS]
+
+        def ratio(a: float, b: float | None) -> str:
+            return f"{a / b:.2f}" if b else "-"
+
+        llmd = by.get("llm-d-v0.10", {}).get("ttft_p90")
+        load = by.get("load", {}).get("ttft_p99")
+        demo = "-"
+        if c.workload == "shared-prefix-demo":
+            rnd, apx = by.get("random", {}).get("ttft_p90"), by.get("approximate", {}).get("ttft_p90")
+            demo = f"{ratio(rnd or 0, ours['ttft_p90'])} / {ratio(apx or 0, ours['ttft_p90'])}"
+        rows.append(
+            f"| {c.workload} {c.pods}p/{c.block_size} | {ratio(ours['ttft_p90'], min(others, default=0))} "
+            f"| {ratio(ours['ttft_p90'], llmd)} | {ratio(ours['ttft_p99'], load)} "
+            f"| {ours['captured']:.0%} | {demo} |"
+        )
+    return "\n".join(rows)
+
+
 def markdown(cells: Sequence[Cell], command: str) -> str:
     out = [f"Command: `{command}`", ""]
     for c in cells:
@@ -413,6 +442,7 @@ def markdown(cells: Sequence[Cell], command: str) -> str:
         out.append("")
         out.append(table(c, markdown=True))
         out.append("")
+    out += ["Goals (pyepp-default):", "", goals(cells), ""]
     return "\n".join(out)
 
 
@@ -428,6 +458,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--quick", action="store_true", help="scale 0.3, 4 pods, block 16")
     a("--out", default="e2e/out/bench-routing")
     a("--ours-params", default="", help="JSON: prefill-cost-scorer parameters overriding the shipped default's")
+    a("--report", default="", help="re-render results.md and the plots from this results.json, run nothing")
     a("--variants", default="", help='JSON {"name": {params}}: adds strategies pyepp-default/<name> (tuning)')
     a("--plots", default="", help="directory for the per-workload PNGs (default: --out)")
     return p.parse_args(argv)
@@ -435,6 +466,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = parse_args(argv)
+    if ns.report:
+        doc = json.loads(Path(ns.report).read_text())
+        done = [Cell(**c) for c in doc["cells"]]
+        where = Path(ns.report).parent
+        (where / "results.md").write_text(markdown(done, doc["command"]))
+        for w in dict.fromkeys(c.workload for c in done):
+            plot(Path(ns.plots or where) / f"{w}.png", w, done)
+        print(goals(done))
+        return 0
     known = available_strategies()
     if ns.variants:
         VARIANTS.update(json.loads(ns.variants))
