@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with (
         tempfile.TemporaryDirectory(prefix="pyepp-replicas-") as tmp_default,
         redis_server() as url,
-        start_simulators(ns.pods, base_args=sim_args, per_sim_args=lambda i: ["--seed", str(i)]) as sims,
+        start_simulators(ns.pods, base_args=sim_args, per_sim_args=lambda i: ["--seed", str(i)], timeout=300) as sims,
     ):
         pods = [f"sim-{s.http_port}" for s in sims]
         tmp = ns.workdir or tmp_default
