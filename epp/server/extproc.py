@@ -170,6 +170,7 @@ class ServerState:
         self.active_streams = 0
         self._bodyless_next = 0
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
+        self.emit_endpoint_scores = False  # --emit-endpoint-scores
 
     def pick_bodyless(self, subset: list[str] | None) -> RoutingDecision:
         """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
