@@ -70,6 +70,7 @@ class SchedulingDirector:
         self._complete = list(pipeline.response_complete)
         self._streaming = list(pipeline.response_streaming)
         self._header_processors = list(pipeline.header_processors)
+        self._screeners = list(pipeline.screeners)
         handler = self.scheduler.handler
         self._admission_scope = handler if isinstance(handler, AdmissionScope) else None
         self._admitters = list(pipeline.admitters)
@@ -92,6 +93,10 @@ class SchedulingDirector:
         candidates = healthy_candidates(locate_candidates(self.view.endpoints(), request.subset))
         if not candidates:
             raise ServiceUnavailable("failed to find candidate endpoints for serving the request")
+        for screener in self._screeners:  # a screener raises ServiceUnavailable to fail closed
+            candidates = list(screener.screen(request, candidates))
+            if not candidates:
+                raise ServiceUnavailable(f"no candidate endpoints left after {screener.name}")
 
         # Stage-aware: saturation over the pods every request needs (P/D: decode pods, not the prefill pool).
         admitted = candidates if self._admission_scope is None else self._admission_endpoints(request, candidates)
@@ -136,6 +141,9 @@ class SchedulingDirector:
                 ",".join(ep.hostport for ep in result.targets),
             )
         decision = RoutingDecision(endpoints=list(result.targets), result=result)
+        evictor = self.flow_controller.evictor if self.flow_controller is not None else None
+        if evictor is not None:
+            decision.evicted = evictor.track(request.request_id, request.priority)
         if headers_out:
             decision.headers.update(headers_out)
         return decision
@@ -224,6 +232,8 @@ class SchedulingDirector:
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None:
+        if self.flow_controller is not None and self.flow_controller.evictor is not None:
+            self.flow_controller.evictor.untrack(request.request_id)
         endpoint = self._endpoint_for(decision)
         for hook in self._complete:
             try:
