@@ -57,6 +57,7 @@ class SimConfig:
     failure_status: int = 500
     startup_delay: float = 0.0  # /health answers 503 (and requests 503) this long after start
     crash_after: float = 0.0  # > 0: the process exits with code 1 this many seconds after start
+    kv_events_drop_rate: float = 0.0  # 0..1: share of KV events silently lost before numbering (no seq gap)
     kv_events_mode: str = "on"  # initial publisher mode: on | off (drop events) | lossy (buffer, do not send)
     seed: int = 0
 
@@ -128,6 +129,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     a("--failure-status", type=int, default=d.failure_status)
     a("--startup-delay", type=float, default=d.startup_delay, help="seconds of 503 after start")
     a("--crash-after", type=float, default=d.crash_after, help="seconds until the process exits with code 1")
+    a("--kv-events-drop-rate", type=float, default=d.kv_events_drop_rate, help="0..1, events silently lost")
     a("--kv-events-mode", choices=["on", "off", "lossy"], default=d.kv_events_mode)
     a("--seed", type=int, default=d.seed)
     ns = p.parse_args(argv)
