@@ -129,7 +129,8 @@ class Simulator:
         rate = self.cfg.kv_events_drop_rate
         if rate <= 0:
             return events
-        kept = [e for e in events if self._drop_rng.random() >= rate]
+        types = self.cfg.kv_events_drop_types
+        kept = [e for e in events if (types and type(e).__name__ not in types) or self._drop_rng.random() >= rate]
         self.events_lost += len(events) - len(kept)
         return kept
 
