@@ -35,6 +35,17 @@ class Metrics:
         return (time.monotonic() if now is None else now) - self.update_time
 
 
+@dataclass(slots=True)
+class EndpointHealth:
+    """What the EPP observed of an endpoint's liveness: written by the metrics scraper and by routed responses'
+    status, judged by `epp.datalayer.health` when candidates are chosen. Times are time.monotonic()."""
+
+    scrape_failures: int = 0  # consecutive failed scrapes (connection refused, timeout, 5xx, bad page)
+    last_ok: float = 0.0  # the last good scrape; 0.0 = no scraper has succeeded yet (never judged stale)
+    server_errors: int = 0  # consecutive 5xx answers (the model server's or Envoy's upstream errors)
+    ejected_until: float = 0.0  # after too many consecutive 5xx: not a candidate until then
+
+
 @dataclass(slots=True, eq=False)
 class Endpoint:
     """One schedulable target: a (pod, port) pair. `name` is `<pod>-rank-<i>` for Kubernetes pods."""
@@ -50,6 +61,8 @@ class Endpoint:
     # Per-endpoint data owned by plugins and data sources (e.g. the KV-event endpoint), by typed key.
     attributes: DataMap = field(default_factory=DataMap)
     hostport: str = ""
+    node_address: str = ""  # the node's IP (pod status.hostIP), for per-node exporters (dcgm-data-source)
+    health: EndpointHealth = field(default_factory=EndpointHealth)
 
     def __post_init__(self) -> None:
         self.hostport = join_host_port(self.address, self.port)

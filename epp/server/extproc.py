@@ -14,6 +14,7 @@ exactly once, also when the stream dies early. Every failure becomes an Immediat
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -26,8 +27,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
 
+from epp.framework.attributes import RESPONSE_METADATA
 from epp.framework.context import EndpointView
-from epp.framework.errors import BadRequest, InternalError, RequestError, ServiceUnavailable
+from epp.framework.errors import BadRequest, InternalError, RequestError, ServiceUnavailable, TooManyRequests
 from epp.framework.keys import DISAGG_HEADERS
 from epp.framework.parsing import NoParser, ParserRegistry, request_path
 from epp.framework.types import InferenceRequest, Usage
@@ -168,6 +170,7 @@ class ServerState:
         self.active_streams = 0
         self._bodyless_next = 0
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
+        self.emit_endpoint_scores = False  # --emit-endpoint-scores
 
     def pick_bodyless(self, subset: list[str] | None) -> RoutingDecision:
         """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
@@ -451,14 +454,19 @@ class RequestStream:
             out_chunk = self._rewriter.feed(chunk, eos or self.response_mode == BUFFERED)
         else:
             out_chunk = chunk
+        reported: dict[str, Any] | None = None
         if eos:
             self.complete()
+            if req is not None:  # request-attribute-reporter: dynamic metadata with the last body message
+                reported = req.data.get(RESPONSE_METADATA)
         if self.response_mode == FULL_DUPLEX:
             if len(out_chunk) <= BODY_CHUNK_LIMIT:  # the common case (an SSE event): one response, no lists
                 resp = pb.ProcessingResponse()
                 sr = resp.response_body.response.body_mutation.streamed_response
                 sr.body = out_chunk
                 sr.end_of_stream = eos
+                if reported:
+                    resp.dynamic_metadata.update(reported)
                 return [resp]
             pieces = _chunks([out_chunk])
             out = []
@@ -468,6 +476,8 @@ class RequestStream:
                 common.body_mutation.streamed_response.body = piece
                 common.body_mutation.streamed_response.end_of_stream = eos and i == last
                 out.append(pb.ProcessingResponse(response_body=pb.BodyResponse(response=common)))
+            if reported:
+                out[-1].dynamic_metadata.update(reported)
             return out
         common = pb.CommonResponse()
         if out_chunk is not chunk:
@@ -476,7 +486,22 @@ class RequestStream:
             # The whole body is in this one message and Envoy still holds the headers; it applies this header
             # mutation before checking content-length against the mutated body.
             common.header_mutation.set_headers.append(_set("content-length", str(len(out_chunk))))
-        return [pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))]
+        resp = pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))
+        if reported:
+            resp.dynamic_metadata.update(reported)
+        return [resp]
+
+    @property
+    def eviction(self) -> asyncio.Event | None:
+        """The decision's eviction event while the response is still under way (flowControl.enableEviction)."""
+        d = self.decision
+        return d.evicted if d is not None and self.state != _COMPLETE else None
+
+    def evict(self) -> pb.ProcessingResponse:
+        """Flow control revoked this in-flight request: end it with a 429 (the director hears completion)."""
+        log.info("request %s evicted by flow control", self.request.request_id if self.request else "?")
+        self.complete()
+        return immediate(TooManyRequests("request evicted by flow control"), self._error_format)
 
     def complete(self) -> None:
         """Record usage and tell the director, exactly once per routed request (also on early stream end)."""
@@ -510,6 +535,28 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
+    async def _evictable(self, stream: RequestStream, read: Any, write: Any) -> None:
+        """The rest of a stream flow control may evict: each read races the eviction event. Evicted before the
+        response is complete → an ImmediateResponse 429, which makes Envoy reset the upstream request."""
+        event = stream.eviction
+        assert event is not None
+        evicted = asyncio.ensure_future(event.wait())
+        try:
+            while True:
+                reading = asyncio.ensure_future(read())
+                await asyncio.wait((reading, evicted), return_when=asyncio.FIRST_COMPLETED)
+                if evicted.done() and not reading.done() and stream.state != _COMPLETE:
+                    reading.cancel()
+                    await write(stream.evict())
+                    return
+                msg = await reading
+                if msg is grpc.aio.EOF:
+                    return
+                for resp in await stream.handle(msg):
+                    await write(resp)
+        finally:
+            evicted.cancel()
+
     async def Process(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         """Read/write on the context rather than an async generator: measurably fewer hops per message."""
         stream = RequestStream(self.state)
@@ -522,6 +569,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                     break
                 for resp in await stream.handle(msg):
                     await write(resp)
+                if stream.eviction is not None:  # flow-control eviction: watch for it alongside the stream
+                    await self._evictable(stream, read, write)
+                    break
         finally:
             self.state.active_streams -= 1
             stream.complete()

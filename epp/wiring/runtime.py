@@ -9,13 +9,17 @@ from typing import cast
 from epp.config import ConfigError, EppConfig
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.objectives import ObjectiveStore
+from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
 from epp.datalayer.scraper import MetricsScraper
 from epp.discovery.base import EndpointSource
 from epp.discovery.static import StaticEndpointSource
 from epp.framework import EndpointView, PluginContext
 from epp.framework.context import BackgroundTask
 from epp.framework.types import Endpoint
+from epp.plugins.flowcontrol.priority_then_time_eviction_order_policy import PriorityThenTimeEvictionOrderPolicy
+from epp.plugins.flowcontrol.sheddable_eviction_filter import SheddableEvictionFilter
 from epp.requestcontrol.director import SchedulingDirector
+from epp.requestcontrol.eviction import Evictor
 from epp.requestcontrol.flowcontrol import FlowController
 from epp.requestcontrol.flowcontrol_spec import FlowControlSpec
 from epp.requestcontrol.pipeline import Pipeline
@@ -53,6 +57,20 @@ def static_endpoints(config: EppConfig) -> list[Endpoint]:
     ]
 
 
+def build_evictor(config: EppConfig, pipeline: Pipeline) -> Evictor:
+    """flowControl.enableEviction: the sheddable filter and priority-then-time ordering (configured instances of
+    those types, else their defaults), paced by how soon the saturation signal shows freed capacity."""
+    plugins = pipeline.plugins.values()
+    flt = next((p for p in plugins if isinstance(p, SheddableEvictionFilter)), SheddableEvictionFilter())
+    order = next((p for p in plugins if isinstance(p, PriorityThenTimeEvictionOrderPolicy)), None)
+    order = order or PriorityThenTimeEvictionOrderPolicy()
+    if getattr(pipeline.saturation_detector, "type_name", "") == "concurrency-detector":
+        grace = 0.01  # its counters drop when the stream ends: no scrape to wait for
+    else:  # a scraped signal: the next fresh scrape after the engine reclaimed the KV (llm-d's derivation)
+        grace = config.refresh_metrics_interval + config.metrics_staleness_threshold + 0.25
+    return Evictor(flt.eligible, order.victim_key, grace)
+
+
 def plugin_context(endpoints: EndpointView, pool_name: str = "default") -> PluginContext:
     """A PluginContext with the EPP's real services (KV-block index, tokenizers)."""
     background: list[BackgroundTask] = []
@@ -82,16 +100,26 @@ def build_runtime(config: EppConfig, *, sources: list[EndpointSource] | None = N
         sources = [cast(EndpointSource, discovery)]
     flow = None
     if config.gate("flowControl"):
+        spec = config.flow_control or FlowControlSpec()
         flow = FlowController(
-            config.flow_control or FlowControlSpec(),
+            spec,
             pipeline.saturation_detector,
             config.pool_name,
             plugins=pipeline.plugins,
+            evictor=build_evictor(config, pipeline) if spec.enable_eviction else None,
         )
     director = SchedulingDirector(datastore, pipeline, objectives, flow_controller=flow)
-    scraper = build_scraper(config, pipeline.plugins, datastore)
+    scraper: MetricsScraper | None = build_scraper(config, pipeline.plugins, datastore)
     reporter = build_pool_reporter(config, datastore)
-    background: list[BackgroundTask] = [scraper.run, reporter.run, *context.background]
+    background: list[BackgroundTask] = [reporter.run, *context.background]
+    # dataLayer.injectDefaults: false without a metrics-data-source: the core metrics are not scraped (llm-d-router)
+    if config.inject_data_defaults is not False or any(
+        isinstance(p, MetricsDataSource) for p in pipeline.plugins.values()
+    ):
+        assert scraper is not None
+        background.insert(0, scraper.run)
+    else:
+        scraper = None
     return Runtime(
         config=config,
         datastore=datastore,

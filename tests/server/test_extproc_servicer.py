@@ -646,3 +646,57 @@ async def test_passthrough_forwards_any_body_unchanged(epp: Harness) -> None:
     assert out[1].request_body.response.body_mutation.streamed_response.body == body
     assert epp.director.requests[-1].api == "passthrough" and epp.director.requests[-1].model == ""
     call.cancel()
+
+
+async def test_reported_attributes_go_to_envoy_with_the_last_body_message(epp: Harness) -> None:
+    """request-attribute-reporter writes RESPONSE_METADATA at completion; the stream's last message carries it."""
+    from epp.plugins.requestcontrol.request_attribute_reporter import RequestAttributeReporter
+    from tests.helpers import build
+
+    reporter = build(
+        RequestAttributeReporter,
+        {
+            "attributes": [
+                {"key": {"name": "x-cost"}, "expression": "usage.prompt_tokens + 2 * usage.completion_tokens"}
+            ]
+        },
+    )
+    recorded = epp.director.handle_response_complete
+
+    def complete(request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None) -> None:
+        recorded(request, decision, usage)
+        reporter.response_complete(request, None, usage)
+
+    epp.director.handle_response_complete = complete  # type: ignore[method-assign]
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(), body_msg(b'{"model": "m", "prompt": "x"}', True)], 2)
+    reply = b'{"id":"1","model":"m","usage":{"prompt_tokens":3,"completion_tokens":2}}'
+    rs = await exchange(
+        call, [resp_headers_msg(), resp_body_msg(reply[:10], False), resp_body_msg(reply[10:], True)], 3
+    )
+    assert not rs[1].HasField("dynamic_metadata")
+    assert rs[2].dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-cost"].number_value == 7
+    call.cancel()
+
+
+async def test_an_evicted_in_flight_request_ends_with_an_immediate_429(epp: Harness) -> None:
+    """flowControl.enableEviction: the decision's eviction event ends the stream mid-response (Envoy then resets the
+    upstream request) and the director hears the completion once."""
+    event = asyncio.Event()
+    handle = epp.director.handle_request
+
+    async def with_eviction(request: InferenceRequest) -> RoutingDecision:
+        d = await handle(request)
+        d.evicted = event
+        return d
+
+    epp.director.handle_request = with_eviction  # type: ignore[method-assign]
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(), body_msg(b'{"model": "m", "prompt": "x"}', True)], 2)
+    await exchange(call, [resp_headers_msg(), resp_body_msg(b'data: {"choices":[]}\n\n', False)], 2)
+    event.set()
+    r = await asyncio.wait_for(call.read(), 5)
+    assert r.HasField("immediate_response") and r.immediate_response.status.code == 429
+    assert b"evicted" in r.immediate_response.body
+    assert await asyncio.wait_for(call.read(), 5) is grpc.aio.EOF
+    assert [rid for rid, _ in epp.director.completed] == ["rid-1"]
