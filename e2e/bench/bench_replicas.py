@@ -7,7 +7,9 @@ KV events; what they do not see without help is each other's in-flight load. Mod
 - `1`: one replica (the reference);
 - `2-shared`: two replicas sharing in-flight load through a real redis-server (redis-cross-replica-syncer,
   `dataLayer.crossReplicaSyncerPluginRef`, sync every `--sync-interval`);
-- `2-local`: two replicas, each counting only its own requests (`syncCrossReplicaState: false`).
+- `2-local`: two replicas, each counting only its own requests (`syncCrossReplicaState: false`);
+- `1+idle` (not run by default): two replicas running, only the first in Envoy's cluster: one replica's routing
+  with two replicas' CPU (both ingest every KV event), to tell routing from CPU contention on a small machine.
 
     python -m e2e.bench.bench_replicas            # ~6 minutes on 2 cores
     python -m e2e.bench.bench_replicas --quick
@@ -35,7 +37,8 @@ from e2e.sim.launch import SimProcess, start_simulators
 from e2e.strategies import endpoints_yaml
 from e2e.workloads.shared_prefix import shared_prefix
 
-MODES = ("1", "2-shared", "2-local")
+MODES = ("1", "2-shared", "2-local", "1+idle")
+DEFAULT_MODES = ("1", "2-shared", "2-local")
 
 
 def config(sims: Sequence[SimProcess], redis_url: str, mode: str, ns: argparse.Namespace, run: int) -> str:
@@ -66,7 +69,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_replicas", description=__doc__.split("\n\n")[0])
     a = p.add_argument
     a("--pods", type=int, default=4)
-    a("--modes", default=",".join(MODES))
+    a("--modes", default=",".join(DEFAULT_MODES), help=f"comma list of {', '.join(MODES)}")
     a("--repeats", type=int, default=3)
     a("--groups", type=int, default=16)
     a("--prompts-per-group", type=int, default=8)
@@ -121,9 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for mode in modes:
                 run += 1
                 replicas = 1 if mode == "1" else 2
-                stack = start_replicas(Path(tmp) / f"run{run}", config(sims, url, mode, ns, run), replicas)
+                serving = 1 if mode == "1+idle" else replicas
+                workdir = Path(tmp) / f"run{run}"
+                stack = start_replicas(workdir, config(sims, url, mode, ns, run), replicas, serving=serving)
                 try:
-                    for _ in range(2 * replicas):  # Envoy round-robins: every replica loads its tokenizer
+                    for _ in range(2 * serving):  # Envoy round-robins: every replica loads its tokenizer
                         warm_up(stack.url, str(workload.requests[0].body["model"]))
                     reset_caches(sims)
                     time.sleep(0.5)
