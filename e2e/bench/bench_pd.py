@@ -199,15 +199,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=150)
     p.add_argument("--rate", type=float, default=6.0, help="requests per second (Poisson)")
     p.add_argument("--prompt-tokens", default="1000,6000", help="prompt length range (tokens), uniform")
-    p.add_argument("--outputs", default="16,64,256", help="output lengths, drawn uniformly")
+    p.add_argument("--outputs", default="8,32,128", help="output lengths, drawn uniformly")
     p.add_argument("--sweep", default="0,256,1024,2048,4096", help="nonCachedTokens values for the P/D runs")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-num-seqs", default="64", help="simulator batch slots per pod")
+    p.add_argument("--interference", default="1.0", help="simulator --prefill-interference")
     p.add_argument("--json", default="", help="write the summaries here")
     a = p.parse_args(argv)
     sim_args = [
-        "--model", QWEN25_MODEL, "--block-size", "16", "--num-gpu-blocks", "16384", "--max-num-seqs", "16",
+        "--model", QWEN25_MODEL, "--block-size", "16", "--num-gpu-blocks", "16384", "--max-num-seqs", a.max_num_seqs,
         "--prefill-overhead", "0.01", "--prefill-time-per-token", "0.0001", "--inter-token-latency", "0.01",
-        "--time-factor-under-load", "1.5", "--prefill-interference", "1.0",
+        "--time-factor-under-load", "1.5", "--prefill-interference", a.interference,
         "--kv-transfer-overhead", "0.002", "--kv-transfer-time-per-block", "0.0001",
     ]  # fmt: skip
     outputs = [int(x) for x in a.outputs.split(",")]
@@ -220,15 +222,16 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         print("| setup | ok | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | output tok/s | via prefill pod |")
         print("|---|---|---|---|---|---|---|---|")
-        with start_simulators(4, base_args=[*sim_args, "--role", "both"], events=False) as both:
+        roles = ["prefill", "prefill", "decode", "decode", "both", "both", "both", "both"]
+        with start_simulators(
+            8, base_args=sim_args, per_sim_args=lambda i: ["--role", roles[i]], events=False, timeout=300
+        ) as sims:
+            prefill, decode, both = sims[:2], sims[2:4], sims[4:]
             summaries.append(run_one(workdir, agg_base + endpoints([], [], both), reqs, "aggregated x4", []))
-        roles = ["prefill", "prefill", "decode", "decode"]
-        with start_simulators(4, base_args=sim_args, per_sim_args=lambda i: ["--role", roles[i]], events=False) as sims:
-            prefill, decode = sims[:2], sims[2:]
             sidecars = [start_sidecar(workdir, d.http_port, "--kv-connector", "nixlv2") for d in decode]
             try:
                 for threshold in [int(x) for x in a.sweep.split(",")]:
-                    reset(sims)
+                    reset(sims[:4])
                     cfg = pd_base.replace("nonCachedTokens: 16", f"nonCachedTokens: {threshold}")
                     assert f"nonCachedTokens: {threshold}" in cfg
                     label = f"P/D 2+2, nonCachedTokens {threshold}" + (" (off)" if threshold == 0 else "")
