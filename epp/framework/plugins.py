@@ -150,6 +150,16 @@ class RequestHeaderProcessor(Protocol):
 
 
 @runtime_checkable
+class Screener(Protocol):
+    """Runs once per request before admission and every profile: narrows the candidates for all of them (e.g. to
+    one rollout revision). It raises ServiceUnavailable to fail closed."""
+
+    name: str
+
+    def screen(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> list[Endpoint]: ...
+
+
+@runtime_checkable
 class DataProducer(Protocol):
     """Runs before scheduling (may await, e.g. tokenization off the event loop); fills request.data.
 
@@ -177,6 +187,15 @@ class ResponseComplete(Protocol):
     name: str
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None: ...
+
+
+@runtime_checkable
+class Admitter(Protocol):
+    """Runs after the data producers, before scheduling: a deny reason rejects the request (429), None admits."""
+
+    name: str
+
+    def admit(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None: ...
 
 
 @runtime_checkable

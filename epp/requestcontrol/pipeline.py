@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from epp.framework import (
+    Admitter,
     DataProducer,
     Plugin,
     PreRequest,
@@ -13,6 +14,7 @@ from epp.framework import (
     ResponseReceived,
     ResponseStreaming,
     SaturationDetector,
+    Screener,
 )
 from epp.framework.parsing import ParserRegistry
 from epp.scheduling import Scheduler
@@ -28,6 +30,8 @@ class Pipeline:
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
+    # Run after the producers, before scheduling (e.g. latency-slo-admitter).
+    admitters: list[Admitter] = field(default_factory=list)
     response_streaming: list[ResponseStreaming] = field(default_factory=list)
     # requestHandler.parsers (or GIE's `parser`), in config order: the request parsers the server is to use.
     parsers: list[Plugin] = field(default_factory=list)
@@ -35,3 +39,5 @@ class Pipeline:
     parser_registry: ParserRegistry = field(default_factory=lambda: ParserRegistry([]))
     # Run first, before admission (agent-identity).
     header_processors: list[RequestHeaderProcessor] = field(default_factory=list)
+    # Narrow the candidates once per request, for admission and every profile (disaggregatedset-rollout-screener).
+    screeners: list[Screener] = field(default_factory=list)

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from epp.config.loader import ConfigError, EppConfig, PluginSpec
 from epp.config.yamlmarks import line_of
 from epp.framework import (
+    Admitter,
+    CrossReplicaContributor,
+    CrossReplicaSyncer,
     DataKey,
     DataProducer,
     Filter,
@@ -31,6 +34,7 @@ from epp.framework import (
     ResponseStreaming,
     SaturationDetector,
     Scorer,
+    Screener,
 )
 from epp.framework.parsing import ParserRegistry, RequestParser
 from epp.requestcontrol.pipeline import Pipeline
@@ -161,6 +165,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
     b = _Builder(config, context, registry or register_builtins())
     for i, spec in enumerate(config.plugins):
         b.instantiate(spec, f"plugins[{i}]")
+    _wire_data_sources(b)
     b.add_required_producers()
     b.resolve_references()
     b.add_required_producers()  # references may ask for producers too (a decider's prefix producer)
@@ -192,6 +197,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         )
 
     detector = _saturation_detector(b, plugins)
+    _attach_cross_replica(b, plugins)
     parsers = _parsers(b, plugins)
     parser_registry = _parser_registry(b, plugins, parsers)
     everything = list(plugins.values())
@@ -203,11 +209,42 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         pre_request=[p for p in everything if isinstance(p, PreRequest)],
         response_received=[p for p in everything if isinstance(p, ResponseReceived)],
         response_complete=[p for p in everything if isinstance(p, ResponseComplete)],
+        admitters=[p for p in everything if isinstance(p, Admitter)],
         response_streaming=[p for p in everything if isinstance(p, ResponseStreaming)],
         parsers=parsers,
         parser_registry=parser_registry,
         header_processors=[p for p in everything if isinstance(p, RequestHeaderProcessor)],
+        screeners=[p for p in everything if isinstance(p, Screener)],
     )
+
+
+def _wire_data_sources(b: _Builder) -> None:
+    """dataLayer.sources: hand each polling source (dcgm, models) the extractors listed under it."""
+    for i, src in enumerate(b.config.data_sources):
+        source = b.built[src.ref].plugin
+        attach = getattr(source, "attach", None)
+        if attach is None:
+            continue
+        try:
+            attach([b.built[e].plugin for e in src.extractors])
+        except ValueError as e:
+            raise ConfigError(f"{b.loc(src.line)}: dataLayer.sources[{i}].extractors: {e}") from None
+
+
+def _attach_cross_replica(b: _Builder, plugins: dict[str, Plugin]) -> None:
+    """Hand the syncer named by dataLayer.crossReplicaSyncerPluginRef every contributor that shares its state."""
+    config = b.config
+    ref = config.cross_replica_syncer
+    if ref is None:
+        return
+    syncer = plugins[ref]
+    if not isinstance(syncer, CrossReplicaSyncer):
+        raise ConfigError(
+            f"{config.source}:{line_of(config.raw.get('dataLayer'), 'crossReplicaSyncerPluginRef')}: "
+            f"dataLayer.crossReplicaSyncerPluginRef: {ref!r} is not a cross-replica syncer (type {syncer.type_name})"
+        )
+    contributors = [p for p in plugins.values() if isinstance(p, CrossReplicaContributor) and p.cross_replica_key()]
+    syncer.attach(contributors, config.cross_replica_interval)
 
 
 def _parsers(b: _Builder, plugins: dict[str, Plugin]) -> list[Plugin]:

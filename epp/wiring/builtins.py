@@ -7,12 +7,19 @@ the `epp.plugins` entry-point group. Nothing registers as a side effect of an im
 from __future__ import annotations
 
 from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlugin
+from epp.datalayer.plugins.dcgm_data_source import DCGMDataSource
+from epp.datalayer.plugins.dcgm_extractor import DCGMExtractor
 from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
+from epp.datalayer.plugins.local_syncer import LocalSyncer
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
+from epp.datalayer.plugins.models_data_extractor import ModelsDataExtractor
+from epp.datalayer.plugins.models_data_source import ModelsDataSource
+from epp.datalayer.plugins.redis_cross_replica_syncer import RedisCrossReplicaSyncer
 from epp.datalayer.plugins.topology_extractor import TopologyExtractor
 from epp.discovery.plugins.file_discovery import FileDiscovery
 from epp.framework import REGISTRY, Plugin, PluginRegistry
 from epp.framework.parsing import ParserRegistry, RequestParser
+from epp.plugins.admitters.latency_slo_admitter import LatencySLOAdmitter
 from epp.plugins.compat.multicluster_hub import MultiClusterHubPlugin
 from epp.plugins.deciders.always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
 from epp.plugins.deciders.always_disagg_pd_decider import AlwaysDisaggPDDecider
@@ -25,6 +32,8 @@ from epp.plugins.filters.header_based_testing_filter import HeaderBasedTestingFi
 from epp.plugins.filters.label_selector_filter import LabelSelectorFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
 from epp.plugins.filters.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
+from epp.plugins.filters.session_affinity_filter import SessionAffinityFilter
+from epp.plugins.filters.slo_headroom_tier_filter import SLOHeadroomTierFilter
 from epp.plugins.filters.topology_affinity_filter import TopologyAffinityFilter
 from epp.plugins.filters.utilization_filter import UtilizationFilter
 from epp.plugins.flowcontrol.edf_ordering_policy import EDFOrderingPolicy
@@ -50,14 +59,21 @@ from epp.plugins.pickers.weighted_random_picker import WeightedRandomPicker
 from epp.plugins.prerequest.disagg_headers_handler import DisaggHeadersHandler
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
+from epp.plugins.producers.p2p_source_producer import P2PSourceProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
+from epp.plugins.producers.predicted_latency_producer import PredictedLatencyProducer
+from epp.plugins.producers.session_id_producer import SessionIDProducer
 from epp.plugins.producers.token_producer import TokenProducer
+from epp.plugins.profiles.data_parallel_profile_handler import DataParallelProfileHandler
 from epp.plugins.profiles.disagg_profile_handler import DisaggProfileHandler
+from epp.plugins.profiles.header_profile_handler import HeaderProfileHandler
 from epp.plugins.profiles.pd_profile_handler import PdProfileHandler
 from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
 from epp.plugins.requestcontrol.agent_identity import AgentIdentity
 from epp.plugins.requestcontrol.destination_endpoint_served_verifier import DestinationEndpointServedVerifier
+from epp.plugins.requestcontrol.disaggregatedset_rollout_screener import DisaggregatedSetRolloutScreener
 from epp.plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter
+from epp.plugins.requestcontrol.request_attribute_reporter import RequestAttributeReporter
 from epp.plugins.saturation.concurrency_detector import ConcurrencyDetector
 from epp.plugins.saturation.utilization_detector import UtilizationDetector
 from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
@@ -65,10 +81,12 @@ from epp.plugins.scorers.context_length_aware import ContextLengthAware
 from epp.plugins.scorers.endpoint_attribute_scorer import EndpointAttributeScorer
 from epp.plugins.scorers.header_label_affinity_scorer import HeaderLabelAffinityScorer
 from epp.plugins.scorers.kv_cache_utilization_scorer import KVCacheUtilizationScorer
+from epp.plugins.scorers.latency_scorer import LatencyScorer
 from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
 from epp.plugins.scorers.lora_affinity_scorer import LoraAffinityScorer
 from epp.plugins.scorers.no_hit_lru_scorer import NoHitLRUScorer
 from epp.plugins.scorers.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
+from epp.plugins.scorers.prefill_cost_scorer import PrefillCostScorer
 from epp.plugins.scorers.prefix_cache_scorer import PrefixCacheScorer
 from epp.plugins.scorers.queue_scorer import QueueScorer
 from epp.plugins.scorers.running_requests_size_scorer import RunningRequestsSizeScorer
@@ -83,15 +101,18 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     EncodeFilter,
     LabelSelectorFilter,
     PrefillFilter,
+    SLOHeadroomTierFilter,
     PrefixCacheAffinityFilter,
     # scorers
     ActiveRequestScorer,
     ContextLengthAware,
     KVCacheUtilizationScorer,
+    LatencyScorer,
     LoadAwareScorer,
     LoraAffinityScorer,
     NoHitLRUScorer,
     PrecisePrefixCacheScorer,
+    PrefillCostScorer,
     PrefixCacheScorer,
     QueueScorer,
     RunningRequestsSizeScorer,
@@ -115,7 +136,10 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     ApproxPrefixCacheProducer,
     InFlightLoadProducer,
     PrecisePrefixCacheProducer,
+    PredictedLatencyProducer,
     TokenProducer,
+    # admitters (after the producers, before scheduling)
+    LatencySLOAdmitter,
     # admission: saturation detector (also a filter) and flow-control policies
     UtilizationDetector,
     ConcurrencyDetector,
@@ -127,6 +151,9 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     CoreMetricsExtractorPlugin,
     EndpointNotificationSource,
     MetricsDataSource,
+    # cross-replica state (dataLayer.crossReplicaSyncerPluginRef)
+    LocalSyncer,
+    RedisCrossReplicaSyncer,
     # discovery (dataLayer.discovery)
     FileDiscovery,
     # request parsers
@@ -154,6 +181,17 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     SoftReflectiveCeilingPolicy,
     AgentIdentity,
     ProbabilisticAdmitter,
+    SessionAffinityFilter,
+    SessionIDProducer,
+    HeaderProfileHandler,
+    DataParallelProfileHandler,
+    RequestAttributeReporter,
+    DCGMDataSource,
+    DCGMExtractor,
+    ModelsDataSource,
+    ModelsDataExtractor,
+    P2PSourceProducer,
+    DisaggregatedSetRolloutScreener,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )
