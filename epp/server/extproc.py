@@ -14,6 +14,7 @@ exactly once, also when the stream dies early. Every failure becomes an Immediat
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -28,7 +29,7 @@ from envoy.type.v3 import http_status_pb2
 
 from epp.framework.attributes import RESPONSE_METADATA
 from epp.framework.context import EndpointView
-from epp.framework.errors import BadRequest, InternalError, RequestError, ServiceUnavailable
+from epp.framework.errors import BadRequest, InternalError, RequestError, ServiceUnavailable, TooManyRequests
 from epp.framework.keys import DISAGG_HEADERS
 from epp.framework.parsing import NoParser, ParserRegistry, request_path
 from epp.framework.types import InferenceRequest, Usage
@@ -169,6 +170,8 @@ class ServerState:
         self.active_streams = 0
         self._bodyless_next = 0
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
+        self.emit_endpoint_scores = False  # --emit-endpoint-scores
+        self.tracing: Any = None  # epp.server.tracing.Tracing with --tracing (spans per request)
 
     def pick_bodyless(self, subset: list[str] | None) -> RoutingDecision:
         """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
@@ -191,6 +194,7 @@ class RequestStream:
         "_restore_length",
         "_rewriter",
         "_skip_response",
+        "_span",
         "_sse",
         "decision",
         "headers",
@@ -224,6 +228,7 @@ class RequestStream:
         self.response_size = 0
         self._chunks = 0  # response body messages seen
         self._rewriter: ModelNameRewriter | None = None
+        self._span: Any = None  # the request's gateway.request span (--tracing)
         self._restore_length = False  # content-length dropped at response headers (body rewritten)
         self._sse: SSEUsageReader | None = None
         self._skip_response = False  # the parser's SkipResponseProcessing: no usage read from the response
@@ -260,7 +265,21 @@ class RequestStream:
             return self.request.request_id
         return self.headers.get("x-request-id", "?")
 
+    def _end_span(self, error: str | None = None) -> None:
+        span, self._span = self._span, None
+        req, decision = self.request, self.decision
+        attributes = {
+            "gen_ai.request.model": req.model if req is not None else None,
+            "gen_ai.request.target_model": req.target_model if req is not None else None,
+            "x-request-id": self.headers.get("x-request-id"),
+            "x-gateway-destination-endpoint": decision.destination if decision is not None else None,
+            "http.response.status_code": self.status or None,
+        }
+        self.s.tracing.finish(span, attributes, error)
+
     def _reject(self, err: RequestError) -> pb.ProcessingResponse:
+        if self._span is not None:
+            self._end_span(f"{err.status} {err.code}")
         req = self.request
         level = logging.WARNING if err.status >= 500 else logging.INFO
         log.log(level, "request %s rejected with %d: %s", self._request_id(), err.status, err.message)
@@ -277,6 +296,8 @@ class RequestStream:
             self.request_mode = pc.request_body_mode
             self.response_mode = pc.response_body_mode
         self.headers = _headers(msg.request_headers)
+        if self.s.tracing is not None and self._span is None:
+            self._span = self.s.tracing.start_request(self.headers)
         if msg.HasField("metadata_context"):
             self.subset = _subset_hint(msg.metadata_context) if self.s.honor_subset_hint else None
         self.started = time.monotonic()
@@ -332,7 +353,11 @@ class RequestStream:
             self._skip_response = True
         request.subset = self.subset
         self.request = request
-        decision = await self.s.director.handle_request(request)
+        if self._span is not None:
+            with self.s.tracing.orchestration(self._span):
+                decision = await self.s.director.handle_request(request)
+        else:
+            decision = await self.s.director.handle_request(request)
         if not decision.endpoints:
             raise ServiceUnavailable("failed to find target endpoint")
         self.decision = decision
@@ -370,6 +395,9 @@ class RequestStream:
             set_headers.append(_set("content-length", str(content_length)))
         for k, v in self.decision.headers.items():
             set_headers.append(_set(k, v))
+        if self._span is not None:  # the trace continues upstream
+            for k, v in self.s.tracing.inject(self._span).items():
+                set_headers.append(_set(k, v))
         # A client-sent prefiller/encoder header never reaches the model server's sidecar: ours or none.
         remove = [h for h in DISAGG_HEADERS if h not in self.decision.headers]
         mutation = pb.HeaderMutation(set_headers=set_headers, remove_headers=remove)
@@ -489,9 +517,23 @@ class RequestStream:
             resp.dynamic_metadata.update(reported)
         return [resp]
 
+    @property
+    def eviction(self) -> asyncio.Event | None:
+        """The decision's eviction event while the response is still under way (flowControl.enableEviction)."""
+        d = self.decision
+        return d.evicted if d is not None and self.state != _COMPLETE else None
+
+    def evict(self) -> pb.ProcessingResponse:
+        """Flow control revoked this in-flight request: end it with a 429 (the director hears completion)."""
+        log.info("request %s evicted by flow control", self.request.request_id if self.request else "?")
+        self.complete()
+        return immediate(TooManyRequests("request evicted by flow control"), self._error_format)
+
     def complete(self) -> None:
         """Record usage and tell the director, exactly once per routed request (also on early stream end)."""
         self.state = _COMPLETE
+        if self._span is not None:
+            self._end_span()
         if not self.model_routed:
             return
         self.model_routed = False
@@ -521,6 +563,28 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
+    async def _evictable(self, stream: RequestStream, read: Any, write: Any) -> None:
+        """The rest of a stream flow control may evict: each read races the eviction event. Evicted before the
+        response is complete → an ImmediateResponse 429, which makes Envoy reset the upstream request."""
+        event = stream.eviction
+        assert event is not None
+        evicted = asyncio.ensure_future(event.wait())
+        try:
+            while True:
+                reading = asyncio.ensure_future(read())
+                await asyncio.wait((reading, evicted), return_when=asyncio.FIRST_COMPLETED)
+                if evicted.done() and not reading.done() and stream.state != _COMPLETE:
+                    reading.cancel()
+                    await write(stream.evict())
+                    return
+                msg = await reading
+                if msg is grpc.aio.EOF:
+                    return
+                for resp in await stream.handle(msg):
+                    await write(resp)
+        finally:
+            evicted.cancel()
+
     async def Process(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         """Read/write on the context rather than an async generator: measurably fewer hops per message."""
         stream = RequestStream(self.state)
@@ -533,6 +597,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                     break
                 for resp in await stream.handle(msg):
                     await write(resp)
+                if stream.eviction is not None:  # flow-control eviction: watch for it alongside the stream
+                    await self._evictable(stream, read, write)
+                    break
         finally:
             self.state.active_streams -= 1
             stream.complete()

@@ -81,6 +81,10 @@ class ServeOptions:
     metrics_cert_dir: str | None = None
     metrics_client_ca_file: str | None = None
     leader_election: LeaderElectionConfig | None = None
+    enable_grpc_stream_metrics: bool = False
+    tracing: bool = False  # --tracing: OpenTelemetry spans over OTLP (epp.server.tracing)
+    # --emit-endpoint-scores: the scheduler's per-endpoint scores in envoy.lb metadata (ServerState carries it).
+    emit_endpoint_scores: bool = False
     # Distinct client-chosen model names (and fairness ids) that become metric labels; the rest are `__other__`.
     max_model_labels: int = DEFAULT_MAX_MODEL_LABELS
 
@@ -119,6 +123,9 @@ class ServeOptions:
             metrics_client_ca_file=opts.metrics_client_ca_file or None,
             leader_election=leader,
             max_model_labels=opts.metrics_max_model_labels,
+            enable_grpc_stream_metrics=opts.enable_grpc_stream_metrics,
+            tracing=opts.tracing,
+            emit_endpoint_scores=opts.emit_endpoint_scores,
         )
 
 
@@ -147,6 +154,18 @@ class EppServer:
             parsers=runtime.pipeline.parser_registry if runtime.pipeline is not None else None,
         )
         self.state.honor_subset_hint = options.honor_subset_hint
+        self.state.emit_endpoint_scores = options.emit_endpoint_scores
+        self.tracing: Any = None
+        if options.tracing:
+            from epp.server.tracing import Tracing
+
+            self.tracing = Tracing()
+            self.state.tracing = self.tracing
+        self._servicer = ExtProcServicer(self.state)
+        if options.enable_grpc_stream_metrics:
+            from epp.server.stream_metrics import MeteredExtProcServicer, StreamMetrics
+
+            self._servicer = MeteredExtProcServicer(self.state, StreamMetrics(registry))
         grpc_opts = _grpc_options(options.reuse_port, options.grpc_max_recv_bytes, options.grpc_max_send_bytes)
         self._grpc = grpc.aio.server(options=grpc_opts)
         self._health_grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
@@ -199,7 +218,7 @@ class EppServer:
 
     async def start(self) -> None:
         opts = self.options
-        pb_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(self.state), self._grpc)
+        pb_grpc.add_ExternalProcessorServicer_to_server(self._servicer, self._grpc)
         if opts.health_checking:
             health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._health_grpc)
@@ -309,6 +328,9 @@ class EppServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self._close_kube()
+        if self.tracing is not None:  # flush what is batched, without hanging on an unreachable collector
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown), 5)
         log.info("stopped")
 
     async def _close_kube(self) -> None:
