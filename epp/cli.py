@@ -1,58 +1,47 @@
-"""The `epp` command: `epp serve --config FILE`, `epp validate FILE`."""
+"""The `epp` command: `epp serve [flags]` (the Go EPP's flags and syntax, see docs/flags.md), `epp validate FILE`.
+
+Like the Go binary, `epp --pool-name=x ...` (flags first, no subcommand) means `epp serve`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from epp.server.options import Options
+    from epp.wiring.runtime import Runtime
+
+log = logging.getLogger("epp")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="epp", description="Endpoint Picker for LLM inference (Envoy ext_proc)")
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "serve":
+        return _serve_command(args[1:])
+    if args and args[0].startswith("-") and args[0] not in ("-h", "--help"):
+        return _serve_command(args)
+    parser = argparse.ArgumentParser(
+        prog="epp",
+        description="Endpoint Picker for LLM inference (Envoy ext_proc). `epp serve --help` lists the serve flags.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("validate", help="check a config file and exit")
     v.add_argument("file")
-    s = sub.add_parser("serve", help="run the ext_proc server (with gRPC health and /metrics)")
-    s.add_argument("--config", "--config-file", dest="config", help="EPP config file (YAML); default: GIE defaults")
-    s.add_argument("--config-text", help="EPP config as inline YAML (instead of --config)")
-    s.add_argument("--grpc-port", type=int, default=9002)
-    s.add_argument("--grpc-health-port", type=int, default=9003)
-    s.add_argument("--metrics-port", type=int, default=9090)
-    s.add_argument("--bind-address", default="0.0.0.0")
-    s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to let in-flight streams finish")
-    s.add_argument("--max-request-body-bytes", type=int, default=128 * 1024 * 1024, help="larger bodies get 413")
-    s.add_argument(
-        "--metrics-max-model-labels",
-        type=int,
-        default=100,
-        help="distinct model names (and fairness ids) that become metric labels; the rest count as __other__",
-    )
-    s.add_argument(
-        "--secure-serving", action="store_true", help="TLS on the ext_proc port (self-signed if no --cert-path)"
-    )
-    s.add_argument("--cert-path", help="directory with tls.crt and tls.key for the ext_proc port (implies TLS)")
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    s.add_argument("--workers", type=int, default=1, help="EPP processes sharing the ports (SO_REUSEPORT)")
-    s.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
-    from epp.discovery.kubernetes import add_kubernetes_args
-
-    add_kubernetes_args(s)
-    args = parser.parse_args(argv)
-    if args.command == "serve":
-        if args.workers > 1 and args.worker_index is None:
-            from epp.server.workers import run_workers
-
-            return run_workers(sys.argv[1:] if argv is None else argv, args.workers)
-        return _serve(args)
-    if args.command == "validate":
+    sub.add_parser("serve", help="run the ext_proc server (with gRPC health and /metrics); flags as the Go EPP's")
+    ns = parser.parse_args(args)
+    if ns.command == "validate":
         from epp.config import ConfigError, load_config
         from epp.datalayer.datastore import Datastore
         from epp.wiring import build_pipeline, plugin_context, register_builtins
 
         register_builtins()
         try:
-            config = load_config(args.file)
+            config = load_config(ns.file)
             pipeline = build_pipeline(config, plugin_context(Datastore(), config.pool_name))
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
@@ -60,55 +49,119 @@ def main(argv: list[str] | None = None) -> int:
         for w in config.warnings:
             print(f"warning: {w}", file=sys.stderr)
         profiles = ", ".join(pipeline.scheduler.profiles)
-        print(f"{args.file}: ok ({len(pipeline.plugins)} plugins; profiles: {profiles})")
+        print(f"{ns.file}: ok ({len(pipeline.plugins)} plugins; profiles: {profiles})")
         return 0
     return 2
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve_command(argv: list[str]) -> int:
+    from epp.server.goflags import FlagError
+    from epp.server.options import FLAGSET, parse_options
+
+    if "-h" in argv or "--help" in argv:
+        print("Usage: epp serve [flags]\n\nFlags:\n" + FLAGSET.usage())
+        return 0
+    try:
+        opts = parse_options(argv)
+    except FlagError as e:
+        print(f"error: {e}\nRun `epp serve --help` for the flags.", file=sys.stderr)
+        return 2
+    if opts.workers > 1 and opts.worker_index < 0:
+        from epp.server.workers import run_workers
+
+        return run_workers(["serve", *argv], opts.workers)
+    return _serve(opts)
+
+
+def _discovery_args(opts: Options) -> argparse.Namespace:
+    return argparse.Namespace(
+        pool_name=opts.pool_name or None,
+        pool_namespace=opts.namespace,
+        pool_group=opts.pool_group,
+        endpoint_selector=opts.endpoint_selector or None,
+        endpoint_target_ports=",".join(str(p) for p in opts.endpoint_target_ports) or None,
+        model_server_metrics_port=opts.model_server_metrics_port or None,
+        kubeconfig=opts.kubeconfig or None,
+    )
+
+
+def _serve(opts: Options) -> int:
+    from epp.server.logsetup import setup_logging
+    from epp.server.tls import grpc_tls_environment
+
+    setup_logging(opts)
+    for w in opts.warnings:
+        log.warning("%s", w)
+    try:
+        # gRPC reads GRPC_SSL_CIPHER_SUITES once, so it is set before grpc is first imported.
+        os.environ.update(grpc_tls_environment(opts))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
     from epp.config import ConfigError, load_config, parse_config
     from epp.discovery.kubernetes import kubernetes_source_from_args
-    from epp.server.runner import BindError, ServeOptions, serve
+    from epp.server.runner import BindError, LeaderElectionLost, ServeOptions, serve
     from epp.server.tls import TLSError
     from epp.wiring import build_runtime
 
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    if args.config and args.config_text:
-        print("error: give --config or --config-text, not both", file=sys.stderr)
-        return 1
     try:
-        if args.config:
-            config = load_config(args.config)
+        if opts.config_file:
+            config = load_config(opts.config_file)
         else:
-            config = parse_config(args.config_text or "", source="--config-text")
-        if args.pool_name:
-            config.pool_name = args.pool_name
+            config = parse_config(opts.config_text or "", source="--config-text")
+        if opts.pool_name:
+            config.pool_name = opts.pool_name
+        for name, attr in (("refresh-metrics-interval", "refresh_metrics_interval"),
+                           ("refresh-prometheus-metrics-interval", "refresh_prometheus_metrics_interval"),
+                           ("metrics-staleness-threshold", "metrics_staleness_threshold")):  # fmt: skip
+            if opts.given(name):
+                setattr(config, attr, getattr(opts, attr))
         runtime = build_runtime(config)
-        k8s = kubernetes_source_from_args(args, objectives=runtime.objectives)
+        _check_plugin_stability(runtime, opts)
+        _apply_scrape_flags(runtime, opts)
+        k8s = kubernetes_source_from_args(_discovery_args(opts), objectives=runtime.objectives)
+        options = ServeOptions.from_flags(opts, kubernetes=k8s is not None)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if k8s is not None and config.discovery_ref is None:  # dataLayer.discovery replaces Kubernetes discovery
         runtime.sources = [k8s]
-    options = ServeOptions(
-        bind_address=args.bind_address,
-        grpc_port=args.grpc_port,
-        grpc_health_port=args.grpc_health_port,
-        metrics_port=args.metrics_port,
-        drain_timeout=args.drain_timeout,
-        max_body_bytes=args.max_request_body_bytes,
-        reuse_port=args.worker_index is not None,
-        cert_path=args.cert_path,
-        secure_serving=args.secure_serving,
-        max_model_labels=args.metrics_max_model_labels,
-    )
-    if args.worker_index is not None and options.metrics_port:
-        options.metrics_port += args.worker_index
+    if opts.worker_index >= 0 and options.metrics_port:
+        options.metrics_port += opts.worker_index
     try:
         asyncio.run(serve(runtime, options))
-    except (BindError, TLSError) as e:
+    except (BindError, TLSError, LeaderElectionLost) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_plugin_stability(runtime: Runtime, opts: Options) -> None:
+    """llm-d-router's ValidatePluginStability: an Alpha plugin needs --allow-experimental-plugins."""
+    from epp.server.options import ALPHA_PLUGIN_TYPES
+
+    if opts.allow_experimental_plugins or runtime.pipeline is None:
+        return
+    for name in sorted(runtime.pipeline.plugins):
+        plugin = runtime.pipeline.plugins[name]
+        type_name = getattr(plugin, "type_name", "")
+        if type_name in ALPHA_PLUGIN_TYPES:
+            raise ValueError(
+                f"plugin '{name}' (type: '{type_name}') has Alpha stability level, "
+                "but command line flag --allow-experimental-plugins is not set"
+            )
+
+
+def _apply_scrape_flags(runtime: Runtime, opts: Options) -> None:
+    """GIE v1.5's --model-server-metrics-scheme/path/https-insecure-skip-verify (deprecated there, still in effect)."""
+    scraper = runtime.scraper
+    if scraper is None:
+        return
+    if opts.given("model-server-metrics-scheme"):
+        scraper.scheme = opts.model_server_metrics_scheme
+    if opts.given("model-server-metrics-path"):
+        path = opts.model_server_metrics_path
+        scraper.path = path if path.startswith("/") else "/" + path
+    if opts.given("model-server-metrics-https-insecure-skip-verify"):
+        scraper.insecure_skip_verify = opts.model_server_metrics_https_insecure_skip_verify

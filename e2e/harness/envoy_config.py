@@ -99,6 +99,8 @@ class EnvoyOptions:
     subset_listeners: dict[int, list[str]] = field(default_factory=dict)
     # a baseline listener without ext_proc: the client names the destination itself (for overhead benchmarks)
     direct_port: int | None = None
+    # more EPP replicas (ports on ext_proc_host) in the ext_proc cluster, which round-robins streams over them
+    extra_ext_proc_ports: list[int] = field(default_factory=list)
 
 
 def _addr(host: str, port: int) -> Address:
@@ -188,7 +190,10 @@ def build_bootstrap(opts: EnvoyOptions) -> Bootstrap:
             cluster_name=EXT_PROC_CLUSTER,
             endpoints=[
                 LocalityLbEndpoints(
-                    lb_endpoints=[LbEndpoint(endpoint=Endpoint(address=_addr(opts.ext_proc_host, opts.ext_proc_port)))]
+                    lb_endpoints=[
+                        LbEndpoint(endpoint=Endpoint(address=_addr(opts.ext_proc_host, port)))
+                        for port in (opts.ext_proc_port, *opts.extra_ext_proc_ports)
+                    ]
                 )
             ],
         ),

@@ -138,12 +138,16 @@ class EppProcess(_Process):
     """`python -m epp serve --config FILE` bound to loopback on free ports."""
 
     def __init__(self, config_path: Path, workdir: Path, ports: EppPorts | None = None, log_level: str = "info",
-                 extra_args: list[str] | None = None) -> None:  # fmt: skip
+                 extra_args: list[str] | None = None, kit_defaults: bool = True) -> None:  # fmt: skip
         self.ports = ports or EppPorts(*free_ports(3))
         argv = [
             sys.executable, "-m", "epp", "serve", "--config", str(config_path), "--bind-address", "127.0.0.1",
             "--grpc-port", str(self.ports.grpc), "--grpc-health-port", str(self.ports.health),
-            "--metrics-port", str(self.ports.metrics), "--log-level", log_level, *(extra_args or []),
+            "--metrics-port", str(self.ports.metrics), "--log-level", log_level,
+            # The anchors' defaults serve ext_proc over TLS and guard /metrics with Kubernetes RBAC; the kit's Envoy
+            # talks plaintext and its scrapes carry no token, unless a test passes other flags (later flags win).
+            *(["--secure-serving=false", "--metrics-endpoint-auth=false"] if kit_defaults else []),
+            *(extra_args or []),
         ]  # fmt: skip
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         super().__init__("epp", argv, workdir / f"epp-{self.ports.grpc}.log", env=env)

@@ -45,6 +45,11 @@ class SimConfig:
     prefill_time_per_token: float = 0.0002
     inter_token_latency: float = 0.002
     time_factor_under_load: float = 1.0
+    # P/D disaggregation (llm-d roles; vLLM's NIXL connector: kv_transfer_params)
+    role: str = "both"  # llm-d.ai/role of this pod: prefill | decode | both (a label: every pod serves everything)
+    kv_transfer_overhead: float = 0.002  # seconds per remote-prefilled request (the NIXL handshake and read)
+    kv_transfer_time_per_block: float = 0.0001  # seconds per pulled block
+    prefill_interference: float = 0.0  # ITL x (1 + this x prefills running on the same engine)
     # Metrics
     legacy_gpu_cache_metric: bool = False
     # Failure injection
@@ -114,6 +119,10 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     a("--prefill-time-per-token", type=float, default=d.prefill_time_per_token, help="seconds per uncached token")
     a("--inter-token-latency", type=float, default=d.inter_token_latency, help="seconds per output token")
     a("--time-factor-under-load", type=float, default=d.time_factor_under_load)
+    a("--role", choices=["prefill", "decode", "both"], default=d.role, help="llm-d.ai/role (P/D)")
+    a("--kv-transfer-overhead", type=float, default=d.kv_transfer_overhead, help="seconds per remote prefill")
+    a("--kv-transfer-time-per-block", type=float, default=d.kv_transfer_time_per_block, help="seconds per block")
+    a("--prefill-interference", type=float, default=d.prefill_interference, help="ITL slowdown per prefill")
     a("--legacy-gpu-cache-metric", action="store_true", help="also export vllm:gpu_cache_usage_perc")
     a("--failure-rate", type=float, default=d.failure_rate, help="0..1")
     a("--failure-status", type=int, default=d.failure_status)

@@ -42,6 +42,10 @@ class SimRequest:
     alloc: Allocation | None = None
     cached_tokens: int = 0
     admitted: asyncio.Future[None] | None = None
+    # P/D: blocks a prefiller computed for this decode (kv_transfer_params.remote_block_ids), or None
+    remote_blocks: list[int] | None = None
+    remote_decode: bool = False  # this is the prefill of a disaggregated request
+    block_ids: list[int] = field(default_factory=list)  # the prompt's blocks here, for kv_transfer_params
 
 
 @dataclass
@@ -71,6 +75,8 @@ class Engine:
         self.loras = {name: LoraRef(name, path, i + 1) for i, (name, path) in enumerate(cfg.lora_paths().items())}
         self._on_events: list[Callable[[list[KVEvent]], None]] = []
         self._output_ids = output_ids or [0]
+        self.prefilling = 0  # requests computing their prefill right now (they slow this engine's decodes)
+        self._next_block_id = 0
 
     # --- events -----------------------------------------------------------------------------------------
     def _emit(self, events: list[KVEvent]) -> None:
@@ -160,16 +166,26 @@ class Engine:
             queued = time.monotonic() - req.arrival
             uncached = len(req.prompt_ids) - req.cached_tokens
             self.metrics.on_admit(len(req.prompt_ids), req.cached_tokens, queued)
-            prefill = (self.cfg.prefill_overhead + uncached * self.cfg.prefill_time_per_token) * self.load_factor()
-            await asyncio.sleep(prefill)
+            if req.remote_blocks is not None:
+                await self._pull_remote_kv(req, uncached)
+            else:
+                prefill = (self.cfg.prefill_overhead + uncached * self.cfg.prefill_time_per_token) * self.load_factor()
+                self.prefilling += 1
+                try:
+                    await asyncio.sleep(prefill)
+                finally:
+                    self.prefilling -= 1
+            if req.remote_decode:
+                self.metrics.on_remote_decode()
             assert req.alloc is not None
             self.kv.register(req.alloc, req.prompt_ids, req.lora, req.cache_salt)
+            req.block_ids = self._block_ids(self.kv.blocks_for(len(req.prompt_ids)))
             self.metrics.on_first_token(time.monotonic() - req.arrival)
             last = time.monotonic()
             all_ids = list(req.prompt_ids)
             for i in range(req.max_tokens):
                 if i:
-                    await asyncio.sleep(self.cfg.inter_token_latency * self.load_factor())
+                    await asyncio.sleep(self.inter_token_latency())
                     now = time.monotonic()
                     self.metrics.on_token(now - last)
                     last = now
@@ -188,6 +204,36 @@ class Engine:
             if req.alloc is not None:
                 self.kv.release(req.alloc)
             self.schedule()
+
+    def inter_token_latency(self) -> float:
+        """A decode step: slower under load, and slower while prefills share the engine (chunked prefill)."""
+        interference = 1.0 + self.cfg.prefill_interference * self.prefilling
+        return self.cfg.inter_token_latency * self.load_factor() * interference
+
+    async def _pull_remote_kv(self, req: SimRequest, uncached: int) -> None:
+        """P/D decode: the prompt's uncached blocks come from the prefiller (a transfer, no compute); tokens the
+        prefiller did not send (fewer blocks than needed) are computed here."""
+        assert req.remote_blocks is not None
+        bs = self.cfg.block_size
+        needed = -(-uncached // bs)
+        pulled = min(needed, len(req.remote_blocks))
+        missing = max(0, uncached - pulled * bs)
+        delay = self.cfg.kv_transfer_overhead + pulled * self.cfg.kv_transfer_time_per_block
+        self.metrics.on_remote_prefill(pulled)
+        if missing:
+            self.prefilling += 1
+            delay += missing * self.cfg.prefill_time_per_token * self.load_factor()
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            if missing:
+                self.prefilling -= 1
+
+    def _block_ids(self, n: int) -> list[int]:
+        """Block ids for kv_transfer_params (the simulator has no physical ids: a fresh range per request)."""
+        start = self._next_block_id
+        self._next_block_id = (start + n) % (1 << 31)
+        return list(range(start, start + n))
 
     def load(self) -> int:
         """vLLM's DP balancing score: 4 x waiting + running."""

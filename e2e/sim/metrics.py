@@ -83,6 +83,16 @@ class SimMetrics:
             "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", names,
             buckets=E2E_BUCKETS, registry=r,
         )  # fmt: skip
+        # P/D (the simulator's own names): prefills done for a remote decoder, decodes whose KV came from remote.
+        self.remote_decode = Counter(
+            "sim:remote_decode_requests", "Prefills done for a remote decode (do_remote_decode).", names, registry=r
+        )
+        self.remote_prefill = Counter(
+            "sim:remote_prefill_requests", "Decodes whose prompt KV was pulled from a prefiller.", names, registry=r
+        )
+        self.kv_transfer_blocks = Counter(
+            "sim:kv_transfer_blocks", "KV blocks pulled from prefillers.", names, registry=r
+        )
         self.lora_info = Gauge(
             "vllm:lora_requests_info", "Running stats on lora requests.",
             ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=r,
@@ -155,6 +165,13 @@ class EngineMetrics:
         self.m.itl.labels(**self.labels).observe(itl_s)
         self.m.tpot.labels(**self.labels).observe(itl_s)
         self.m.generation_tokens.labels(**self.labels).inc()
+
+    def on_remote_decode(self) -> None:
+        self.m.remote_decode.labels(**self.labels).inc()
+
+    def on_remote_prefill(self, blocks: int) -> None:
+        self.m.remote_prefill.labels(**self.labels).inc()
+        self.m.kv_transfer_blocks.labels(**self.labels).inc(blocks)
 
     def on_finish(self, e2e_s: float, output_tokens: int, reason: str) -> None:
         self.m.e2e.labels(**self.labels).observe(e2e_s)

@@ -32,6 +32,7 @@ OUTPUT_TEXT = " The quick brown fox jumps over the lazy dog."
 RUNTIME_SETTABLE = {
     "prefill_overhead", "prefill_time_per_token", "inter_token_latency", "time_factor_under_load",
     "failure_rate", "failure_status", "max_num_seqs",
+    "kv_transfer_overhead", "kv_transfer_time_per_block", "prefill_interference",
 }  # fmt: skip
 
 APP_KEY: web.AppKey[Simulator] = web.AppKey("simulator")
@@ -223,6 +224,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         raise EngineError(400, "The simulator supports only n=1.")
     ids = await _prompt(sim, body, chat)
     req = sim.sim_request(body, ids, lora, chat)
+    transfer = kv_transfer_request(body, req)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     if body.get("stream"):
@@ -254,6 +256,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         "choices": [choice],
         "usage": _usage(len(ids), len(out), req.cached_tokens),
     }
+    if transfer:
+        resp["kv_transfer_params"] = kv_transfer_response(sim, engine, req)
     return web.json_response(resp, headers=sim.headers())
 
 
@@ -328,6 +332,39 @@ async def _write_stream(
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
+
+
+# --- P/D: vLLM's NIXL connector protocol (kv_transfer_params) -------------------------------------------
+def kv_transfer_request(body: dict[str, Any], req: SimRequest) -> bool:
+    """Read `kv_transfer_params`: do_remote_decode (we prefill for a remote decoder: answer with our block ids) or
+    do_remote_prefill with remote_block_ids (we decode: pull those blocks instead of computing the prefill).
+    Malformed params are a 400, as vLLM's validation; absent ones change nothing. True if we must answer them."""
+    params = body.get("kv_transfer_params")
+    if params is None:
+        return False
+    if not isinstance(params, dict):
+        raise EngineError(400, "`kv_transfer_params` must be an object.")
+    if params.get("do_remote_decode"):
+        req.remote_decode = True
+        return True
+    if params.get("do_remote_prefill"):
+        blocks = params.get("remote_block_ids")
+        if not isinstance(blocks, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in blocks):
+            raise EngineError(400, "`kv_transfer_params.remote_block_ids` must be a list of block ids.")
+        req.remote_blocks = blocks
+    return False
+
+
+def kv_transfer_response(sim: Simulator, engine: Engine, req: SimRequest) -> dict[str, Any]:
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": req.block_ids,
+        "remote_engine_id": f"{sim.cfg.pod}-{engine.rank}",
+        "remote_host": sim.cfg.pod_ip,
+        "remote_port": sim.cfg.port,
+        "tp_size": 1,
+    }
 
 
 # --- models, health, tokenize, render -------------------------------------------------------------------
@@ -456,6 +493,7 @@ async def admin_state(request: web.Request) -> web.Response:
             "engines": engines,
             "publishers": events,
             "config": {k: getattr(sim.cfg, k) for k in sorted(RUNTIME_SETTABLE)},
+            "role": sim.cfg.role,
         }
     )
 
@@ -570,6 +608,7 @@ class RunningSim:
             "kv_events_endpoints": [p.endpoint for p in pubs],  # one per data-parallel rank
             "kv_events_replay_endpoints": [p.replay_endpoint for p in pubs],
             "topic": self.sim.cfg.topic,
+            "role": self.sim.cfg.role,
         }
 
     async def close(self) -> None:

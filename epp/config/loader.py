@@ -143,6 +143,9 @@ class EppConfig:
     saturation_detector: str | None = None
     feature_gates: list[str] = field(default_factory=list)
     data_sources: list[DataSourceSpec] = field(default_factory=list)
+    # dataLayer.crossReplicaSyncerPluginRef / crossReplicaSyncInterval (seconds; None: the syncer's default)
+    cross_replica_syncer: str | None = None
+    cross_replica_interval: float | None = None
     flow_control: FlowControlSpec | None = None
     parser: str | None = None
     # requestHandler.parsers (or the deprecated top-level `parser`), in order: the request parsers to use.
@@ -439,15 +442,6 @@ def _data_layer(
         cfg.inject_data_defaults = inject
         cfg.discovery_ref = _discovery_ref(ctx, m, "discovery", key, names)
         cfg.peer_discovery_ref = _discovery_ref(ctx, m, "peerDiscovery", key, names)
-        if m.get("crossReplicaSyncerPluginRef") is not None:
-            raise ctx.err(
-                m,
-                "crossReplicaSyncerPluginRef",
-                f"{key}.crossReplicaSyncerPluginRef",
-                "cross-replica sync is not supported (replicas converge from the model servers' KV events)",
-            )
-        if m.get("crossReplicaSyncInterval") is not None:
-            _duration_key(ctx, m, "crossReplicaSyncInterval", 0.0)
     sources = _list(ctx, m, "sources", f"{key}.sources", m.get("sources"))
     out = []
     for i, s in enumerate(sources):
@@ -469,6 +463,28 @@ def _data_layer(
             ex_refs.append(eref)
         out.append(DataSourceSpec(ref=ref, extractors=ex_refs, line=line_of(sources, i)))
     return out
+
+
+def _cross_replica(ctx: _Ctx, raw: Mapping[str, Any], names: set[str]) -> tuple[str | None, float | None]:
+    """llm-d's `dataLayer.crossReplicaSyncerPluginRef` (a plugin name) and `crossReplicaSyncInterval` (a duration)."""
+    m = raw.get("dataLayer")
+    if not isinstance(m, Mapping):
+        return None, None
+    ref = _str(ctx, m, "crossReplicaSyncerPluginRef", "dataLayer", required=False) or None
+    path = "dataLayer.crossReplicaSyncerPluginRef"
+    if ref is not None and ref not in names:
+        raise ctx.err(m, "crossReplicaSyncerPluginRef", path, f"no plugin named {ref!r} in plugins")
+    interval = None
+    if m.get("crossReplicaSyncInterval") is not None:
+        try:
+            interval = parse_duration(m["crossReplicaSyncInterval"])
+        except ValueError as e:
+            raise ctx.err(m, "crossReplicaSyncInterval", "dataLayer.crossReplicaSyncInterval", str(e)) from None
+        if interval <= 0:
+            raise ctx.err(
+                m, "crossReplicaSyncInterval", "dataLayer.crossReplicaSyncInterval", f"must be positive, got {interval}"
+            )
+    return ref, interval
 
 
 def _discovery_ref(ctx: _Ctx, m: Mapping[str, Any], key: str, parent: str, names: set[str]) -> str | None:
@@ -669,6 +685,7 @@ def parse_config(text: str, source: str = "<text>") -> EppConfig:
     profiles = _profiles(ctx if not default_plugins else _Ctx("<default config>"), plugin_src, names)
     holder = EppConfig(raw={})
     data_sources = _data_layer(ctx, raw, names, holder)
+    cross_replica_syncer, cross_replica_interval = _cross_replica(ctx, raw, names)
     if not data_sources and default_plugins and raw.get("dataLayer") is None:
         data_sources = [DataSourceSpec("metrics-data-source", ["core-metrics-extractor"])]
     flow_control = _flow_control(ctx, raw, names)
@@ -694,6 +711,8 @@ def parse_config(text: str, source: str = "<text>") -> EppConfig:
         feature_gates=[g for g, on in gate_values.items() if on],
         gate_values=gate_values,
         data_sources=data_sources,
+        cross_replica_syncer=cross_replica_syncer,
+        cross_replica_interval=cross_replica_interval,
         flow_control=flow_control,
         parser=_ref(ctx, raw, "parser", names),
         request_parsers=_request_parsers(ctx, raw, names),

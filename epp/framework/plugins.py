@@ -141,6 +141,15 @@ class AdmissionScope(Protocol):
 
 
 @runtime_checkable
+class RequestHeaderProcessor(Protocol):
+    """Runs first, on the parsed request, before admission (e.g. agent-identity: a fairness id from headers)."""
+
+    name: str
+
+    def process_request_headers(self, request: InferenceRequest) -> None: ...
+
+
+@runtime_checkable
 class DataProducer(Protocol):
     """Runs before scheduling (may await, e.g. tokenization off the event loop); fills request.data.
 

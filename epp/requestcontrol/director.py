@@ -27,6 +27,7 @@ from epp.framework import (
     TooManyRequests,
     Usage,
 )
+from epp.framework.attributes import AGENT_ID
 from epp.framework.labels import MODEL_LABELS
 from epp.requestcontrol.flowcontrol import FlowController
 from epp.requestcontrol.pipeline import Pipeline
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+LLMD_FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"  # llm-d-router's name
 PRODUCER_BUDGET_SECONDS = 0.4
 
 
@@ -63,6 +65,7 @@ class SchedulingDirector:
         self._received = list(pipeline.response_received)
         self._complete = list(pipeline.response_complete)
         self._streaming = list(pipeline.response_streaming)
+        self._header_processors = list(pipeline.header_processors)
         handler = self.scheduler.handler
         self._admission_scope = handler if isinstance(handler, AdmissionScope) else None
 
@@ -71,7 +74,13 @@ class SchedulingDirector:
         if request.objective is None:
             request.objective = headers.get(OBJECTIVE_HEADER) or None
         request.priority = self.objectives.priority(request.objective)
-        fid = headers.get(FAIRNESS_HEADER)
+        for proc in self._header_processors:
+            try:
+                proc.process_request_headers(request)
+            except Exception:
+                log.exception("request header processor %s failed for request %s", proc.name, request.request_id)
+        # the fairness id: the explicit header wins, else the agent identity (agent-identity), else the default
+        fid = headers.get(LLMD_FAIRNESS_HEADER) or headers.get(FAIRNESS_HEADER) or request.data.get(AGENT_ID)
         if fid:
             request.fairness_id = fid
 

@@ -9,10 +9,12 @@ proceed; over capacity → 429; TTL expired in the queue → 503; client gone �
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from epp.framework import (
@@ -32,6 +34,13 @@ from epp.requestcontrol.flowcontrol_spec import DEFAULT_PRIORITY_BAND_MAX_BYTES,
 log = logging.getLogger(__name__)
 
 
+# deadline(request, enqueued, ttl) → an absolute deadline (monotonic seconds); earlier leaves first (EDF/SLO).
+DeadlineFn = Callable[[InferenceRequest, float, float | None], float]
+# pick_flow({fairness id: (queued, head enqueue time)}) → the flow to dispatch from (program-aware fairness).
+FlowPicker = Callable[[Mapping[str, tuple[int, float]]], str | None]
+_SEQ = itertools.count()
+
+
 @dataclass(eq=False, slots=True)
 class _Item:
     request: InferenceRequest
@@ -41,6 +50,43 @@ class _Item:
     future: asyncio.Future[None]
     band: _Band
     done: bool = False
+    dispatched: float = 0.0
+
+
+class _FlowQueue:
+    """One flow's queued items: FIFO (fcfs), or a heap by deadline then arrival (edf, slo-deadline)."""
+
+    __slots__ = ("_deadline", "_fifo", "_heap")
+
+    def __init__(self, deadline: DeadlineFn | None, ttl: float | None) -> None:
+        self._deadline = (lambda r, t: deadline(r, t, ttl)) if deadline is not None else None
+        self._fifo: deque[_Item] = deque()
+        self._heap: list[tuple[float, float, int, _Item]] = []
+
+    def append(self, item: _Item) -> None:
+        if self._deadline is None:
+            self._fifo.append(item)
+        else:
+            heapq.heappush(self._heap, (self._deadline(item.request, item.enqueued), item.enqueued, next(_SEQ), item))
+
+    def head(self) -> _Item | None:
+        """The next live item (finished items are dropped lazily)."""
+        if self._deadline is None:
+            while self._fifo and self._fifo[0].done:
+                self._fifo.popleft()
+            return self._fifo[0] if self._fifo else None
+        while self._heap and self._heap[0][3].done:
+            heapq.heappop(self._heap)
+        return self._heap[0][3] if self._heap else None
+
+    def pop(self) -> None:
+        if self._deadline is None:
+            self._fifo.popleft()
+        else:
+            heapq.heappop(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._fifo) + len(self._heap)
 
 
 @dataclass(eq=False)
@@ -49,31 +95,43 @@ class _Band:
     max_bytes: int | None
     max_requests: int | None
     strict: bool = False  # global-strict fairness: one FCFS order across the band's flows
-    flows: OrderedDict[str, deque[_Item]] = field(default_factory=OrderedDict)
+    flows: OrderedDict[str, _FlowQueue] = field(default_factory=OrderedDict)
     count: int = 0
     bytes: int = 0
+    deadline: DeadlineFn | None = None  # the ordering policy (None: FCFS)
+    pick_flow: FlowPicker | None = None  # the fairness policy's choice among flows (None: round-robin)
+    ttl: float | None = None
+
+    def add(self, item: _Item) -> None:
+        q = self.flows.get(item.request.fairness_id)
+        if q is None:
+            q = self.flows[item.request.fairness_id] = _FlowQueue(self.deadline, self.ttl)
+        q.append(item)
 
     def head(self) -> _Item | None:
-        """The next item: round-robin over flows, or the oldest head if strict (finished items dropped lazily)."""
-        best: _Item | None = None
+        """The next item: round-robin over flows, the policy's flow, or the oldest head if strict."""
+        heads: dict[str, _Item] = {}
         for fid in list(self.flows):
-            q = self.flows[fid]
-            while q and q[0].done:
-                q.popleft()
-            if not q:
+            h = self.flows[fid].head()
+            if h is None:
                 del self.flows[fid]
                 continue
-            if not self.strict:
-                return q[0]
-            if best is None or q[0].enqueued < best.enqueued:
-                best = q[0]
-        return best
+            if not self.strict and self.pick_flow is None:
+                return h
+            heads[fid] = h
+        if not heads:
+            return None
+        if self.pick_flow is not None:
+            chosen = self.pick_flow({f: (len(self.flows[f]), h.enqueued) for f, h in heads.items()})
+            if chosen is not None and chosen in heads:
+                return heads[chosen]
+        return min(heads.values(), key=lambda it: it.enqueued)
 
     def pop_head(self, item: _Item) -> None:
         fid = item.request.fairness_id
         q = self.flows[fid]
-        q.popleft()
-        if not q:
+        q.pop()
+        if not len(q):
             del self.flows[fid]
         elif not self.strict:
             self.flows.move_to_end(fid)  # the next dispatch in this band goes to the next flow
@@ -93,8 +151,11 @@ class FlowController:
         self.detector = detector
         self._plugins = dict(plugins or {})
         limit = self._plugins.get(spec.usage_limit_policy_ref or "")
-        # static-usage-limit-policy: dispatch while saturation < threshold (GIE default 1.0)
+        # static-usage-limit-policy: dispatch while saturation < threshold (GIE default 1.0); priority-aware
+        # policies give one ceiling per active priority (`ceilings(saturation, priorities highest first)`).
         self.threshold = limit.threshold if isinstance(limit, UsageLimitPolicy) else 1.0
+        ceilings = getattr(limit, "ceilings", None) if limit is not None else None
+        self._ceilings: Callable[[float, list[int]], list[float]] | None = ceilings if callable(ceilings) else None
         self.pool = pool_name
         self.poll_interval = poll_interval
         self._bands: dict[int, _Band] = {}
@@ -107,11 +168,24 @@ class FlowController:
     def _band(self, priority: int) -> _Band:
         band = self._bands.get(priority)
         if band is None:
-            t = self._templates.get(priority) or self.spec.default_priority_band or PriorityBandSpec(priority=priority)
+            spec = self.spec
+            default = spec.default_negative_priority_band if priority < 0 else None
+            t = self._templates.get(priority) or default or spec.default_priority_band or PriorityBandSpec(priority)
             max_bytes = t.max_bytes if t.max_bytes else DEFAULT_PRIORITY_BAND_MAX_BYTES
             fairness = self._plugins.get(t.fairness_policy_ref or "")
             strict = fairness.strict if isinstance(fairness, FairnessPolicy) else False
-            band = self._bands[priority] = _Band(priority, max_bytes, t.max_requests, strict)
+            picker = getattr(fairness, "pick_flow", None)
+            ordering = self._plugins.get(t.ordering_policy_ref or "")
+            deadline = getattr(ordering, "deadline", None)
+            band = self._bands[priority] = _Band(
+                priority,
+                max_bytes,
+                t.max_requests,
+                strict,
+                deadline=deadline if callable(deadline) else None,
+                pick_flow=picker if callable(picker) else None,
+                ttl=spec.default_request_ttl,
+            )
             self._order = sorted(self._bands, reverse=True)
         return band
 
@@ -124,7 +198,7 @@ class FlowController:
         if self.count == 0:
             sat = self.detector.saturation(candidates)
             m.FC_POOL_SATURATION.labels(self.pool).set(sat)
-            if sat < self.threshold:
+            if sat < self._ceiling(sat, request.priority):
                 return  # nothing queued and capacity available: dispatch at once
         size = request.body_size
         band = self._band(request.priority)
@@ -139,7 +213,7 @@ class FlowController:
             raise TooManyRequests("flow control queue is at capacity")
         loop = asyncio.get_running_loop()
         item = _Item(request, candidates, size, time.monotonic(), loop.create_future(), band)
-        band.flows.setdefault(request.fairness_id, deque()).append(item)
+        band.add(item)
         self._account(item, +1)
         if self._task is None:
             self._task = loop.create_task(self._dispatch_loop(), name="flow-control dispatcher")
@@ -179,6 +253,18 @@ class FlowController:
                 return item
         return None
 
+    def _ceiling(self, saturation: float, priority: int) -> float:
+        """The dispatch ceiling of `priority` among the known priority levels (the usage limit policy's)."""
+        if self._ceilings is None:
+            return self.threshold
+        # every priority level the registry knows (configured bands and those created so far), as llm-d does
+        active = sorted(set(self._templates) | set(self._bands) | {priority}, reverse=True)
+        try:
+            return self._ceilings(saturation, active)[active.index(priority)]
+        except Exception:
+            log.exception("usage limit policy failed; using the static threshold")
+            return self.threshold
+
     async def _dispatch_loop(self) -> None:
         try:
             while self.count > 0:
@@ -187,7 +273,7 @@ class FlowController:
                     break
                 sat = self.detector.saturation(item.candidates)
                 m.FC_POOL_SATURATION.labels(self.pool).set(sat)
-                if sat >= self.threshold:
+                if sat >= self._ceiling(sat, item.band.priority):
                     await asyncio.sleep(self.poll_interval)  # held: wait for fresher metrics
                     continue
                 item.band.pop_head(item)

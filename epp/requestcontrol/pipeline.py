@@ -8,6 +8,7 @@ from epp.framework import (
     DataProducer,
     Plugin,
     PreRequest,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseReceived,
     ResponseStreaming,
@@ -32,3 +33,5 @@ class Pipeline:
     parsers: list[Plugin] = field(default_factory=list)
     # The parser per request path (the router's ParserRegistry over `parsers`, or its default list)
     parser_registry: ParserRegistry = field(default_factory=lambda: ParserRegistry([]))
+    # Run first, before admission (agent-identity).
+    header_processors: list[RequestHeaderProcessor] = field(default_factory=list)

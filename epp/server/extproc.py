@@ -167,6 +167,7 @@ class ServerState:
         self.max_body_bytes = max_body_bytes
         self.active_streams = 0
         self._bodyless_next = 0
+        self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
 
     def pick_bodyless(self, subset: list[str] | None) -> RoutingDecision:
         """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
@@ -276,7 +277,7 @@ class RequestStream:
             self.response_mode = pc.response_body_mode
         self.headers = _headers(msg.request_headers)
         if msg.HasField("metadata_context"):
-            self.subset = _subset_hint(msg.metadata_context)
+            self.subset = _subset_hint(msg.metadata_context) if self.s.honor_subset_hint else None
         self.started = time.monotonic()
         self.state = _HEADERS_DONE
         if msg.request_headers.end_of_stream or self.request_mode not in (FULL_DUPLEX, BUFFERED):

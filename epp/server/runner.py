@@ -10,7 +10,10 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -22,26 +25,35 @@ from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, ExtProcServicer, ServerSt
 from epp.server.health import Health
 from epp.server.metrics import REGISTRY, RequestMetrics, request_metrics
 from epp.server.metrics_http import MetricsHTTP
-from epp.server.tls import load_credentials, self_signed_dir
+from epp.server.tls import TLSError, load_credentials, self_signed_dir
 from epp.wiring.runtime import Runtime
+
+if TYPE_CHECKING:
+    from epp.server.leader import LeaderElectionConfig, LeaderElector
+    from epp.server.options import Options
 
 log = logging.getLogger(__name__)
 
 # Bodies arrive whole in BUFFERED mode; allow large prompts (the Envoy listener limit is the real cap).
 _MAX_MESSAGE = DEFAULT_MAX_BODY_BYTES + 1024 * 1024
-_GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", _MAX_MESSAGE),
-    ("grpc.max_send_message_length", _MAX_MESSAGE),
-]
 
 
 class BindError(RuntimeError):
     """A listener could not bind its address (port in use, bad address)."""
 
 
-def _grpc_options(reuse_port: bool) -> list[tuple[str, int]]:
-    """SO_REUSEPORT only for `--workers`: otherwise a second EPP on the same port must fail to bind."""
-    return [*_GRPC_OPTIONS, ("grpc.so_reuseport", 1 if reuse_port else 0)]
+class LeaderElectionLost(RuntimeError):
+    """This replica held the Lease and lost it; like the Go EPP, it exits."""
+
+
+def _grpc_options(reuse_port: bool, max_recv: int = 0, max_send: int = 0) -> list[tuple[str, int]]:
+    """SO_REUSEPORT only for `--workers`: otherwise a second EPP on the same port must fail to bind.
+    `max_recv`/`max_send` (--grpc-max-*-msg-size) replace the default limits when set."""
+    return [
+        ("grpc.max_receive_message_length", max_recv or _MAX_MESSAGE),
+        ("grpc.max_send_message_length", max_send or _MAX_MESSAGE),
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
+    ]
 
 
 @dataclass
@@ -56,8 +68,58 @@ class ServeOptions:
     # TLS on the ext_proc port: a dir with tls.crt/tls.key, or secure_serving=True for a self-signed pair.
     cert_path: str | None = None
     secure_serving: bool = False
+    enable_cert_reload: bool = False
+    # The gRPC health service on the ext_proc port too (--health-checking; the health port always has it).
+    health_checking: bool = True
+    grpc_max_recv_bytes: int = 0
+    grpc_max_send_bytes: int = 0
+    honor_subset_hint: bool = True  # false with --disable-endpoint-subset-filter
+    enable_pprof: bool = False
+    # --metrics-endpoint-auth: TokenReview + SubjectAccessReview through this kubeconfig ("" = in-cluster/default).
+    metrics_auth: bool = False
+    kubeconfig: str | None = None
+    metrics_cert_dir: str | None = None
+    metrics_client_ca_file: str | None = None
+    leader_election: LeaderElectionConfig | None = None
     # Distinct client-chosen model names (and fairness ids) that become metric labels; the rest are `__other__`.
     max_model_labels: int = DEFAULT_MAX_MODEL_LABELS
+
+    @classmethod
+    def from_flags(cls, opts: Options, *, kubernetes: bool) -> ServeOptions:
+        """The serve flags; metrics auth (default on) is in effect where there is a Kubernetes API to ask, or when
+        --metrics-endpoint-auth=true is given explicitly."""
+        from epp.server.leader import LeaderElectionConfig, lease_name
+
+        auth = opts.metrics_endpoint_auth and (kubernetes or opts.given("metrics-endpoint-auth"))
+        leader = None
+        if opts.ha_enable_leader_election:
+            if not kubernetes:
+                raise ValueError("--ha-enable-leader-election needs Kubernetes discovery (--pool-name)")
+            pool = opts.pool_name or "standalone"
+            leader = LeaderElectionConfig(namespace=opts.namespace, name=lease_name(opts.namespace, pool))
+        return cls(
+            bind_address=opts.bind_address,
+            grpc_port=opts.grpc_port,
+            grpc_health_port=opts.grpc_health_port,
+            metrics_port=opts.metrics_port,
+            drain_timeout=opts.drain_timeout,
+            max_body_bytes=opts.max_request_body_bytes,
+            reuse_port=opts.worker_index >= 0,
+            cert_path=opts.cert_path or None,
+            secure_serving=opts.secure_serving,
+            enable_cert_reload=opts.enable_cert_reload,
+            health_checking=opts.health_checking,
+            grpc_max_recv_bytes=opts.grpc_max_recv_bytes,
+            grpc_max_send_bytes=opts.grpc_max_send_bytes,
+            honor_subset_hint=not opts.disable_endpoint_subset_filter,
+            enable_pprof=opts.enable_pprof,
+            metrics_auth=auth,
+            kubeconfig=opts.kubeconfig or None,
+            metrics_cert_dir=opts.metrics_cert_dir or None,
+            metrics_client_ca_file=opts.metrics_client_ca_file or None,
+            leader_election=leader,
+            max_model_labels=opts.metrics_max_model_labels,
+        )
 
 
 class EppServer:
@@ -84,16 +146,62 @@ class EppServer:
             max_body_bytes=options.max_body_bytes,
             parsers=runtime.pipeline.parser_registry if runtime.pipeline is not None else None,
         )
-        self._grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
+        self.state.honor_subset_hint = options.honor_subset_hint
+        grpc_opts = _grpc_options(options.reuse_port, options.grpc_max_recv_bytes, options.grpc_max_send_bytes)
+        self._grpc = grpc.aio.server(options=grpc_opts)
         self._health_grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
-        self._metrics_http = MetricsHTTP(registry, options.bind_address, options.metrics_port)
+        routes = None
+        if options.enable_pprof:
+            from epp.server import pprof
+
+            routes = pprof.add_routes
+        self._metrics_http = MetricsHTTP(registry, options.bind_address, options.metrics_port, extra_routes=routes)
+        self._kube_api: Any = None
+        self.elector: LeaderElector | None = None
+        self.leadership_lost = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.ports: dict[str, int] = {}
+
+    async def _kube(self) -> Any:
+        if self._kube_api is None:
+            from epp.discovery.kubeclient import api_client
+
+            try:
+                self._kube_api = await api_client(self.options.kubeconfig)
+            except Exception as e:
+                raise BindError(f"cannot reach the Kubernetes API (metrics auth / leader election): {e}") from None
+        return self._kube_api
+
+    async def _secure_metrics_http(self) -> None:
+        """--metrics-endpoint-auth and --metrics-cert-dir (both need I/O, so they are set up in start())."""
+        if self.options.metrics_auth:
+            from epp.server.metrics_auth import KubeAuthorizer, auth_middleware
+
+            self._metrics_http.middlewares.append(auth_middleware(KubeAuthorizer(await self._kube())))
+        self._metrics_http.ssl_context = self._metrics_ssl()
+
+    def _metrics_ssl(self) -> ssl.SSLContext | None:
+        """--metrics-cert-dir: TLS (1.2+) on the metrics port; --metrics-client-ca-file: require client certs."""
+        opts = self.options
+        if not opts.metrics_cert_dir:
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        d = Path(opts.metrics_cert_dir)
+        try:
+            ctx.load_cert_chain(d / "tls.crt", d / "tls.key")
+            if opts.metrics_client_ca_file:
+                ctx.load_verify_locations(cafile=opts.metrics_client_ca_file)
+                ctx.verify_mode = ssl.CERT_REQUIRED
+        except (OSError, ssl.SSLError) as e:
+            raise TLSError(f"metrics TLS: {e}") from None
+        return ctx
 
     async def start(self) -> None:
         opts = self.options
         pb_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(self.state), self._grpc)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._grpc)
+        if opts.health_checking:
+            health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._health_grpc)
         credentials = self._credentials()
         for key, server, port, creds in (
@@ -109,6 +217,11 @@ class EppServer:
             except RuntimeError as e:
                 raise BindError(f"cannot bind {key} port {address}: {e}") from None
         await self.health.start()
+        try:
+            await self._secure_metrics_http()
+        except (BindError, TLSError):
+            await self._close_kube()
+            raise
         await self._grpc.start()
         await self._health_grpc.start()
         try:
@@ -116,19 +229,40 @@ class EppServer:
         except OSError as e:
             await self._grpc.stop(0)
             await self._health_grpc.stop(0)
+            await self._close_kube()
             raise BindError(f"cannot bind metrics port {opts.bind_address}:{opts.metrics_port}: {e}") from None
         self.ports["metrics"] = self._metrics_http.port
-        for source in self.runtime.sources:
-            self._spawn(source.run(self.runtime.datastore), f"discovery {type(source).__name__}")
+        if opts.leader_election is not None:
+            from epp.server.leader import LeaderElector
+
+            self.elector = LeaderElector(await self._kube(), opts.leader_election)
+            self._spawn(self.elector.run(), "leader-election")
+            self._spawn(self._run_when_elected(), "discovery (leader only)")
+        else:
+            self._start_sources()
         for factory in self.runtime.background:
             self._spawn(factory(), f"background {getattr(factory, '__qualname__', factory)!s}")
         self._spawn(self._watch_readiness(), "readiness")
         log.info("epp serving: ext_proc :%d, health :%d, metrics :%d", *(self.ports[k] for k in self.ports))
 
+    def _start_sources(self) -> None:
+        for source in self.runtime.sources:
+            self._spawn(source.run(self.runtime.datastore), f"discovery {type(source).__name__}")
+
+    async def _run_when_elected(self) -> None:
+        """Active-passive: only the leader watches the pool (the Go EPP runs its controllers on the leader only);
+        losing the Lease stops the server."""
+        assert self.elector is not None
+        await self.elector.elected.wait()
+        self._start_sources()
+        await self.elector.lost.wait()
+        if not self._stopping:
+            self.leadership_lost.set()
+
     def _credentials(self) -> grpc.ServerCredentials | None:
         opts = self.options
         if opts.cert_path:
-            return load_credentials(opts.cert_path)
+            return load_credentials(opts.cert_path, reload=opts.enable_cert_reload)
         if opts.secure_serving:
             return load_credentials(self_signed_dir())
         return None
@@ -148,19 +282,24 @@ class EppServer:
         """Readiness follows `datastore.synced` (polled: this is not on the request path)."""
         ready = False
         while True:
-            synced = bool(self.runtime.datastore.synced)
+            synced = bool(self.runtime.datastore.synced) and (self.elector is None or self.elector.is_leader)
             if synced != ready:
                 ready = synced
                 await self.health.set_ready(ready)
                 log.info("readiness: %s", "SERVING" if ready else "NOT_SERVING")
             await asyncio.sleep(0.05)
 
+    _stopping = False
+
     async def stop(self) -> None:
+        self._stopping = True
         log.info("shutting down: health NOT_SERVING, draining %d streams", self.state.active_streams)
         for t in self._tasks:
             if t.get_name() == "readiness":
                 t.cancel()
         await self.health.shutting_down()
+        if self.elector is not None:
+            await self.elector.release()
         await self._grpc.stop(self.options.drain_timeout)
         await self._health_grpc.stop(0)
         await self._metrics_http.stop()
@@ -169,7 +308,13 @@ class EppServer:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        await self._close_kube()
         log.info("stopped")
+
+    async def _close_kube(self) -> None:
+        if self._kube_api is not None:
+            await self._kube_api.close()
+            self._kube_api = None
 
 
 async def serve(runtime: Runtime, options: ServeOptions) -> None:
@@ -180,5 +325,11 @@ async def serve(runtime: Runtime, options: ServeOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
-    await stop.wait()
+    stopped = asyncio.create_task(stop.wait())
+    lost = asyncio.create_task(server.leadership_lost.wait())
+    await asyncio.wait({stopped, lost}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    lost.cancel()
     await server.stop()
+    if server.leadership_lost.is_set():
+        raise LeaderElectionLost("leader election lost")

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from epp.config.loader import ConfigError, EppConfig, PluginSpec
 from epp.config.yamlmarks import line_of
 from epp.framework import (
+    CrossReplicaContributor,
+    CrossReplicaSyncer,
     DataKey,
     DataProducer,
     Filter,
@@ -25,6 +27,7 @@ from epp.framework import (
     PreRequest,
     ProfileHandler,
     ReferencesPlugins,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseReceived,
     ResponseStreaming,
@@ -191,6 +194,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         )
 
     detector = _saturation_detector(b, plugins)
+    _attach_cross_replica(b, plugins)
     parsers = _parsers(b, plugins)
     parser_registry = _parser_registry(b, plugins, parsers)
     everything = list(plugins.values())
@@ -205,7 +209,24 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         response_streaming=[p for p in everything if isinstance(p, ResponseStreaming)],
         parsers=parsers,
         parser_registry=parser_registry,
+        header_processors=[p for p in everything if isinstance(p, RequestHeaderProcessor)],
     )
+
+
+def _attach_cross_replica(b: _Builder, plugins: dict[str, Plugin]) -> None:
+    """Hand the syncer named by dataLayer.crossReplicaSyncerPluginRef every contributor that shares its state."""
+    config = b.config
+    ref = config.cross_replica_syncer
+    if ref is None:
+        return
+    syncer = plugins[ref]
+    if not isinstance(syncer, CrossReplicaSyncer):
+        raise ConfigError(
+            f"{config.source}:{line_of(config.raw.get('dataLayer'), 'crossReplicaSyncerPluginRef')}: "
+            f"dataLayer.crossReplicaSyncerPluginRef: {ref!r} is not a cross-replica syncer (type {syncer.type_name})"
+        )
+    contributors = [p for p in plugins.values() if isinstance(p, CrossReplicaContributor) and p.cross_replica_key()]
+    syncer.attach(contributors, config.cross_replica_interval)
 
 
 def _parsers(b: _Builder, plugins: dict[str, Plugin]) -> list[Plugin]:

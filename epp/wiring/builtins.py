@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlugin
 from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
+from epp.datalayer.plugins.local_syncer import LocalSyncer
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
+from epp.datalayer.plugins.redis_cross_replica_syncer import RedisCrossReplicaSyncer
+from epp.datalayer.plugins.topology_extractor import TopologyExtractor
 from epp.discovery.plugins.file_discovery import FileDiscovery
 from epp.framework import REGISTRY, Plugin, PluginRegistry
 from epp.framework.parsing import ParserRegistry, RequestParser
@@ -19,12 +22,21 @@ from epp.plugins.deciders.prefix_based_pd_decider import PrefixBasedPDDecider
 from epp.plugins.filters.by_label import ByLabelFilter
 from epp.plugins.filters.decode_filter import DecodeFilter
 from epp.plugins.filters.encode_filter import EncodeFilter
+from epp.plugins.filters.endpoint_attribute_filter import EndpointAttributeFilter
+from epp.plugins.filters.header_based_testing_filter import HeaderBasedTestingFilter
 from epp.plugins.filters.label_selector_filter import LabelSelectorFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
 from epp.plugins.filters.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
+from epp.plugins.filters.topology_affinity_filter import TopologyAffinityFilter
+from epp.plugins.filters.utilization_filter import UtilizationFilter
+from epp.plugins.flowcontrol.edf_ordering_policy import EDFOrderingPolicy
 from epp.plugins.flowcontrol.fcfs_ordering_policy import FCFSOrderingPolicy
 from epp.plugins.flowcontrol.global_strict_fairness_policy import GlobalStrictFairnessPolicy
+from epp.plugins.flowcontrol.priority_holdback_policy import PriorityHoldbackPolicy
+from epp.plugins.flowcontrol.program_aware_fairness import ProgramAwareFairness
 from epp.plugins.flowcontrol.round_robin_fairness_policy import RoundRobinFairnessPolicy
+from epp.plugins.flowcontrol.slo_deadline_ordering_policy import SLODeadlineOrderingPolicy
+from epp.plugins.flowcontrol.soft_reflective_ceiling_policy import SoftReflectiveCeilingPolicy
 from epp.plugins.flowcontrol.static_usage_limit_policy import StaticUsageLimitPolicy
 from epp.plugins.parsers.anthropic_parser import AnthropicParser
 from epp.plugins.parsers.openai_parser import OpenAIParser
@@ -45,10 +57,15 @@ from epp.plugins.producers.token_producer import TokenProducer
 from epp.plugins.profiles.disagg_profile_handler import DisaggProfileHandler
 from epp.plugins.profiles.pd_profile_handler import PdProfileHandler
 from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
+from epp.plugins.requestcontrol.agent_identity import AgentIdentity
+from epp.plugins.requestcontrol.destination_endpoint_served_verifier import DestinationEndpointServedVerifier
+from epp.plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter
 from epp.plugins.saturation.concurrency_detector import ConcurrencyDetector
 from epp.plugins.saturation.utilization_detector import UtilizationDetector
 from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
 from epp.plugins.scorers.context_length_aware import ContextLengthAware
+from epp.plugins.scorers.endpoint_attribute_scorer import EndpointAttributeScorer
+from epp.plugins.scorers.header_label_affinity_scorer import HeaderLabelAffinityScorer
 from epp.plugins.scorers.kv_cache_utilization_scorer import KVCacheUtilizationScorer
 from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
 from epp.plugins.scorers.lora_affinity_scorer import LoraAffinityScorer
@@ -59,6 +76,7 @@ from epp.plugins.scorers.queue_scorer import QueueScorer
 from epp.plugins.scorers.running_requests_size_scorer import RunningRequestsSizeScorer
 from epp.plugins.scorers.session_affinity_scorer import SessionAffinityScorer
 from epp.plugins.scorers.token_load_scorer import TokenLoadScorer
+from epp.plugins.scorers.topology_affinity_scorer import TopologyAffinityScorer
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     # filters
@@ -111,6 +129,9 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     CoreMetricsExtractorPlugin,
     EndpointNotificationSource,
     MetricsDataSource,
+    # cross-replica state (dataLayer.crossReplicaSyncerPluginRef)
+    LocalSyncer,
+    RedisCrossReplicaSyncer,
     # discovery (dataLayer.discovery)
     FileDiscovery,
     # request parsers
@@ -121,6 +142,23 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     VertexAIParser,
     VLLMGRPCParser,
     PassthroughParser,
+    # llm-d-router catalog (issue 12): filters, scorers, data layer, GIE conformance
+    UtilizationFilter,
+    EndpointAttributeFilter,
+    EndpointAttributeScorer,
+    HeaderLabelAffinityScorer,
+    TopologyExtractor,
+    TopologyAffinityFilter,
+    TopologyAffinityScorer,
+    HeaderBasedTestingFilter,
+    DestinationEndpointServedVerifier,
+    EDFOrderingPolicy,
+    SLODeadlineOrderingPolicy,
+    ProgramAwareFairness,
+    PriorityHoldbackPolicy,
+    SoftReflectiveCeilingPolicy,
+    AgentIdentity,
+    ProbabilisticAdmitter,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )

@@ -54,6 +54,7 @@ INFERENCE_POOLS = Resource("inference.networking.k8s.io", "v1", "inferencepools"
 INFERENCE_OBJECTIVES = Resource(
     "inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective"
 )
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 
 
 class KubeError(Exception):
@@ -131,8 +132,11 @@ class FakeKube:
         max_watch_seconds: float | None = None,
     ) -> None:
         self.resources: dict[tuple[str, str, str], Resource] = {}
-        for r in (PODS, INFERENCE_POOLS, INFERENCE_OBJECTIVES):
+        for r in (PODS, INFERENCE_POOLS, INFERENCE_OBJECTIVES, LEASES):
             self.register(r)
+        # TokenReview / SubjectAccessReview: token -> user info, and the (user or "group:<g>", path, verb) allowed.
+        self.token_users: dict[str, dict[str, Any]] = {}
+        self.allowed: set[tuple[str, str, str]] = set()
         self.bookmark_interval = bookmark_interval
         self.token = token  # required as `Authorization: Bearer <token>` unless None
         self.max_watch_seconds = max_watch_seconds  # the apiserver's own cap on a watch (min-request-timeout)
@@ -153,6 +157,8 @@ class FakeKube:
 
     async def start(self, port: int = 0) -> str:
         app = web.Application()
+        app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
+        app.router.add_post("/apis/authorization.k8s.io/v1/subjectaccessreviews", self._access_review)
         app.router.add_route("*", "/api/{version}/namespaces/{ns}/{plural}", self._collection)
         app.router.add_route("*", "/api/{version}/namespaces/{ns}/{plural}/{name}", self._item)
         app.router.add_route("*", "/api/{version}/namespaces/{ns}/{plural}/{name}/status", self._item)
@@ -343,6 +349,37 @@ class FakeKube:
         if not isinstance(body, dict):
             raise KubeError(400, "BadRequest", "request body must be an object")
         return body
+
+    async def _token_review(self, request: web.Request) -> web.StreamResponse:
+        """authentication.k8s.io/v1 TokenReview against `token_users`."""
+        try:
+            self._record(request)
+            body = await self._body(request)
+            user = self.token_users.get(str((body.get("spec") or {}).get("token") or ""))
+            status: dict[str, Any] = {"authenticated": user is not None}
+            if user is not None:
+                status["user"] = {"username": user["username"], "uid": user.get("uid", ""),
+                                  "groups": list(user.get("groups", []))}  # fmt: skip
+            body.update(apiVersion="authentication.k8s.io/v1", kind="TokenReview", status=status)
+            return web.json_response(body, status=201)
+        except KubeError as e:
+            return self._error(e)
+
+    async def _access_review(self, request: web.Request) -> web.StreamResponse:
+        """authorization.k8s.io/v1 SubjectAccessReview (non-resource attributes) against `allowed`."""
+        try:
+            self._record(request)
+            body = await self._body(request)
+            spec = body.get("spec") or {}
+            attrs = spec.get("nonResourceAttributes") or {}
+            if not attrs:
+                raise KubeError(422, "Invalid", "spec: only nonResourceAttributes are modelled")
+            subjects = [spec.get("user", "")] + [f"group:{g}" for g in spec.get("groups") or []]
+            ok = any((sub, attrs.get("path"), attrs.get("verb")) in self.allowed for sub in subjects)
+            body.update(apiVersion="authorization.k8s.io/v1", kind="SubjectAccessReview", status={"allowed": ok})
+            return web.json_response(body, status=201)
+        except KubeError as e:
+            return self._error(e)
 
     async def _collection(self, request: web.Request) -> web.StreamResponse:
         try:

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import socket
-import subprocess
-import time
 import types
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +13,7 @@ from typing import Any
 import pytest
 import zmq
 
+from e2e.harness.redis import redis_server
 from e2e.vllm_interop import load_kv_events
 from epp.kvcache.config import PoolConfig
 from tests.kvcache.vllm_rig import MODEL, Rig, TcpLink, free_port
@@ -103,27 +100,5 @@ async def links() -> AsyncIterator[list[TcpLink]]:
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    exe = shutil.which("redis-server") or "/usr/bin/redis-server"
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with redis_server() as url:
+        yield url

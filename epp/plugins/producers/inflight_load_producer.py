@@ -96,12 +96,26 @@ class _InFlightCollector(Collector):
             "output), as tracked by the in-flight load producer.",
             labels=labels,
         )
+        remote_reqs = GaugeMetricFamily(
+            "epp_inflight_remote_requests",
+            "In-flight requests per endpoint reported by the other EPP replicas (cross-replica sync).",
+            labels=labels,
+        )
+        remote_toks = GaugeMetricFamily(
+            "epp_inflight_remote_tokens",
+            "In-flight tokens per endpoint reported by the other EPP replicas (cross-replica sync).",
+            labels=labels,
+        )
         for p in list(self.producers):
             for name, (ns, load) in sorted(p.endpoint_loads().items()):
                 reqs.add_metric([name, ns, p.name], load.requests)
                 toks.add_metric([name, ns, p.name], load.tokens)
+                remote_reqs.add_metric([name, ns, p.name], load.remote_requests)
+                remote_toks.add_metric([name, ns, p.name], load.remote_tokens)
         yield reqs
         yield toks
+        yield remote_reqs
+        yield remote_toks
 
 
 _COLLECTOR: _InFlightCollector | None = None

@@ -1,0 +1,57 @@
+"""Active-active EPP replicas behind one Envoy: N `epp serve` processes with the same config, all in Envoy's
+ext_proc cluster (Envoy round-robins the ext_proc streams, one per HTTP request, over them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from e2e.harness.envoy_config import EnvoyOptions
+from e2e.harness.ports import free_ports
+from e2e.harness.procs import EnvoyProcess, EppPorts, EppProcess
+
+
+@dataclass
+class ReplicatedStack:
+    envoy: EnvoyProcess
+    epps: list[EppProcess]
+
+    @property
+    def url(self) -> str:
+        return self.envoy.url
+
+    def close(self) -> None:
+        self.envoy.stop()
+        for e in self.epps:
+            e.stop()
+
+
+def start_replicas(
+    workdir: Path, config: str, replicas: int, *, log_level: str = "warning", ready_timeout: float = 60.0
+) -> ReplicatedStack:
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = workdir / "epp-config.yaml"
+    cfg.write_text(config)
+    ports = free_ports(3 * replicas + 2)
+    epps: list[EppProcess] = []
+    envoy: EnvoyProcess | None = None
+    try:
+        for i in range(replicas):
+            epps.append(EppProcess(cfg, workdir, ports=EppPorts(*ports[3 * i : 3 * i + 3]), log_level=log_level))
+        opts = EnvoyOptions(
+            listener_port=ports[-2],
+            admin_port=ports[-1],
+            ext_proc_port=epps[0].ports.grpc,
+            extra_ext_proc_ports=[e.ports.grpc for e in epps[1:]],
+        )
+        envoy = EnvoyProcess(opts, workdir)
+        for e in epps:
+            e.wait_ready(ready_timeout)
+        envoy.wait_ready()
+        return ReplicatedStack(envoy, epps)
+    except BaseException:
+        if envoy is not None:
+            envoy.stop()
+        for e in epps:
+            e.stop()
+        raise

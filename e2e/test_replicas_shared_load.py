@@ -1,0 +1,94 @@
+"""Two EPP processes behind one Envoy share their in-flight load through a real redis-server
+(redis-cross-replica-syncer, llm-d's dataLayer.crossReplicaSyncerPluginRef).
+
+A long request holds one simulator; every short request after it, whichever replica Envoy hands it to, avoids that
+pod (active-request-scorer counts the other replica's request too). With the sharing switched off
+(`syncCrossReplicaState: false`) the replica that did not route the long request sees two idle pods and sends some
+short requests to the busy one: the test can tell the difference.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.harness.http import metric_value, post_json
+from e2e.harness.redis import redis_server
+from e2e.harness.replicas import ReplicatedStack, start_replicas
+from e2e.sim.launch import SimProcess, start_simulators
+from epp.tokenization.qwen import QWEN25_MODEL
+
+pytestmark = pytest.mark.e2e
+
+
+def config(sims: list[SimProcess], redis_url: str, sync: bool) -> str:
+    eps = "".join(f"- {{name: sim{i}, address: {s.host}, port: {s.http_port}}}\n" for i, s in enumerate(sims))
+    return (
+        "plugins:\n"
+        f"- {{type: inflight-load-producer, parameters: {{syncCrossReplicaState: {str(sync).lower()}}}}}\n"
+        "- {type: active-request-scorer}\n"
+        f"- {{type: redis-cross-replica-syncer, name: xr, parameters: {{address: '{redis_url}', ttl: 1s}}}}\n"
+        "schedulingProfiles: [{name: default, plugins: [{pluginRef: active-request-scorer}]}]\n"
+        "dataLayer: {crossReplicaSyncerPluginRef: xr, crossReplicaSyncInterval: 50ms}\n"
+        "endpoints:\n" + eps
+    )
+
+
+@pytest.fixture(scope="module")
+def sims() -> Iterator[list[SimProcess]]:
+    args = ["--inter-token-latency", "0.01", "--model", QWEN25_MODEL]
+    with start_simulators(2, base_args=args, events=False, replay=False) as sims:
+        yield sims
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    with redis_server() as url:
+        yield url
+
+
+def port_of(url: str, prompt: str, max_tokens: int) -> int:
+    r = post_json(
+        url + "/v1/completions", {"model": QWEN25_MODEL, "prompt": prompt, "max_tokens": max_tokens}, timeout=60
+    )
+    assert r.status == 200, r.body
+    return int(r.headers["x-inference-port"])
+
+
+def inflight(stack: ReplicatedStack) -> float:
+    return sum(metric_value(e.metrics_text(), "llm_d_epp_inflight_requests", default=0.0) for e in stack.epps)
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["shared", "local"])
+def test_replicas_share_in_flight_load(tmp_path: Path, sims: list[SimProcess], redis_url: str, sync: bool) -> None:
+    stack = start_replicas(tmp_path, config(sims, redis_url, sync), 2)
+    try:
+        long_port: list[int] = []
+        t = threading.Thread(target=lambda: long_port.append(port_of(stack.url, "a long story", 500)), daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        while inflight(stack) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.3)  # a few sync intervals
+        shorts = []
+        for i in range(6):
+            shorts.append(port_of(stack.url, f"short question {i}", 1))
+            time.sleep(0.2)  # the other replica's view of this short request is up to one sync interval stale
+        t.join(30)
+        busy = long_port[0]
+        per_replica = [
+            metric_value(e.metrics_text(), "inference_extension_scheduler_attempts_total", {"status": "success"})
+            for e in stack.epps
+        ]
+        assert all(n >= 3 for n in per_replica), per_replica  # Envoy spread the requests over both replicas
+        if sync:
+            assert busy not in shorts, (busy, shorts)
+        else:
+            assert busy in shorts, (busy, shorts)  # the other replica did not know
+    finally:
+        stack.close()

@@ -1,0 +1,184 @@
+"""redis-cross-replica-syncer: shares per-endpoint state (the inflight-load-producer's in-flight requests and tokens)
+between active-active EPP replicas through Redis/Valkey, so N replicas behind one Envoy see each other's load.
+
+llm-d v0.10 defines the seam (`dataLayer.crossReplicaSyncerPluginRef`, `crossReplicaSyncInterval` default 200 ms,
+contributors that opt out with `syncCrossReplicaState: false`) but ships only an in-memory mock (`local-syncer`);
+this is a working one. Every interval, one Lua call per replica: publish this replica's snapshot of each contributor
+(`SET <prefix>:<state key>:<replica> <json> PX ttl`), refresh its heartbeat in `<prefix>:replicas` (a sorted set by
+time), drop replicas silent for `ttl`, and read the other live replicas' snapshots, which are summed per endpoint
+and handed back to the contributor (`remote_*` of each endpoint's `InFlightLoad`). The replica's own counts stay
+live; only the others' are up to one interval old. A replica that dies stops counting after `ttl`. If Redis is
+unreachable the remote part is cleared after `ttl` (each replica falls back to its own view) and retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any, Self
+
+from prometheus_client import Counter, Gauge
+
+from epp.framework import CrossReplicaContributor, Params, Plugin, PluginContext
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 0.2
+
+SYNCS = Counter("epp_cross_replica_syncs", "Cross-replica sync rounds by result", ["result"])
+PEERS = Gauge("epp_cross_replica_peers", "Other live EPP replicas seen in the last sync round")
+
+# KEYS: none (one Redis, keys under the prefix). ARGV: prefix, replica, now_ms, ttl_ms, n, then n × (key, json).
+# Returns: the live replicas, then for each contributor the other replicas' snapshots (false when missing).
+_SYNC = """
+local prefix, me, now, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local reg = prefix .. ':replicas'
+redis.call('ZADD', reg, now, me)
+redis.call('ZREMRANGEBYSCORE', reg, '-inf', now - ttl)
+redis.call('PEXPIRE', reg, ttl * 10)
+local replicas = redis.call('ZRANGE', reg, 0, -1)
+local out = {replicas}
+for i = 0, n - 1 do
+  local key = ARGV[6 + 2 * i]
+  redis.call('SET', prefix .. ':' .. key .. ':' .. me, ARGV[7 + 2 * i], 'PX', ttl)
+  local vals = {}
+  for _, r in ipairs(replicas) do
+    if r ~= me then vals[#vals + 1] = redis.call('GET', prefix .. ':' .. key .. ':' .. r) end
+  end
+  out[#out + 1] = vals
+end
+return out
+"""
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname() or 'epp'}-{os.getpid()}"
+
+
+def sum_snapshots(snapshots: Sequence[Any]) -> dict[str, list[int]]:
+    """Per-endpoint element-wise sums of JSON snapshots ({endpoint: [ints]}); malformed ones are skipped."""
+    total: dict[str, list[int]] = {}
+    for raw in snapshots:
+        if not raw:
+            continue
+        try:
+            snap = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(snap, dict):
+            continue
+        for ep, vals in snap.items():
+            if not isinstance(vals, list):
+                continue
+            acc = total.setdefault(str(ep), [])
+            for i, v in enumerate(vals):
+                if isinstance(v, int) and not isinstance(v, bool):
+                    if i < len(acc):
+                        acc[i] += v
+                    else:
+                        acc.extend([0] * (i - len(acc)) + [v])
+    return total
+
+
+class RedisCrossReplicaSyncer(Plugin):
+    type_name = "redis-cross-replica-syncer"
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        address: str = "redis://127.0.0.1:6379",
+        replica_id: str | None = None,
+        key_prefix: str = "epp:crossreplica:default",
+        ttl: float = 2.0,
+    ) -> None:
+        super().__init__(name)
+        self.address = address
+        self.replica_id = replica_id or default_replica_id()
+        self.key_prefix = key_prefix
+        self.ttl = ttl
+        self.interval = DEFAULT_INTERVAL
+        self.contributors: list[CrossReplicaContributor] = []
+        self.peers: list[str] = []
+        self.rounds = 0
+        self._last_ok = 0.0
+
+    @classmethod
+    def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
+        syncer = cls(
+            name,
+            address=params.str("address", "redis://127.0.0.1:6379"),
+            replica_id=params.str("replicaId", "") or None,
+            key_prefix=params.str("keyPrefix", "") or f"epp:crossreplica:{context.pool_name}",
+            ttl=params.duration("ttl", 2.0),
+        )
+        if not syncer.address.startswith(("redis://", "rediss://", "unix://", "valkey://")):
+            raise params.fail("address", "expected a redis://, rediss://, valkey:// or unix:// URL")
+        if syncer.ttl <= 0:
+            raise params.fail("ttl", "must be positive")
+        context.run_in_background(syncer.run)
+        return syncer
+
+    def attach(self, contributors: Sequence[CrossReplicaContributor], interval: float | None) -> None:
+        self.contributors = list(contributors)
+        if interval is not None:
+            self.interval = interval
+        if self.ttl <= self.interval:
+            log.warning("%s: ttl %.3fs <= sync interval %.3fs; using 5 intervals", self.name, self.ttl, self.interval)
+            self.ttl = 5 * self.interval
+
+    async def run(self) -> None:
+        if not self.contributors:
+            return
+        import redis.asyncio as redis
+
+        url = self.address.replace("valkey://", "redis://", 1)
+        client = redis.Redis.from_url(url, socket_timeout=max(1.0, self.ttl), socket_connect_timeout=2.0)
+        script = client.register_script(_SYNC)
+        failures = 0
+        try:
+            while True:
+                started = time.monotonic()
+                try:
+                    await self.sync_once(script)
+                    failures = 0
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    failures += 1
+                    SYNCS.labels("error").inc()
+                    if failures == 1 or failures % 100 == 0:
+                        log.warning("%s: cross-replica sync with %s failed (%d): %s", self.name, url, failures, e)
+                    if time.monotonic() - self._last_ok > self.ttl:
+                        self._clear_remote()
+                await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+        finally:
+            await client.aclose()
+
+    async def sync_once(self, script: Any) -> None:
+        argv: list[Any] = [self.key_prefix, self.replica_id, int(time.time() * 1000), int(self.ttl * 1000)]
+        keyed = [(c, c.cross_replica_key()) for c in self.contributors]
+        keyed = [(c, k) for c, k in keyed if k]
+        argv.append(len(keyed))
+        for c, k in keyed:
+            argv.extend((k, json.dumps(c.cross_replica_snapshot(), separators=(",", ":"))))
+        reply = await script(keys=[], args=argv)
+        replicas = [r.decode() if isinstance(r, bytes) else str(r) for r in reply[0]]
+        self.peers = [r for r in replicas if r != self.replica_id]
+        PEERS.set(len(self.peers))
+        for (c, _), snapshots in zip(keyed, reply[1:], strict=False):
+            c.cross_replica_update(sum_snapshots(snapshots))
+        self.rounds += 1
+        self._last_ok = time.monotonic()
+        SYNCS.labels("ok").inc()
+
+    def _clear_remote(self) -> None:
+        for c in self.contributors:
+            c.cross_replica_update({})
+        self.peers = []
+        PEERS.set(0)

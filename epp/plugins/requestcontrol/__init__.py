@@ -1,0 +1,1 @@
+"""Request-lifecycle plugin types (admitters, request/response hooks)."""

@@ -1,0 +1,151 @@
+"""Cross-replica in-flight load through a real redis-server: two EPP pipelines (as two replicas would build them)
+share their in-flight counts, a dead replica stops counting after the TTL, and the config seam is llm-d's."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from e2e.harness.redis import redis_server
+from epp.config.loader import ConfigError, parse_config
+from epp.datalayer.datastore import Datastore
+from epp.datalayer.plugins.local_syncer import LocalSyncer
+from epp.datalayer.plugins.redis_cross_replica_syncer import RedisCrossReplicaSyncer, sum_snapshots
+from epp.framework import Endpoint, InferenceRequest, ProfileResult, SchedulingResult
+from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
+from epp.requestcontrol.pipeline import Pipeline
+from epp.wiring import build_pipeline, plugin_context
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    with redis_server() as url:
+        yield url
+
+
+def replica(url: str, rid: str, interval: str = "50ms", sync: bool = True) -> tuple[Pipeline, Datastore, list]:
+    ds = Datastore()
+    for i in range(3):
+        ds.upsert(Endpoint(f"pod{i}", f"10.0.0.{i + 1}", 8000))
+    cfg = parse_config(
+        "plugins:\n"
+        f"- {{type: inflight-load-producer, parameters: {{syncCrossReplicaState: {str(sync).lower()}}}}}\n"
+        "- {type: token-load-scorer}\n"
+        "- {type: redis-cross-replica-syncer, name: xr,\n"
+        f"   parameters: {{address: '{url}', replicaId: {rid}, ttl: 1s}}}}\n"
+        f"dataLayer:\n  crossReplicaSyncerPluginRef: xr\n  crossReplicaSyncInterval: {interval}\n"
+    )
+    ctx = plugin_context(ds)
+    pipeline = build_pipeline(cfg, ctx)
+    return pipeline, ds, ctx.background
+
+
+def book(pipeline: Pipeline, ds: Datastore, pod: str, tokens: int, rid: str) -> InferenceRequest:
+    producer = pipeline.plugins["inflight-load-producer"]
+    assert isinstance(producer, InFlightLoadProducer)
+    r = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {}, prompt="x" * (4 * tokens))
+    ep = ds.get(pod)
+    assert ep is not None
+    producer.pre_request(r, SchedulingResult({"default": ProfileResult([ep])}, "default"))
+    return r
+
+
+async def wait_for(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_two_replicas_see_each_others_in_flight_load(redis_url: str) -> None:
+    p1, ds1, bg1 = replica(redis_url, "r1")
+    p2, ds2, bg2 = replica(redis_url, "r2")
+    tasks = [asyncio.create_task(t()) for t in (*bg1, *bg2)]
+    try:
+        book(p1, ds1, "pod0", 1000, "a")
+        r = book(p2, ds2, "pod0", 500, "b")
+        book(p2, ds2, "pod1", 200, "c")
+        load1 = p1.plugins["inflight-load-producer"].loads  # type: ignore[attr-defined]
+        load2 = p2.plugins["inflight-load-producer"].loads  # type: ignore[attr-defined]
+        await wait_for(lambda: load1["pod0"].total_tokens == 1500 and load1["pod1"].total_tokens == 200)
+        assert (load1["pod0"].total_requests, load1["pod1"].remote_requests, load1["pod2"].total_tokens) == (2, 1, 0)
+        await wait_for(lambda: load2["pod0"].total_tokens == 1500 and load2["pod0"].remote_tokens == 1000)
+        p2.plugins["inflight-load-producer"].response_complete(r, None, None)  # type: ignore[attr-defined]
+        await wait_for(lambda: load1["pod0"].total_tokens == 1000)
+        syncer = p1.plugins["xr"]
+        assert isinstance(syncer, RedisCrossReplicaSyncer) and syncer.peers == ["r2"] and syncer.interval == 0.05
+        # replica 2 dies: after the 1 s TTL replica 1 counts only its own load
+        for t in tasks[len(bg1) :]:
+            t.cancel()
+        await wait_for(lambda: load1["pod1"].total_tokens == 0 and syncer.peers == [], timeout=4.0)
+        assert load1["pod0"].total_tokens == 1000
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_producer_can_keep_its_load_local(redis_url: str) -> None:
+    p1, _, bg1 = replica(redis_url, "q1", sync=False)
+    p2, ds2, bg2 = replica(redis_url, "q2")
+    assert p1.plugins["xr"].contributors == []  # type: ignore[attr-defined]
+    tasks = [asyncio.create_task(t()) for t in (*bg1, *bg2)]
+    try:
+        book(p2, ds2, "pod0", 700, "b")
+        await asyncio.sleep(0.3)
+        assert p1.plugins["inflight-load-producer"].loads["pod0"].total_tokens == 0  # type: ignore[attr-defined]
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_unreachable_redis_keeps_the_local_view() -> None:
+    p1, ds1, bg1 = replica("redis://127.0.0.1:1/0", "z1")
+    producer = p1.plugins["inflight-load-producer"]
+    producer.loads["pod0"].remote_tokens = 999  # type: ignore[attr-defined]
+    tasks = [asyncio.create_task(t()) for t in bg1]
+    try:
+        book(p1, ds1, "pod0", 100, "a")
+        await wait_for(lambda: producer.loads["pod0"].remote_tokens == 0, timeout=5.0)  # type: ignore[attr-defined]
+        assert producer.loads["pod0"].total_tokens == 100  # type: ignore[attr-defined]
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_sum_snapshots_skips_garbage() -> None:
+    assert sum_snapshots([b'{"a":[1,10]}', b'{"a":[2,5],"b":[1]}', None, b"nope", b"[1]", b'{"a":"x"}']) == {
+        "a": [3, 15],
+        "b": [1],
+    }
+
+
+def test_config_seam_errors_and_local_syncer() -> None:
+    ds = Datastore()
+    with pytest.raises(ConfigError, match="crossReplicaSyncerPluginRef: no plugin named 'nope'"):
+        parse_config("plugins: [{type: token-load-scorer}]\ndataLayer: {crossReplicaSyncerPluginRef: nope}\n")
+    with pytest.raises(ConfigError, match="crossReplicaSyncInterval"):
+        parse_config(
+            "plugins: [{type: local-syncer}]\n"
+            "dataLayer: {crossReplicaSyncerPluginRef: local-syncer, crossReplicaSyncInterval: -1s}\n"
+        )
+    with pytest.raises(ConfigError, match="is not a cross-replica syncer"):
+        build_pipeline(
+            parse_config(
+                "plugins: [{type: token-load-scorer}]\ndataLayer: {crossReplicaSyncerPluginRef: token-load-scorer}\n"
+            ),
+            plugin_context(ds),
+        )
+    p = build_pipeline(
+        parse_config(
+            "plugins: [{type: token-load-scorer}, {type: local-syncer}]\n"
+            "dataLayer: {crossReplicaSyncerPluginRef: local-syncer}\n"
+        ),
+        plugin_context(ds),
+    )
+    syncer = p.plugins["local-syncer"]
+    assert isinstance(syncer, LocalSyncer) and [c.name for c in syncer.contributors] == ["inflight-load-producer"]
