@@ -111,6 +111,8 @@ class ProfileResult:
 
     targets: list[Endpoint]
     scores: dict[str, float] = field(default_factory=dict)  # endpoint name -> weighted score
+    # Every endpoint the profile scored, with its weighted total (the router's ScoredCandidates), set by the profile
+    candidates: list[tuple[Endpoint, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -27,7 +27,14 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
 
 from epp.framework.context import EndpointView
-from epp.framework.errors import BadRequest, InternalError, RequestError, ServiceUnavailable
+from epp.framework.errors import (
+    DROPPED_NO_ENDPOINTS,
+    DROPPED_REASON_HEADER,
+    BadRequest,
+    InternalError,
+    RequestError,
+    ServiceUnavailable,
+)
 from epp.framework.keys import DISAGG_HEADERS
 from epp.framework.parsing import NoParser, ParserRegistry, request_path
 from epp.framework.types import InferenceRequest, Usage
@@ -48,6 +55,7 @@ class PayloadTooLarge(RequestError):
 
 DESTINATION_KEY = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE = "envoy.lb"
+SCORES_METADATA_KEY = "x-gateway-destination-endpoint-scores"  # envoy.lb: {ip:port: score}, --emit-endpoint-scores
 SERVED_METADATA_KEY = "x-gateway-destination-endpoint-served"  # envoy.lb metadata: the endpoint that served
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
@@ -110,11 +118,12 @@ _GRPC_STATUS = {400: 3, 404: 12, 413: 8, 429: 8, 500: 13, 503: 14}
 
 def immediate(err: RequestError, error_format: str = "openai") -> pb.ProcessingResponse:
     """An ImmediateResponse in the API's error shape: OpenAI-style JSON, Anthropic's JSON, or a gRPC status."""
+    dropped = [_set(DROPPED_REASON_HEADER, err.dropped_reason)] if err.dropped_reason else []
     if error_format == "grpc":
         return pb.ProcessingResponse(
             immediate_response=pb.ImmediateResponse(
                 status=http_status_pb2.HttpStatus(code=err.status),
-                headers=pb.HeaderMutation(remove_headers=[DESTINATION_KEY]),
+                headers=pb.HeaderMutation(set_headers=dropped, remove_headers=[DESTINATION_KEY]),
                 grpc_status=pb.GrpcStatus(status=_GRPC_STATUS.get(err.status, 2)),
                 body=err.message.encode(),
                 details=f"epp_{err.code}",
@@ -123,7 +132,7 @@ def immediate(err: RequestError, error_format: str = "openai") -> pb.ProcessingR
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=err.status),
-            headers=pb.HeaderMutation(set_headers=[_JSON_CT], remove_headers=[DESTINATION_KEY]),
+            headers=pb.HeaderMutation(set_headers=[_JSON_CT, *dropped], remove_headers=[DESTINATION_KEY]),
             body=err.body(error_format),
             details=f"epp_{err.code}",
         )
@@ -156,9 +165,11 @@ class ServerState:
         response_body_mode: int = FULL_DUPLEX,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         parsers: ParserRegistry | None = None,
+        emit_endpoint_scores: bool = False,
     ) -> None:
         self.director = director
         self.parsers = parsers if parsers is not None else default_parsers()
+        self.emit_endpoint_scores = emit_endpoint_scores
         self.datastore = datastore
         self.metrics = metrics
         self.model_rewrites = dict(model_rewrites or {})
@@ -173,7 +184,7 @@ class ServerState:
         """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
         candidates = locate_candidates(self.datastore.endpoints(), subset)
         if not candidates:
-            raise ServiceUnavailable("no ready endpoints in the pool")
+            raise ServiceUnavailable("no ready endpoints in the pool", dropped_reason=DROPPED_NO_ENDPOINTS)
         self._bodyless_next += 1
         return RoutingDecision(endpoints=[candidates[self._bodyless_next % len(candidates)]])
 
@@ -333,7 +344,7 @@ class RequestStream:
         self.request = request
         decision = await self.s.director.handle_request(request)
         if not decision.endpoints:
-            raise ServiceUnavailable("failed to find target endpoint")
+            raise ServiceUnavailable("failed to find target endpoint", dropped_reason=DROPPED_NO_ENDPOINTS)
         self.decision = decision
         self.model_routed = True
         self.state = _BODY_DONE
@@ -378,6 +389,12 @@ class RequestStream:
         assert self.decision is not None
         lb: dict[str, Any] = dict(self.decision.metadata)
         lb[DESTINATION_KEY] = self.decision.destination
+        result = self.decision.result
+        if self.s.emit_endpoint_scores and result is not None:
+            primary = result.profile_results.get(result.primary_profile)
+            if primary is not None and primary.candidates:
+                # The router's format: every endpoint the primary profile scored, by address, with its score.
+                lb[SCORES_METADATA_KEY] = {ep.hostport: score for ep, score in primary.candidates}
         return {DESTINATION_NAMESPACE: lb}
 
     # -- response path ----------------------------------------------------------------------------------------

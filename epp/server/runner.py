@@ -83,6 +83,8 @@ class ServeOptions:
     leader_election: LeaderElectionConfig | None = None
     # Distinct client-chosen model names (and fairness ids) that become metric labels; the rest are `__other__`.
     max_model_labels: int = DEFAULT_MAX_MODEL_LABELS
+    # --emit-endpoint-scores: every scored endpoint's score in envoy.lb `x-gateway-destination-endpoint-scores`
+    emit_endpoint_scores: bool = False
 
     @classmethod
     def from_flags(cls, opts: Options, *, kubernetes: bool) -> ServeOptions:
@@ -119,6 +121,7 @@ class ServeOptions:
             metrics_client_ca_file=opts.metrics_client_ca_file or None,
             leader_election=leader,
             max_model_labels=opts.metrics_max_model_labels,
+            emit_endpoint_scores=opts.emit_endpoint_scores,
         )
 
 
@@ -145,6 +148,7 @@ class EppServer:
             model_rewrites=runtime.config.model_rewrites,
             max_body_bytes=options.max_body_bytes,
             parsers=runtime.pipeline.parser_registry if runtime.pipeline is not None else None,
+            emit_endpoint_scores=options.emit_endpoint_scores,
         )
         self.state.honor_subset_hint = options.honor_subset_hint
         grpc_opts = _grpc_options(options.reuse_port, options.grpc_max_recv_bytes, options.grpc_max_send_bytes)

@@ -25,9 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_serializer
 
 
 def vllm_dir() -> Path:
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.origin is not None, "vllm is not installed"
-    return Path(spec.origin).parent
+    spec = importlib.util.find_spec("vllm")  # may be the bare package e2e.vllm_interop sets up (no origin)
+    assert spec is not None and spec.submodule_search_locations, "vllm is not installed"
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def load(relpath: str, names: set[str], ns: dict[str, Any], methods_of: tuple[str, set[str]] | None = None) -> None:
