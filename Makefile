@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # vLLM's own KV-event structs and publisher are used for interop tests; installed without its deps (no torch).
 VLLM_VERSION ?= 0.34.0
 
-.PHONY: setup system-deps test unit e2e lint demo bench inference-perf-venv clean
+.PHONY: setup system-deps test unit e2e lint demo bench bench-routing inference-perf-venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -48,6 +48,12 @@ bench: setup
 	$(PY) -m e2e.bench.bench_kvcache
 	$(PY) -m e2e.bench.bench_overhead
 	$(PY) -m e2e.bench.bench_picks
+
+# The routing workload suite: every strategy side by side per workload, pod count and block size (see
+# docs/benchmarks.md, "Routing suite"). BENCH_ROUTING_ARGS narrows it, e.g. --workloads agentic --cells 4:16.
+BENCH_ROUTING_ARGS ?=
+bench-routing: setup
+	$(PY) -m e2e.bench.bench_routing --plots docs/bench-routing $(BENCH_ROUTING_ARGS)
 
 # inference-perf (kubernetes-sigs) needs Python >= 3.12: its own venv, from the machine's python3.12.
 IP_PYTHON ?= $(shell command -v python3.12 || ls -d /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | head -1)

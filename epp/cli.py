@@ -127,6 +127,10 @@ def _serve(opts: Options) -> int:
         return 1
     if k8s is not None and config.discovery_ref is None:  # dataLayer.discovery replaces Kubernetes discovery
         runtime.sources = [k8s]
+    from epp.datalayer import health
+
+    health.POLICY.stale_after = opts.endpoint_stale_after if opts.endpoint_stale_after > 0 else float("inf")
+    health.POLICY.max_scrape_failures = opts.endpoint_max_scrape_failures or 1 << 30
     if opts.worker_index >= 0 and options.metrics_port:
         options.metrics_port += opts.worker_index
     try:

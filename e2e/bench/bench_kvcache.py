@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.kvcache.config import PoolConfig
 from epp.kvcache.events import decode_batch
-from epp.kvcache.index import MemoryIndex
+from epp.kvcache.index import DEFAULT_ENGINE_RUN_SIZE, MemoryIndex
 from epp.kvcache.ingest import EventApplier
 from epp.kvcache.metrics import PoolMetrics
 from epp.kvcache.pool import EventPool
@@ -79,8 +79,8 @@ def removal_payloads(stored: list[bytes]) -> list[bytes]:
     return out
 
 
-def new_pool(compact: bool = False) -> tuple[EventPool, MemoryIndex]:
-    idx = MemoryIndex(engine_run_size=65536 if compact else None)
+def new_pool(compact: bool = True) -> tuple[EventPool, MemoryIndex]:
+    idx = MemoryIndex(engine_run_size=DEFAULT_ENGINE_RUN_SIZE if compact else None)
     pool = EventPool(EventApplier(idx, TokenProcessor(BS)), PoolConfig(concurrency=1), PoolMetrics(CollectorRegistry()))
     return pool, idx
 
@@ -96,7 +96,7 @@ def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
             decode_batch(p)
         return blocks / (time.perf_counter() - t)
 
-    def apply_all(compact: bool = False) -> float:
+    def apply_all(compact: bool = True) -> float:
         pool, idx = new_pool(compact)
 
         async def go() -> float:
@@ -109,7 +109,7 @@ def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
         assert len(idx) == blocks
         return r
 
-    def store_then_remove(compact: bool = False) -> float:
+    def store_then_remove(compact: bool = True) -> float:
         pool, idx = new_pool(compact)
 
         async def go() -> float:
@@ -129,8 +129,8 @@ def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
         "decode blocks/s": median_of(args.repeats, decode_only),
         "stored blocks/s (decode+hash+index)": median_of(args.repeats, apply_all),
         "removed blocks/s": median_of(args.repeats, store_then_remove),
-        "compact engine maps: stored blocks/s": median_of(args.repeats, lambda: apply_all(True)),
-        "compact engine maps: removed blocks/s": median_of(args.repeats, lambda: store_then_remove(True)),
+        "dict engine maps: stored blocks/s": median_of(args.repeats, lambda: apply_all(False)),
+        "dict engine maps: removed blocks/s": median_of(args.repeats, lambda: store_then_remove(False)),
     }
 
 
@@ -301,12 +301,12 @@ def bench_memory(args: argparse.Namespace) -> dict[str, float]:
     chains = [[rnd.randrange(150_000) for _ in range(256 * BS)] for _ in range(n // 256)]
     keysets = [tp.block_keys(c, MODEL) for c in chains]
     out = {}
-    cases = [(f"{c}, {ppb} pod(s) per block", ppb, c) for c in ("dict", "compact") for ppb in (1, 4)]
+    cases = [(f"{c}, {ppb} pod(s) per block", ppb, c) for c in ("compact (default)", "dict") for ppb in (1, 4)]
     for label, pods_per_block, kind in cases:
         gc.collect()
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
-        idx = MemoryIndex(engine_run_size=65536 if kind == "compact" else None)
+        idx = MemoryIndex(engine_run_size=None if kind == "dict" else DEFAULT_ENGINE_RUN_SIZE)
         e = 1 << 50
         for ks in keysets:
             for p in range(pods_per_block):
@@ -370,20 +370,30 @@ def bench_redis(args: argparse.Namespace) -> dict[str, float] | None:
         proc.wait(5)
 
 
-def bench_spill() -> float:
-    """ms of the one synchronous step the compact engine map takes every 65,536 new blocks of a pod."""
+def bench_pause(n: int = 1_000_000) -> dict[str, float]:
+    """The longest single engine-map call (spill or merge slice) over n stores then n removals in batches of
+    32, one pod: wall ms and thread-CPU ms (the CPU figure is what a quiet core would show)."""
     from epp.kvcache.index import EngineMap
 
-    def one() -> float:
-        m = EngineMap(65536)
+    out = {}
+    for label, m in (("default", EngineMap()), ("one-shot 65,536 spill (old)", EngineMap(65536, step=1 << 30))):
         rnd = random.Random(1)
-        for _ in range(65535):
-            m[rnd.getrandbits(64)] = 1
-        t = time.perf_counter()
-        m[1] = 2
-        return (time.perf_counter() - t) * 1e3
-
-    return statistics.median(one() for _ in range(3))
+        keys = [rnd.getrandbits(64) for _ in range(n)]
+        worst_wall = worst_cpu = 0.0
+        for e in keys:
+            t, c = time.perf_counter(), time.thread_time()
+            m[e] = 7
+            worst_wall = max(worst_wall, time.perf_counter() - t)
+            worst_cpu = max(worst_cpu, time.thread_time() - c)
+        for i in range(0, n, 32):
+            t, c = time.perf_counter(), time.thread_time()
+            m.delete_many(keys[i : i + 32])
+            worst_wall = max(worst_wall, time.perf_counter() - t)
+            worst_cpu = max(worst_cpu, time.thread_time() - c)
+        out[f"{label}: worst call, wall ms"] = worst_wall * 1e3
+        out[f"{label}: worst call, CPU ms"] = worst_cpu * 1e3
+        out[f"{label}: runs left after all removed"] = float(len(m.runs))
+    return out
 
 
 def main() -> None:
@@ -409,10 +419,12 @@ def main() -> None:
     print(f"  {'tokens':>7} {'blocks':>7} {'hash µs':>9} {'lookup µs':>10} {'total µs':>9}")
     for ntok, h, lk, tot in bench_lookup(args):
         print(f"  {ntok:>7} {ntok // BS:>7} {h:>9.0f} {lk:>10.0f} {tot:>9.0f}")
-    print("\n# memory (tracemalloc; engine→request map included; compact = engine maps in sorted uint64 runs)")
+    print("\n# memory (tracemalloc; engine→request map included; compact = sorted uint64 runs, the default)")
     for k, v in bench_memory(args).items():
         print(f"  {k:45s} {v:>12.1f}")
-    print(f"  {'compact: spill step every 65,536 blocks (ms)':45s} {bench_spill():>12.1f}")
+    print("\n# engine-map pauses (1M stores then 1M removals in batches of 32, one pod)")
+    for k, v in bench_pause(200_000 if args.quick else 1_000_000).items():
+        print(f"  {k:45s} {v:>12.2f}")
     red = bench_redis(args)
     print("\n# redis vs in-memory")
     if red is None:

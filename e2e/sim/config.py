@@ -45,6 +45,11 @@ class SimConfig:
     prefill_time_per_token: float = 0.0002
     inter_token_latency: float = 0.002
     time_factor_under_load: float = 1.0
+    # > 0: prefill is a shared per-engine resource (chunked prefill, FCFS): uncached prompt tokens are
+    # processed at this many tokens/s, one prefill after the other; 0: each request's prefill takes
+    # prefill_overhead + uncached x prefill_time_per_token on its own (the original model).
+    prefill_tokens_per_second: float = 0.0
+    time_scale: float = 1.0  # every modelled duration is multiplied by this (0.1 = ten times faster)
     # P/D disaggregation (llm-d roles; vLLM's NIXL connector: kv_transfer_params)
     role: str = "both"  # llm-d.ai/role of this pod: prefill | decode | both (a label: every pod serves everything)
     kv_transfer_overhead: float = 0.002  # seconds per remote-prefilled request (the NIXL handshake and read)
@@ -119,6 +124,13 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     a("--prefill-time-per-token", type=float, default=d.prefill_time_per_token, help="seconds per uncached token")
     a("--inter-token-latency", type=float, default=d.inter_token_latency, help="seconds per output token")
     a("--time-factor-under-load", type=float, default=d.time_factor_under_load)
+    a(
+        "--prefill-tokens-per-second",
+        type=float,
+        default=d.prefill_tokens_per_second,
+        help="> 0: shared FCFS prefill at this many uncached tokens/s per engine (0 = per-request prefill time)",
+    )
+    a("--time-scale", type=float, default=d.time_scale, help="multiplies every modelled duration")
     a("--role", choices=["prefill", "decode", "both"], default=d.role, help="llm-d.ai/role (P/D)")
     a("--kv-transfer-overhead", type=float, default=d.kv_transfer_overhead, help="seconds per remote prefill")
     a("--kv-transfer-time-per-block", type=float, default=d.kv_transfer_time_per_block, help="seconds per block")
@@ -134,6 +146,8 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     cfg = SimConfig(**{k: v for k, v in vars(ns).items()})
     if cfg.time_factor_under_load < 1.0:
         p.error("--time-factor-under-load must be >= 1.0")
+    if cfg.prefill_tokens_per_second < 0 or cfg.time_scale <= 0:
+        p.error("--prefill-tokens-per-second must be >= 0 and --time-scale > 0")
     if cfg.data_parallel_size < 1:
         p.error("--data-parallel-size must be >= 1")
     if cfg.block_size <= 0 or cfg.num_gpu_blocks <= 0:

@@ -5,6 +5,12 @@ each further output token takes inter_token_latency x load factor. The load fact
 from 1 (one running request) to `time_factor_under_load` (max-num-seqs running), as in
 llm-d-inference-sim. Everything is real time (asyncio sleeps), so routing choices show up in measured
 latency.
+
+With `prefill_tokens_per_second` > 0 prefill is the engine's shared resource, as with vLLM's chunked
+prefill: admitted requests prefill one after the other (FCFS) at that many uncached tokens per second
+(plus prefill_overhead), so a pod that receives much uncached work builds a prefill backlog; only the
+prefill being computed counts for `prefill_interference` (decode steps slowed while prefills share the
+engine). `time_scale` multiplies every modelled duration, so a workload can be replayed time-compressed.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class Engine:
         self._on_events: list[Callable[[list[KVEvent]], None]] = []
         self._output_ids = output_ids or [0]
         self.prefilling = 0  # requests computing their prefill right now (they slow this engine's decodes)
+        self._prefill_lock = asyncio.Lock()  # FIFO: the shared prefill of prefill_tokens_per_second mode
         self._next_block_id = 0
 
     # --- events -----------------------------------------------------------------------------------------
@@ -133,6 +140,25 @@ class Engine:
             return 1.0 if n < cap else self.cfg.time_factor_under_load
         return 1.0 + (self.cfg.time_factor_under_load - 1.0) * (min(n, cap) - 1) / (cap - 1)
 
+    async def _prefill(self, uncached: int) -> None:
+        cfg = self.cfg
+        if cfg.prefill_tokens_per_second > 0:
+            async with self._prefill_lock:  # waiting for the lock is not computing: no interference
+                self.prefilling += 1
+                try:
+                    await asyncio.sleep(
+                        (cfg.prefill_overhead + uncached / cfg.prefill_tokens_per_second) * cfg.time_scale
+                    )
+                finally:
+                    self.prefilling -= 1
+            return
+        t = (cfg.prefill_overhead + uncached * cfg.prefill_time_per_token) * self.load_factor()
+        self.prefilling += 1
+        try:
+            await asyncio.sleep(t * cfg.time_scale)
+        finally:
+            self.prefilling -= 1
+
     # --- one request ------------------------------------------------------------------------------------
     def check(self, req: SimRequest) -> None:
         n = len(req.prompt_ids)
@@ -169,12 +195,7 @@ class Engine:
             if req.remote_blocks is not None:
                 await self._pull_remote_kv(req, uncached)
             else:
-                prefill = (self.cfg.prefill_overhead + uncached * self.cfg.prefill_time_per_token) * self.load_factor()
-                self.prefilling += 1
-                try:
-                    await asyncio.sleep(prefill)
-                finally:
-                    self.prefilling -= 1
+                await self._prefill(uncached)
             if req.remote_decode:
                 self.metrics.on_remote_decode()
             assert req.alloc is not None
@@ -185,7 +206,7 @@ class Engine:
             all_ids = list(req.prompt_ids)
             for i in range(req.max_tokens):
                 if i:
-                    await asyncio.sleep(self.inter_token_latency())
+                    await asyncio.sleep(self.inter_token_latency() * self.cfg.time_scale)
                     now = time.monotonic()
                     self.metrics.on_token(now - last)
                     last = now
@@ -224,7 +245,7 @@ class Engine:
             self.prefilling += 1
             delay += missing * self.cfg.prefill_time_per_token * self.load_factor()
         try:
-            await asyncio.sleep(delay)
+            await asyncio.sleep(delay * self.cfg.time_scale)
         finally:
             if missing:
                 self.prefilling -= 1

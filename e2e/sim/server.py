@@ -31,7 +31,7 @@ log = logging.getLogger("e2e.sim")
 OUTPUT_TEXT = " The quick brown fox jumps over the lazy dog."
 RUNTIME_SETTABLE = {
     "prefill_overhead", "prefill_time_per_token", "inter_token_latency", "time_factor_under_load",
-    "failure_rate", "failure_status", "max_num_seqs",
+    "failure_rate", "failure_status", "max_num_seqs", "prefill_tokens_per_second",
     "kv_transfer_overhead", "kv_transfer_time_per_block", "prefill_interference",
 }  # fmt: skip
 

@@ -43,6 +43,21 @@ def mooncake_replay(
     rows = parse_trace(Path(path).read_text().splitlines())
     if max_requests is not None:
         rows = rows[:max_requests]
+    reqs = replay_rows(rows, block_tokens=block_tokens, source_block_tokens=source_block_tokens,
+                       time_scale=time_scale, max_output=max_output, model=model, seed=seed)  # fmt: skip
+    return Workload("mooncake", reqs, {"path": str(path), "block_tokens": block_tokens, "time_scale": time_scale})
+
+
+def replay_rows(
+    rows: list[dict[str, object]],
+    *,
+    block_tokens: int,
+    source_block_tokens: int = 512,
+    time_scale: float = 1.0,
+    max_output: int | None = None,
+    model: str = "Qwen/Qwen2.5-0.5B-Instruct",
+    seed: int = 0,
+) -> list[Request]:
     texts = TextFactory(seed)
     t0 = float(rows[0]["timestamp"]) if rows else 0.0  # type: ignore[arg-type]
     reqs = []
@@ -65,4 +80,43 @@ def mooncake_replay(
         }
         arrival = (float(row["timestamp"]) - t0) / 1000.0 * time_scale  # type: ignore[arg-type]
         reqs.append(Request(arrival=arrival, api="completions", body=body, group=str(ids[0]) if ids else ""))
-    return Workload("mooncake", reqs, {"path": str(path), "block_tokens": block_tokens, "time_scale": time_scale})
+    return reqs
+
+
+def sample_conversations(rows: list[dict[str, object]], every: int) -> list[dict[str, object]]:
+    """Whole conversations, not a time window: keep the rows whose second block id (the one after the shared
+    system-prompt block 0, which tells conversations apart) is a multiple of `every`."""
+    out = []
+    for row in rows:
+        ids: list[int] = list(row["hash_ids"])  # type: ignore[call-overload]
+        if len(ids) > 1 and ids[1] % every == 0:
+            out.append(row)
+    return out
+
+
+def mooncake_conversations(
+    path: str | Path,
+    *,
+    every: int = 30,
+    duration: float = 20.0,
+    block_tokens: int = 16,
+    max_output: int | None = 16,
+    window_s: float | None = None,
+    model: str = "Qwen/Qwen2.5-0.5B-Instruct",
+    seed: int = 0,
+) -> Workload:
+    """The Mooncake FAST'25 conversation trace, sampled by conversation (`every`), optionally cut to its first
+    `window_s` seconds, with 512-token blocks shrunk to `block_tokens` and time compressed to `duration` s."""
+    rows = parse_trace(Path(path).read_text().splitlines())
+    if window_s is not None:
+        rows = [r for r in rows if float(r["timestamp"]) <= window_s * 1000.0]  # type: ignore[arg-type]
+    rows = sample_conversations(rows, every)
+    span = (float(rows[-1]["timestamp"]) - float(rows[0]["timestamp"])) / 1000.0 if rows else 0.0  # type: ignore[arg-type]
+    scale = duration / span if span > 0 else 1.0
+    reqs = replay_rows(rows, block_tokens=block_tokens, time_scale=scale, max_output=max_output, model=model,
+                       seed=seed)  # fmt: skip
+    params = {
+        "path": str(path), "every": every, "window_s": window_s, "rows": len(rows), "block_tokens": block_tokens,
+        "trace_span_s": round(span, 1), "time_scale": scale, "max_output": max_output,
+    }  # fmt: skip
+    return Workload("mooncake_conversation", reqs, params)

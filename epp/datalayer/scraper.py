@@ -3,7 +3,8 @@
 Each loop GETs the endpoint's metrics page every `interval` (GIE: --refresh-metrics-interval, 50 ms) over one
 shared aiohttp session, and swaps a fresh Metrics object into the Endpoint (a single attribute store, so the
 scheduler never sees a half-updated one). A failed scrape keeps the old Metrics, which then goes stale;
-staleness is judged by readers (the utilization detector treats stale as saturated).
+staleness is judged by readers (the utilization detector treats stale as saturated). Every outcome also goes to
+`epp.datalayer.health`, which takes dead and hung endpoints out of the candidates.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from epp.datalayer import health
 from epp.datalayer.extractor import CoreMetricsExtractor
 from epp.framework import Endpoint, EndpointView
 
@@ -110,6 +112,10 @@ class MetricsScraper:
         while True:
             t0 = time.monotonic()
             ok, why = await self.scrape_once(endpoint, url)
+            if ok:
+                health.scrape_ok(endpoint, time.monotonic())
+            else:
+                health.scrape_failed(endpoint)
             if ok != healthy:
                 healthy = ok
                 if ok:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Final
 
 from epp.framework.state import DataKey
-from epp.framework.types import DisaggDecision, Endpoint, InFlightLoad, PrefixCacheMatchInfo, TokenizedPrompt
+from epp.framework.types import (
+    DisaggDecision,
+    Endpoint,
+    InFlightLoad,
+    LatencyPredictionInfo,
+    PrefixCacheMatchInfo,
+    TokenizedPrompt,
+)
 
 # The prompt's token ids (token-producer); read by the precise prefix-cache producer.
 TOKENIZED_PROMPT: Final = DataKey[TokenizedPrompt]("tokenized-prompt")
@@ -44,3 +51,6 @@ ENCODER_HEADER: Final = "x-encoder-hosts-ports"
 DATA_PARALLEL_HEADER: Final = "x-data-parallel-host-port"
 # Headers only the EPP may set: a client-sent value never reaches the model server.
 DISAGG_HEADERS: Final = (PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER)
+
+# Predicted TTFT/TPOT per endpoint, per producer: `LATENCY_PREDICTION_INFO.of(<producer name>)`.
+LATENCY_PREDICTION_INFO: Final = DataKey[LatencyPredictionInfo]("latency-prediction-info")

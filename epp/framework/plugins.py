@@ -180,6 +180,15 @@ class ResponseComplete(Protocol):
 
 
 @runtime_checkable
+class Admitter(Protocol):
+    """Runs after the data producers, before scheduling: a deny reason rejects the request (429), None admits."""
+
+    name: str
+
+    def admit(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None: ...
+
+
+@runtime_checkable
 class ResponseStreaming(Protocol):
     """Runs on every response body chunk (the last one too, before ResponseComplete). Keep it cheap."""
 

@@ -35,6 +35,17 @@ class Metrics:
         return (time.monotonic() if now is None else now) - self.update_time
 
 
+@dataclass(slots=True)
+class EndpointHealth:
+    """What the EPP observed of an endpoint's liveness: written by the metrics scraper and by routed responses'
+    status, judged by `epp.datalayer.health` when candidates are chosen. Times are time.monotonic()."""
+
+    scrape_failures: int = 0  # consecutive failed scrapes (connection refused, timeout, 5xx, bad page)
+    last_ok: float = 0.0  # the last good scrape; 0.0 = no scraper has succeeded yet (never judged stale)
+    server_errors: int = 0  # consecutive 5xx answers (the model server's or Envoy's upstream errors)
+    ejected_until: float = 0.0  # after too many consecutive 5xx: not a candidate until then
+
+
 @dataclass(slots=True, eq=False)
 class Endpoint:
     """One schedulable target: a (pod, port) pair. `name` is `<pod>-rank-<i>` for Kubernetes pods."""
@@ -50,6 +61,7 @@ class Endpoint:
     # Per-endpoint data owned by plugins and data sources (e.g. the KV-event endpoint), by typed key.
     attributes: DataMap = field(default_factory=DataMap)
     hostport: str = ""
+    health: EndpointHealth = field(default_factory=EndpointHealth)
 
     def __post_init__(self) -> None:
         self.hostport = join_host_port(self.address, self.port)
@@ -134,6 +146,9 @@ class Usage:
     completion_tokens: int = 0
     total_tokens: int = 0
     cached_tokens: int = 0
+    # Whether the server reported `cached_tokens` at all (vLLM only with --enable-prompt-tokens-details): a 0
+    # that was never reported must not read as "no cache hit".
+    cached_tokens_reported: bool = False
 
 
 @dataclass(slots=True)
@@ -215,3 +230,36 @@ class DisaggDecision:
     encode: list[Endpoint] = field(default_factory=list)
     prefill_profile: str = "prefill"
     encode_profile: str = "encode"
+
+
+@dataclass(slots=True)
+class LatencyPrediction:
+    """One endpoint's predicted latency for this request (llm-d's LatencyPredictionInfo), in milliseconds.
+
+    Headroom = SLO - predicted (negative: the SLO would be missed); without an SLO it is -predicted, and the
+    valid flags are those of a zero SLO. `dispatched` is the requests this EPP has in flight on the endpoint.
+    """
+
+    ttft_ms: float
+    tpot_ms: float
+    ttft_valid: bool
+    tpot_valid: bool
+    ttft_headroom: float
+    tpot_headroom: float
+    dispatched: int = 0
+
+    @property
+    def valid(self) -> bool:
+        return self.ttft_valid and self.tpot_valid
+
+
+@dataclass(slots=True)
+class LatencyPredictionInfo:
+    """Per endpoint name: the latency predictions a predicted-latency producer made for this request.
+
+    `predictions` is empty when the model is cold or unfit (consumers then fall back to their non-latency
+    behaviour); `has_slo` says whether the request carried an SLO header.
+    """
+
+    predictions: dict[str, LatencyPrediction] = field(default_factory=dict)
+    has_slo: bool = False

@@ -7,8 +7,9 @@ per pod, so clearing a pod is O(1): its slot bits are retired (lookups ignore th
 from the values incrementally. Removals are reference counted per (pod, tier, block): a second store of
 a block the slot already holds (another DP rank or KV-cache group) bumps a counter that a removal must
 drain before the block leaves the index. `max_keys` bounds the index (LRU by key) and
-`max_pods_per_key` bounds the entries per key. `engine_run_size` selects the compact engine-key maps
-(`EngineMap`: sorted uint64 runs): less memory per block at scale, slower removals (see docs/benchmarks.md).
+`max_pods_per_key` bounds the entries per key. The engine-key maps are compact by default (`EngineMap`: a
+dict of recent entries spilled every `engine_run_size` into sorted uint64 runs merged incrementally);
+`engine_run_size=None` keeps plain dicts (see docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _TIER_ALIASES = {
     "shared_storage": TIER_DISK,
     "local_file": TIER_DISK,
 }
+DEFAULT_ENGINE_RUN_SIZE = 4096  # engine-map entries per spilled run; None = plain dicts
 DEFAULT_TIER_WEIGHTS = {"gpu": 1.0, "cpu": 0.8, "disk": 0.5, "other": 1.0}
 
 
@@ -74,73 +76,266 @@ class Index(Protocol):
     def pods(self) -> list[str]: ...
 
 
+class _Run:
+    """One immutable sorted run of an EngineMap: engine keys, request keys (0 = removed), a dead count."""
+
+    __slots__ = ("dead", "keys", "level", "vals")
+
+    def __init__(self, keys: np.ndarray, vals: np.ndarray, level: int) -> None:
+        self.keys = keys
+        self.vals = vals
+        self.dead = 0
+        self.level = level
+
+
+class _Merge:
+    """An incremental k-way merge of consecutive runs (oldest first) into one, a bounded slice per `step`.
+
+    Each step emits every key up to a pivot from all sources, so the output stays sorted; among equal keys the
+    newest source wins and removed entries (0) are dropped. The sources stay visible to lookups until the merge
+    completes; a key removed meanwhile is tombstoned in the sources and, if already copied, in the output."""
+
+    __slots__ = ("dead", "o", "out_k", "out_v", "pos", "sources")
+
+    def __init__(self, sources: list[_Run]) -> None:
+        self.sources = sources
+        self.pos = [0] * len(sources)
+        total = sum(len(r.keys) for r in sources)
+        self.out_k = np.empty(total, np.uint64)
+        self.out_v = np.empty(total, np.uint64)
+        self.o = 0
+        self.dead = 0  # output entries removed after they were copied
+
+    def step(self, budget: int) -> bool:
+        """Merge about `budget` input entries; True when every source is consumed."""
+        src, pos = self.sources, self.pos
+        while budget > 0:
+            active = [i for i in range(len(src)) if pos[i] < len(src[i].keys)]
+            if not active:
+                return True
+            chunk = max(1, budget // len(active))
+            pivot = min(src[i].keys[min(pos[i] + chunk, len(src[i].keys)) - 1] for i in active)
+            ks, vs = [], []
+            for i in reversed(active):  # newest first: the stable sort keeps the newest of equal keys first
+                keys = src[i].keys
+                j = pos[i] + int(keys[pos[i] :].searchsorted(pivot, "right"))
+                ks.append(keys[pos[i] : j])
+                vs.append(src[i].vals[pos[i] : j])
+                pos[i] = j
+            k = np.concatenate(ks) if len(ks) > 1 else ks[0]
+            v = np.concatenate(vs) if len(vs) > 1 else vs[0]
+            budget -= len(k)
+            if len(ks) > 1:
+                order = np.argsort(k, kind="stable")
+                k, v = k[order], v[order]
+                keep = np.empty(len(k), bool)
+                keep[0] = True
+                np.not_equal(k[1:], k[:-1], out=keep[1:])
+                keep &= v != 0
+            else:
+                keep = v != 0
+            k, v = k[keep], v[keep]
+            n = len(k)
+            self.out_k[self.o : self.o + n] = k
+            self.out_v[self.o : self.o + n] = v
+            self.o += n
+        return all(pos[i] >= len(src[i].keys) for i in range(len(src)))
+
+    def remove_copied(self, keys: np.ndarray) -> None:
+        """Keys removed from a source after this merge copied them: tombstone them in the output."""
+        out_k = self.out_k[: self.o]
+        idx = out_k.searchsorted(keys)
+        ok = idx < len(out_k)
+        idx, keys = idx[ok], keys[ok]
+        hit = np.unique(idx[(out_k[idx] == keys) & (self.out_v[idx] != 0)])
+        self.out_v[hit] = 0
+        self.dead += len(hit)
+
+    def result(self, level: int) -> _Run:
+        run = _Run(self.out_k[: self.o], self.out_v[: self.o], level)
+        run.dead = self.dead
+        return run
+
+
 class EngineMap:
-    """One pod's engine key → request key(s) map, compact: recent entries in a dict; every `run_size` of
-    them are spilled into an immutable sorted pair of uint64 arrays (16 B per entry instead of ~70 B for a
-    dict slot plus the engine-key int). Lookups check the dict, then the runs newest first (binary search);
-    removals tombstone (value 0) and a run more than half dead is compacted. Tuples (1:many block sizes)
-    stay in the dict. Spilling sorts at most `run_size` keys, so no step is large."""
+    """One pod's engine key → request key(s) map, compact: new entries go to a dict; every `run_size` of them
+    are spilled into an immutable sorted pair of uint64 arrays (16 B per entry instead of ~70 B for a dict slot
+    plus the engine-key int). Runs are merged size-tiered (`fanout` runs of one size become one run of the next)
+    and a run more than half removed is compacted, both incrementally: at most `step` entries per slice, one
+    slice every `step_every` writes, so no single call does more than a few thousand entries of numpy work (the
+    old single-shot spill of 65,536 entries paused ~11 ms). Lookups check the dict, then the runs newest first;
+    `get_many`/`delete_many` do a batch with one vectorized search per run. Tuples (1:many block sizes) stay
+    in the dict."""
 
-    __slots__ = ("recent", "run_size", "runs")
+    __slots__ = ("_merge", "_since", "fanout", "merges", "recent", "run_size", "runs", "step", "step_every")
 
-    def __init__(self, run_size: int = 65536) -> None:
+    def __init__(self, run_size: int = 4096, fanout: int = 4, step: int = 4096, step_every: int = 128) -> None:
         self.recent: dict[int, int | tuple[int, ...]] = {}
         self.run_size = run_size
-        self.runs: list[tuple[np.ndarray, np.ndarray, list[int]]] = []  # keys, values, [dead count]
+        self.fanout = fanout
+        self.step = step
+        self.runs: list[_Run] = []  # oldest first
+        self.step_every = step_every
+        self.merges = 0  # completed merges and compactions
+        self._merge: _Merge | None = None
+        self._since = 0
 
     def get(self, e: int) -> int | tuple[int, ...] | None:
         v = self.recent.get(e)
         if v is not None or not self.runs:
             return v
         k = np.uint64(e)
-        for keys, vals, _ in reversed(self.runs):
+        for run in reversed(self.runs):
+            keys = run.keys
             i = int(keys.searchsorted(k))
             if i < len(keys) and keys[i] == k:
-                r = int(vals[i])
+                r = int(run.vals[i])
                 return r if r else None
         return None
+
+    def get_many(self, es: Sequence[int]) -> list[int | tuple[int, ...] | None]:
+        rec = self.recent
+        out = [rec.get(e) for e in es]
+        if not self.runs:
+            return out
+        miss = [i for i, v in enumerate(out) if v is None]
+        if not miss:
+            return out
+        want = np.fromiter((es[i] for i in miss), np.uint64, len(miss))
+        res = np.zeros(len(miss), np.uint64)
+        todo = np.arange(len(miss))
+        for run in reversed(self.runs):
+            keys = run.keys
+            if not len(keys):
+                continue
+            sub = want[todo]
+            idx = keys.searchsorted(sub)
+            np.minimum(idx, len(keys) - 1, out=idx)
+            hit = keys[idx] == sub
+            res[todo[hit]] = run.vals[idx[hit]]
+            todo = todo[~hit]
+            if not len(todo):
+                break
+        for j, i in enumerate(miss):
+            r = int(res[j])
+            if r:
+                out[i] = r
+        return out
 
     def __setitem__(self, e: int, v: int | tuple[int, ...]) -> None:
         rec = self.recent
         rec[e] = v
         if len(rec) >= self.run_size:
             self._spill()
+        self._tick(1)
+
+    def update(self, pairs: Iterable[tuple[int, int | tuple[int, ...]]], n: int) -> None:
+        """`n` writes at once (one BlockStored event): one dict update, one spill check, one merge tick."""
+        rec = self.recent
+        rec.update(pairs)
+        if len(rec) >= self.run_size:
+            self._spill()
+        self._tick(n)
 
     def __delitem__(self, e: int) -> None:
-        self.recent.pop(e, None)
+        self.delete_many((e,))
+
+    def delete_many(self, es: Sequence[int]) -> None:
+        if not es:
+            return
+        rec = self.recent
+        for e in es:
+            rec.pop(e, None)
         if not self.runs:
             return
-        k = np.uint64(e)
-        for n, (keys, vals, dead) in enumerate(self.runs):
-            i = int(keys.searchsorted(k))
-            if i < len(keys) and keys[i] == k and vals[i]:
-                vals[i] = 0
-                dead[0] += 1
-                if dead[0] * 2 > len(keys):
-                    live = vals != 0
-                    self.runs[n] = (keys[live], vals[live], [0])
-        self.runs = [r for r in self.runs if len(r[0])]
+        want = np.fromiter(es, np.uint64, len(es))
+        m = self._merge
+        merging = m.sources if m is not None else ()
+        for run in self.runs:
+            keys = run.keys
+            if not len(keys):
+                continue
+            idx = keys.searchsorted(want)
+            np.minimum(idx, len(keys) - 1, out=idx)
+            idx = idx[(keys[idx] == want) & (run.vals[idx] != 0)]
+            if len(idx):
+                idx = np.unique(idx)
+                run.vals[idx] = 0
+                run.dead += len(idx)
+                if m is not None and run in merging:  # already copied to the merge's output: tombstone it there
+                    done = idx[idx < m.pos[merging.index(run)]]
+                    if len(done):
+                        m.remove_copied(keys[done])
+        if any(r.dead >= len(r.keys) and r not in merging for r in self.runs):
+            self.runs = [r for r in self.runs if r.dead < len(r.keys) or r in merging]
+        self._tick(len(es))
+
+    def _tick(self, n: int) -> None:
+        self._since += n
+        if self._since < self.step_every:
+            return
+        self._since = 0
+        if self._merge is None:
+            self._schedule()
+        m = self._merge
+        # Writes outrunning the merges (runs piling up) get proportionally bigger slices.
+        if m is not None and m.step(self.step * max(1, len(self.runs) // (2 * self.fanout))):
+            self._finish(m)
+
+    def _level(self, n: int) -> int:
+        level, size = 0, self.run_size * self.fanout
+        while n >= size:
+            level += 1
+            size *= self.fanout
+        return level
+
+    def _schedule(self) -> None:
+        runs = self.runs
+        for r in runs:  # a run mostly removed: compact it alone
+            if r.dead * 2 > len(r.keys) >= self.run_size:
+                self._merge = _Merge([r])
+                return
+        f = self.fanout
+        for i in range(len(runs) - f, -1, -1):  # newest group of `fanout` consecutive runs of one level
+            group = runs[i : i + f]
+            if all(r.level == group[0].level for r in group):
+                self._merge = _Merge(group)
+                return
+
+    def _finish(self, m: _Merge) -> None:
+        self._merge = None
+        self.merges += 1
+        first = self.runs.index(m.sources[0])
+        new = m.result(self._level(m.o))
+        self.runs[first : first + len(m.sources)] = [new] if len(new.keys) else []
 
     def _spill(self) -> None:
+        rec = self.recent
+        try:  # the common case, no tuples: straight from the dict's views, no temporary Python objects
+            vals = np.fromiter(rec.values(), np.uint64, len(rec))
+        except TypeError:
+            pass
+        else:
+            keys = np.fromiter(rec.keys(), np.uint64, len(rec))
+            order = np.argsort(keys)
+            self.runs.append(_Run(keys[order], vals[order], 0))
+            self.recent = {}
+            return
         ints = [(e, v) for e, v in self.recent.items() if not isinstance(v, tuple)]
         if len(ints) * 2 < self.run_size:  # mostly tuples: let the dict grow instead of spilling tiny runs
             self.run_size *= 2
             return
-        keys = (
-            np.fromiter(self.recent.keys(), np.uint64, len(self.recent))
-            if len(ints) == len(self.recent)
-            else (np.fromiter((e for e, _ in ints), np.uint64, len(ints)))
-        )
+        keys = np.fromiter((e for e, _ in ints), np.uint64, len(ints))
         vals = np.fromiter((v for _, v in ints), np.uint64, len(ints))
         order = np.argsort(keys)
-        self.runs.append((keys[order], vals[order], [0]))
+        self.runs.append(_Run(keys[order], vals[order], 0))
         if len(ints) == len(self.recent):
             self.recent = {}
         else:
             self.recent = {e: v for e, v in self.recent.items() if isinstance(v, tuple)}
 
     def __len__(self) -> int:
-        return len(self.recent) + sum(len(k) - d[0] for k, _, d in self.runs)
+        return len(self.recent) + sum(len(r.keys) - r.dead for r in self.runs)
 
 
 class _Pod:
@@ -171,7 +366,7 @@ class MemoryIndex:
         tier_weights: Mapping[str, float] | None = None,
         max_keys: int | None = None,
         max_pods_per_key: int | None = None,
-        engine_run_size: int | None = None,
+        engine_run_size: int | None = DEFAULT_ENGINE_RUN_SIZE,
     ) -> None:
         w = dict(DEFAULT_TIER_WEIGHTS)
         self.engine_run_size = engine_run_size
@@ -292,8 +487,7 @@ class MemoryIndex:
             e2r = p.e2r
             ne, nr = len(engine_keys), len(request_keys)
             if ne == nr:
-                for e, r in zip(engine_keys, request_keys, strict=True):
-                    e2r[e] = r
+                pairs: Iterable[tuple[int, int | tuple[int, ...]]] = zip(engine_keys, request_keys, strict=True)
             else:
                 n = max(ne, nr)
                 acc: dict[int, list[int]] = {}
@@ -302,8 +496,11 @@ class MemoryIndex:
                     r = request_keys[i * nr // n]
                     if not lst or lst[-1] != r:
                         lst.append(r)
-                for e, rs in acc.items():
-                    e2r[e] = rs[0] if len(rs) == 1 else tuple(rs)
+                pairs = [(e, rs[0] if len(rs) == 1 else tuple(rs)) for e, rs in acc.items()]
+            if isinstance(e2r, EngineMap):
+                e2r.update(pairs, max(ne, nr))
+            else:
+                e2r.update(pairs)
         bit = 1 << (p.shift + tier)
         data = self._data
         get = data.get
@@ -356,8 +553,10 @@ class MemoryIndex:
         e2r = p.e2r
         refs = p.refs
         pmask = p.mask
-        for e in engine_keys:
-            v = e2r.get(e)
+        keys = engine_keys if isinstance(engine_keys, Sequence) else list(engine_keys)
+        vals = e2r.get_many(keys) if isinstance(e2r, EngineMap) else [e2r.get(e) for e in keys]
+        drop: list[int] = []
+        for e, v in zip(keys, vals, strict=True):
             if v is None:
                 unknown += 1
                 continue
@@ -387,6 +586,11 @@ class MemoryIndex:
                 if cur & pmask:
                     still_held = True
             if not still_held:
+                drop.append(e)
+        if isinstance(e2r, EngineMap):
+            e2r.delete_many(drop)
+        else:
+            for e in drop:
                 del e2r[e]
         return unknown
 

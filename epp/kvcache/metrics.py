@@ -37,7 +37,8 @@ class PoolMetrics:
             self.blocks.labels(op)
         for result in ("ok", "timeout", "error"):
             self.replays.labels(result)
-        self.dropped.labels("queue_full")
+        for reason in ("queue_full", "unknown_pod", "rewound"):
+            self.dropped.labels(reason)
         self.config_errors.labels("bad_port_label")
 
 

@@ -67,17 +67,19 @@ class Replayer:
 
     async def replay(
         self, pod: str, model: str, rank: int, endpoint: str, start: int, checkpoint: Checkpoint | None = None
-    ) -> None:
+    ) -> bool | None:
         """Ask the publisher's ROUTER for batches from `start`; apply those we have not applied, in order.
 
         When we already applied batches of this rank, the request starts one batch early so the publisher's
         copy of our last batch can be compared with what we applied. `checkpoint` names the batch to compare
         instead: a reconnect compares a batch applied before the connection.
+        Returns True if the publisher restarted (the pod was cleared and replayed from 0), False if it was checked
+        and did not, None if that could not be told (nothing to compare, cooldown, timeout, error).
         """
         failed = self._failed.get(endpoint)
         if failed is not None and time.monotonic() - failed < self.cfg.replay_cooldown:
             self.metrics.replays.labels("cooldown").inc()
-            return
+            return None
         last = self.seq.last(pod, rank)
         expect: int | None = None
         if checkpoint is not None:
@@ -97,6 +99,9 @@ class Replayer:
         else:
             self._failed[endpoint] = time.monotonic()
         log.info("KV events: replay for %s from seq %d: %s, %d batches", pod, start, result, got)
+        if restarted:
+            return True
+        return False if expect is not None and result == "ok" else None
 
     async def frames(self, endpoint: str, start: int) -> AsyncIterator[list[bytes]]:
         """The publisher's replay of batches from `start`, as frame lists without the DEALER delimiter.

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from epp.framework.params import Params
 from epp.framework.types import Endpoint, PrefixMatch
 from epp.kvcache.config import PoolConfig
-from epp.kvcache.index import Index, MemoryIndex
+from epp.kvcache.index import DEFAULT_ENGINE_RUN_SIZE, Index, MemoryIndex
 from epp.kvcache.ingest import EventApplier
 from epp.kvcache.pool import EventPool
 from epp.kvcache.tokens import BlockSizes, TokenProcessor, request_extra_keys
@@ -26,7 +26,7 @@ class KVCacheSettings:
     tier_weights: dict[str, float] = field(default_factory=dict)
     max_keys: int | None = None
     max_pods_per_key: int | None = None
-    engine_run_size: int | None = None  # compact engine maps (inMemoryConfig.compactEngineMap)
+    engine_run_size: int | None = DEFAULT_ENGINE_RUN_SIZE  # None: dict engine maps (compactEngineMap: false)
     redis_address: str | None = None
     pool: PoolConfig = field(default_factory=PoolConfig)
     events_enabled: bool = True
@@ -63,7 +63,9 @@ class KVCacheSettings:
             tier_weights=weights,
             max_keys=mem.int("size", 0, min=0) or None,
             max_pods_per_key=mem.int("podCacheSize", 0, min=0) or None,
-            engine_run_size=mem.int("engineRunSize", 65536, min=1) if mem.bool("compactEngineMap", False) else None,
+            engine_run_size=(
+                mem.int("engineRunSize", DEFAULT_ENGINE_RUN_SIZE, min=1) if mem.bool("compactEngineMap", True) else None
+            ),
             redis_address=addr,
             pool=PoolConfig.from_params(kec),
             events_enabled=kec.bool("enabled", True),

@@ -90,6 +90,8 @@ class Subscriptions:
         self._subs: dict[str, tuple[str, str | None, asyncio.Task[None] | None]] = {}  # pod -> (pub, replay, task)
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        if cfg.zmq_endpoint:  # central bind: accept topics of the pool's endpoints only
+            workers.known_pods = set()
 
     # ------------------------------------------------------------ Datastore listener
     def endpoint_added(self, ep: Endpoint) -> None:
@@ -99,6 +101,8 @@ class Subscriptions:
         self._follow(ep)
 
     def endpoint_removed(self, ep: Endpoint) -> None:
+        if self.workers.known_pods is not None:
+            self.workers.known_pods.discard(ep.hostport)
         self._stop_sub(ep.hostport)
         self._subs.pop(ep.hostport, None)
         self.workers.forget(ep.hostport)
@@ -115,6 +119,8 @@ class Subscriptions:
                 "KV events: endpoint %s (%s) has %s=%r, not a port: %s", ep.name, ep.hostport, label, value, what
             )
         pod = ep.hostport
+        if self.workers.known_pods is not None:
+            self.workers.known_pods.add(pod)
         cur = self._subs.get(pod)
         if cur is not None and cur[0] != eps.pub:
             self._stop_sub(pod)

@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from epp.framework.logthrottle import LogThrottle
 from epp.kvcache.config import PoolConfig
 from epp.kvcache.events import DecodeError, EventBatch, decode_batch, parse_topic
 from epp.kvcache.ingest import ApplyStats, EventApplier
@@ -26,6 +27,7 @@ from epp.kvcache.replay import Checkpoint, Replayer
 from epp.kvcache.sequencing import SequenceTracker, Verdict
 
 log = logging.getLogger(__name__)
+_throttle = LogThrottle()  # one line per kind of bad message every 5 s; the counters stay exact
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,8 @@ class ShardedWorkers:
         self._queues = [asyncio.Queue[_Item](cfg.queue_size) for _ in range(cfg.concurrency)]
         self._shard_of: dict[str, int] = {}
         self._replay_eps: dict[str, str | None] = {}  # pod -> replay endpoint, for messages that name none
+        # Central bind: the pods in the Datastore (set by the subscriptions); messages naming others are dropped.
+        self.known_pods: set[str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_drop_log = 0.0
         metrics.capacity.set(cfg.queue_size * cfg.concurrency)
@@ -75,6 +79,7 @@ class ShardedWorkers:
     def forget(self, pod: str) -> None:
         """The pod left: drop its blocks, its sequence state and its replay endpoint."""
         self._replay_eps.pop(pod, None)
+        self._shard_of.pop(pod, None)
         self.applier.clear_pod(pod)
         self.seq.forget_pod(pod)
 
@@ -121,18 +126,34 @@ class ShardedWorkers:
         m.messages.inc()
         if len(frames) != 3:
             m.zmq_errors.labels("frames").inc()
-            log.warning("dropping KV-event message with %d frames (want 3) from %s", len(frames), source_pod or "?")
+            _throttle.log(
+                log, logging.WARNING, "frames", "dropping KV-event message with %d frames (want 3) from %s",
+                len(frames), source_pod or "?",
+            )  # fmt: skip
             return False
         topic, seqb, payload = frames
         if len(seqb) != 8:
             m.zmq_errors.labels("seq").inc()
-            log.warning("dropping KV-event message with a %d-byte sequence frame from %s", len(seqb), source_pod)
+            _throttle.log(
+                log, logging.WARNING, "seq", "dropping KV-event message with a %d-byte sequence frame from %s",
+                len(seqb), source_pod or "?",
+            )  # fmt: skip
             return False
         tpod, model = parse_topic(topic)
         pod = source_pod or tpod
         if not pod:
             m.dropped.labels("no_pod").inc()
-            log.warning("dropping KV-event message: topic %r names no pod", topic[:80])
+            _throttle.log(
+                log, logging.WARNING, "no_pod", "dropping KV-event message: topic %r names no pod", topic[:80]
+            )
+            return False
+        if source_pod is None and self.known_pods is not None and pod not in self.known_pods:
+            # Central bind: anyone who reaches the socket can name any pod; only the pool's pods get state here.
+            m.dropped.labels("unknown_pod").inc()
+            _throttle.log(
+                log, logging.WARNING, "unknown_pod", "dropping KV-event message for %r: not an endpoint of the pool",
+                pod[:80],
+            )  # fmt: skip
             return False
         if replay is None and source_pod is None:
             replay = self._replay_eps.get(pod)
@@ -179,6 +200,25 @@ class ShardedWorkers:
         self.metrics.sequence.labels(v.value).inc()
         if v is Verdict.DUPLICATE:
             return
+        if v is Verdict.RESTART and replay and self.seq.last(pod, rank) is not None:
+            # A live seq going back: ask the publisher before clearing anything. Its replay from our last applied
+            # batch says whether it restarted; if it did not, this message is forged or stale (central bind lets
+            # anyone send any topic) and must not wipe the pod.
+            last = self.seq.last(pod, rank)
+            assert last is not None
+            restarted = await self.replayer.replay(pod, model, rank, replay, last + 1)
+            if restarted is False:
+                self.metrics.dropped.labels("rewound").inc()
+                _throttle.log(
+                    log, logging.WARNING, "rewound", "KV events: dropping a batch from %s rank %d with seq %d below "
+                    "the stream's: its publisher did not restart", pod, rank, seq,
+                )  # fmt: skip
+                return
+            if restarted:  # the replay cleared the pod and refilled it from 0: judge this batch afresh
+                v = self.seq.check(pod, rank, seq)
+                if v is Verdict.DUPLICATE:
+                    await self.flush()
+                    return
         if v is Verdict.RESTART:
             log.warning("KV events: %s rank %d restarted (seq %d); clearing its blocks", pod, rank, seq)
             self.applier.clear_pod(pod)
@@ -223,7 +263,7 @@ class ShardedWorkers:
             return decode_batch(payload)
         except DecodeError as e:
             self.metrics.decode_errors.inc()
-            log.warning("KV events: bad payload from %s: %s", pod, e)
+            _throttle.log(log, logging.WARNING, "decode", "KV events: bad payload from %s: %s", pod, e)
             return None
 
     def apply(self, pod: str, model: str, batch: EventBatch) -> None:

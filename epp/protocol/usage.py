@@ -38,13 +38,21 @@ def usage_from_object(obj: Any) -> Usage | None:
     prompt = _int(u, "prompt_tokens", "input_tokens")
     completion = _int(u, "completion_tokens", "output_tokens")
     cached = 0
+    reported = False
     for details_key in ("prompt_tokens_details", "prompt_token_details", "input_tokens_details"):
         details = u.get(details_key)
         if isinstance(details, dict):
             cached = _int(details, "cached_tokens")
+            reported = isinstance(details.get("cached_tokens"), int)
             break
     total = _int(u, "total_tokens") or prompt + completion
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total, cached_tokens=cached)
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=total,
+        cached_tokens=cached,
+        cached_tokens_reported=reported,
+    )
 
 
 def usage_from_json(body: bytes) -> Usage | None:

@@ -3,7 +3,8 @@
 Order follows GIE's director: the protocol layer has already applied model rewrites; then priority from the
 InferenceObjective named by `x-gateway-inference-objective`; candidates (subset hint; none → 503); admission
 (legacy: sheddable + saturated → 429; or the flow-control queue); DataProducers within one 400 ms budget (a
-failure never fails the request); Schedule (failure → 429); PreRequest hooks. The response hooks get the
+failure never fails the request); Admitters (a deny reason → 429, as a shed); Schedule (failure → 429);
+PreRequest hooks; ResponseStreaming hooks see every response body chunk. The response hooks get the
 endpoint that served the request (Envoy's `-served` metadata, else the pick).
 """
 
@@ -14,6 +15,7 @@ import logging
 import time
 from collections.abc import Mapping
 
+from epp.datalayer.health import healthy_candidates, response_status
 from epp.datalayer.objectives import ObjectiveStore
 from epp.framework import (
     UPSTREAM_HEADERS,
@@ -30,6 +32,7 @@ from epp.framework import (
 from epp.framework.attributes import AGENT_ID
 from epp.framework.errors import DROPPED_NO_ENDPOINTS, DROPPED_SATURATED
 from epp.framework.labels import MODEL_LABELS
+from epp.framework.logthrottle import LogThrottle
 from epp.requestcontrol.flowcontrol import FlowController
 from epp.requestcontrol.pipeline import Pipeline
 from epp.requestcontrol.types import RoutingDecision, locate_candidates
@@ -37,6 +40,7 @@ from epp.scheduling import SchedulingFailed
 from epp.scheduling.metrics import SCHEDULER_ATTEMPTS
 
 log = logging.getLogger(__name__)
+_throttle = LogThrottle()
 
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
@@ -69,6 +73,7 @@ class SchedulingDirector:
         self._header_processors = list(pipeline.header_processors)
         handler = self.scheduler.handler
         self._admission_scope = handler if isinstance(handler, AdmissionScope) else None
+        self._admitters = list(pipeline.admitters)
 
     async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
         headers = request.headers
@@ -85,7 +90,7 @@ class SchedulingDirector:
         if fid:
             request.fairness_id = fid
 
-        candidates = locate_candidates(self.view.endpoints(), request.subset)
+        candidates = healthy_candidates(locate_candidates(self.view.endpoints(), request.subset))
         if not candidates:
             raise ServiceUnavailable(
                 "failed to find candidate endpoints for serving the request", dropped_reason=DROPPED_NO_ENDPOINTS
@@ -100,6 +105,15 @@ class SchedulingDirector:
 
         if self._producers:
             await self._prepare(request, candidates)
+
+        for admitter in self._admitters:
+            try:
+                reason = admitter.admit(request, candidates)
+            except Exception:
+                log.exception("Admitter %s failed for request %s; admitting", admitter.name, request.request_id)
+                continue
+            if reason is not None:
+                raise TooManyRequests(f"request cannot be admitted: {reason}")
 
         try:
             result = self.scheduler.schedule(request, candidates)
@@ -147,8 +161,14 @@ class SchedulingDirector:
                     current = producer.name
                     try:
                         await producer.prepare(request, candidates)
-                    except Exception:
-                        log.exception("DataProducer %s failed for request %s", producer.name, request.request_id)
+                    except Exception as e:
+                        # Bad input (out-of-range token ids, lone surrogates) fails the same way for every such
+                        # request: one traceback per producer and error type every 5 s, not one per request.
+                        _throttle.log(
+                            log, logging.ERROR, f"{producer.name}:{type(e).__name__}",
+                            "DataProducer %s failed for request %s: %s", producer.name, request.request_id,
+                            type(e).__name__, exc_info=True,
+                        )  # fmt: skip
         except TimeoutError:
             log.warning(
                 "data producers exceeded the %.0f ms budget (at %s) for request %s; scheduling without their data",
@@ -178,9 +198,11 @@ class SchedulingDirector:
             if endpoint is None:
                 endpoint = next((ep for ep in decision.endpoints if ep.hostport == served), None)
             decision.served = endpoint
+        endpoint = self._endpoint_for(decision)
+        if endpoint is not None:
+            response_status(endpoint, status, time.monotonic())
         if not self._received:
             return
-        endpoint = self._endpoint_for(decision)
         response = Response(status=status, headers=dict(headers))
         for hook in self._received:
             try:

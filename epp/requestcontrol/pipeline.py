@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from epp.framework import (
+    Admitter,
     DataProducer,
     Plugin,
     PreRequest,
@@ -28,6 +29,8 @@ class Pipeline:
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
+    # Run after the producers, before scheduling (e.g. latency-slo-admitter).
+    admitters: list[Admitter] = field(default_factory=list)
     response_streaming: list[ResponseStreaming] = field(default_factory=list)
     # requestHandler.parsers (or GIE's `parser`), in config order: the request parsers the server is to use.
     parsers: list[Plugin] = field(default_factory=list)

@@ -140,6 +140,8 @@ class Options:
     bind_address: str = "0.0.0.0"
     max_request_body_bytes: int = 128 * 1024 * 1024
     metrics_max_model_labels: int = 100
+    endpoint_stale_after: float = 1.0
+    endpoint_max_scrape_failures: int = 2
     log_level: str = ""
     workers: int = 1
     worker_index: int = -1
@@ -338,6 +340,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max-request-body-bytes", "int", "Larger request bodies get a 413 (pyepp)."),
     Flag("metrics-max-model-labels", "int",
          "Distinct model names (and fairness ids) that become metric labels; the rest count as __other__ (pyepp)."),
+    Flag("endpoint-stale-after", "duration",
+         "No good metrics scrape for this long: the endpoint is not routed to (0: never stale) (pyepp)."),
+    Flag("endpoint-max-scrape-failures", "int",
+         "Consecutive failed metrics scrapes after which the endpoint is not routed to (0: never) (pyepp)."),
     Flag("log-level", "string", "Python log level: debug, info, warning or error; overrides -v and --zap-log-level "
          "(pyepp)."),
     Flag("workers", "int", "EPP processes sharing the ports through SO_REUSEPORT (pyepp)."),

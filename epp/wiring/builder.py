@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from epp.config.loader import ConfigError, EppConfig, PluginSpec
 from epp.config.yamlmarks import line_of
 from epp.framework import (
+    Admitter,
     CrossReplicaContributor,
     CrossReplicaSyncer,
     DataKey,
@@ -206,6 +207,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         pre_request=[p for p in everything if isinstance(p, PreRequest)],
         response_received=[p for p in everything if isinstance(p, ResponseReceived)],
         response_complete=[p for p in everything if isinstance(p, ResponseComplete)],
+        admitters=[p for p in everything if isinstance(p, Admitter)],
         response_streaming=[p for p in everything if isinstance(p, ResponseStreaming)],
         parsers=parsers,
         parser_registry=parser_registry,

@@ -15,6 +15,7 @@ from epp.datalayer.plugins.topology_extractor import TopologyExtractor
 from epp.discovery.plugins.file_discovery import FileDiscovery
 from epp.framework import REGISTRY, Plugin, PluginRegistry
 from epp.framework.parsing import ParserRegistry, RequestParser
+from epp.plugins.admitters.latency_slo_admitter import LatencySLOAdmitter
 from epp.plugins.compat.multicluster_hub import MultiClusterHubPlugin
 from epp.plugins.deciders.always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
 from epp.plugins.deciders.always_disagg_pd_decider import AlwaysDisaggPDDecider
@@ -27,6 +28,7 @@ from epp.plugins.filters.header_based_testing_filter import HeaderBasedTestingFi
 from epp.plugins.filters.label_selector_filter import LabelSelectorFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
 from epp.plugins.filters.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
+from epp.plugins.filters.slo_headroom_tier_filter import SLOHeadroomTierFilter
 from epp.plugins.filters.topology_affinity_filter import TopologyAffinityFilter
 from epp.plugins.filters.utilization_filter import UtilizationFilter
 from epp.plugins.flowcontrol.edf_ordering_policy import EDFOrderingPolicy
@@ -53,6 +55,7 @@ from epp.plugins.prerequest.disagg_headers_handler import DisaggHeadersHandler
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
+from epp.plugins.producers.predicted_latency_producer import PredictedLatencyProducer
 from epp.plugins.producers.token_producer import TokenProducer
 from epp.plugins.profiles.disagg_profile_handler import DisaggProfileHandler
 from epp.plugins.profiles.pd_profile_handler import PdProfileHandler
@@ -67,10 +70,12 @@ from epp.plugins.scorers.context_length_aware import ContextLengthAware
 from epp.plugins.scorers.endpoint_attribute_scorer import EndpointAttributeScorer
 from epp.plugins.scorers.header_label_affinity_scorer import HeaderLabelAffinityScorer
 from epp.plugins.scorers.kv_cache_utilization_scorer import KVCacheUtilizationScorer
+from epp.plugins.scorers.latency_scorer import LatencyScorer
 from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
 from epp.plugins.scorers.lora_affinity_scorer import LoraAffinityScorer
 from epp.plugins.scorers.no_hit_lru_scorer import NoHitLRUScorer
 from epp.plugins.scorers.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
+from epp.plugins.scorers.prefill_cost_scorer import PrefillCostScorer
 from epp.plugins.scorers.prefix_cache_scorer import PrefixCacheScorer
 from epp.plugins.scorers.queue_scorer import QueueScorer
 from epp.plugins.scorers.running_requests_size_scorer import RunningRequestsSizeScorer
@@ -85,15 +90,18 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     EncodeFilter,
     LabelSelectorFilter,
     PrefillFilter,
+    SLOHeadroomTierFilter,
     PrefixCacheAffinityFilter,
     # scorers
     ActiveRequestScorer,
     ContextLengthAware,
     KVCacheUtilizationScorer,
+    LatencyScorer,
     LoadAwareScorer,
     LoraAffinityScorer,
     NoHitLRUScorer,
     PrecisePrefixCacheScorer,
+    PrefillCostScorer,
     PrefixCacheScorer,
     QueueScorer,
     RunningRequestsSizeScorer,
@@ -117,7 +125,10 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     ApproxPrefixCacheProducer,
     InFlightLoadProducer,
     PrecisePrefixCacheProducer,
+    PredictedLatencyProducer,
     TokenProducer,
+    # admitters (after the producers, before scheduling)
+    LatencySLOAdmitter,
     # admission: saturation detector (also a filter) and flow-control policies
     UtilizationDetector,
     ConcurrencyDetector,

@@ -167,7 +167,18 @@ def test_rbac_is_read_only_and_minimal() -> None:
     binding = one(docs, "RoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["name"] == one(docs, "ServiceAccount")["metadata"]["name"]
-    assert by_kind(docs, "ClusterRole") == []
+    # Cluster-wide: only creating TokenReviews/SubjectAccessReviews (--metrics-endpoint-auth, on by default).
+    (auth,) = by_kind(docs, "ClusterRole")
+    assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in auth["rules"]] == [
+        (["authentication.k8s.io"], ["tokenreviews"], ["create"]),
+        (["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),
+    ]
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-endpoint-auth=false" not in c["args"]
+    open_docs = render({**BASE, "monitoring": {"prometheus": {"auth": {"enabled": False}}}})
+    assert by_kind(open_docs, "ClusterRole") == []
+    (c,) = one(open_docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-endpoint-auth=false" in c["args"]
 
 
 def test_config_weights_come_from_values() -> None:

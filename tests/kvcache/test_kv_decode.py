@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -270,3 +271,15 @@ async def test_undecodable_batch_of_a_dp_rank_is_filed_under_that_rank() -> None
     await pool.process("p", "m", 2, msgpack.packb([2.0, [], 3]), None)
     assert pool.seq.ranks("p") == [3] and pool.seq.last("p", 3) == 2
     assert reg.get_sample_value("kv_cache_events_sequence_total", {"verdict": "gap"}) is None
+
+
+def test_malformed_messages_are_counted_exactly_and_logged_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    reg = CollectorRegistry()
+    pool = ShardedWorkers(EventApplier(MemoryIndex(), TokenProcessor(2)), PoolConfig(concurrency=1), PoolMetrics(reg))
+    with caplog.at_level(logging.WARNING, "epp.kvcache.workers"):
+        for _ in range(5000):
+            assert not pool.submit([b"kv@p@m", b"\x00" * 8], None)
+            assert not pool.submit([b"kv@p@m", b"\x00", b""], None)
+    assert reg.get_sample_value("kv_cache_events_zmq_errors_total", {"kind": "frames"}) == 5000
+    assert reg.get_sample_value("kv_cache_events_zmq_errors_total", {"kind": "seq"}) == 5000
+    assert len(caplog.records) <= 4  # was one WARNING per message

@@ -189,3 +189,45 @@ def test_engine_map_runs_shadow_tombstone_and_compact() -> None:
     for e in (big, big - 1, big - 2, big - 3):
         m[e] = 5
     assert m.get(big) == 5
+
+
+@pytest.mark.parametrize("fanout,step", [(2, 3), (4, 7), (3, 1000)])
+def test_engine_map_incremental_merges_match_a_dict(fanout: int, step: int) -> None:
+    """Random writes, overwrites, single and batch removals and lookups against a plain dict, with runs
+    spilled and merged (and compacted) in small slices while lookups and removals go on."""
+    import random
+
+    from epp.kvcache.index import EngineMap
+
+    rnd = random.Random(fanout * 1000 + step)
+    m = EngineMap(run_size=8, fanout=fanout, step=step, step_every=3)
+    model: dict[int, int] = {}
+    universe = [rnd.getrandbits(64) for _ in range(300)] + [0, 1, (1 << 64) - 1]
+    merges_seen = 0
+    for n in range(6000):
+        op = rnd.random()
+        if op < 0.55:
+            e = rnd.choice(universe)
+            v = rnd.randrange(1, 1 << 63)
+            m[e] = v
+            model[e] = v
+        elif op < 0.7:
+            e = rnd.choice(universe)
+            del m[e]
+            model.pop(e, None)
+        elif op < 0.8:
+            batch = rnd.sample(universe, 12)
+            m.delete_many(batch)
+            for e in batch:
+                model.pop(e, None)
+        else:
+            batch = rnd.sample(universe, 20)
+            assert m.get_many(batch) == [model.get(e) for e in batch]
+        merges_seen += m._merge is not None
+        if n % 500 == 0:
+            assert all(m.get(e) == model.get(e) for e in universe)
+    assert all(m.get(e) == model.get(e) for e in universe)
+    assert m.merges > 20
+    if step < 100:
+        assert merges_seen > 100  # merges really ran interleaved with the other operations
+    assert len(m.runs) <= 6 * fanout  # tiered merging keeps the run count bounded (~fanout per level)

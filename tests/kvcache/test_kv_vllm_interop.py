@@ -109,12 +109,16 @@ async def test_publisher_restart_clears_pod(rig: Rig, publishers: Any, vllm_kv: 
 async def test_central_bind_mode_takes_pod_from_topic(publishers: Any, vllm_kv: Any) -> None:
     import socket
 
+    import msgpack
+    import zmq
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     kv = vllm_kv
     r = Rig(PoolConfig(zmq_endpoint=f"tcp://127.0.0.1:{port}", discover_pods=False, default_model=MODEL))
     task = asyncio.create_task(r.pool.run())
+    forger: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
     try:
         await r.pool.started()
         # vLLM connects its PUB (no '*' in the endpoint) to our bound SUB
@@ -125,8 +129,33 @@ async def test_central_bind_mode_takes_pod_from_topic(publishers: Any, vllm_kv: 
         )
         await asyncio.sleep(0.3)
         a.publish(batch(kv, stored(kv, [1, 2, 3], None, TOKENS[: 3 * BS])))
-        await until(lambda: r.blocks(TOKENS, "10.0.0.7:8000") == 3)
+        a.publish(batch(kv, stored(kv, [4], 3, TOKENS[3 * BS : 4 * BS])))
+        await until(lambda: r.blocks(TOKENS, "10.0.0.7:8000") == 4)
+        # Anyone reaching the socket can send any topic. A pod the pool does not have gets no state at all...
+        forger.setsockopt(zmq.SNDHWM, 0)  # queue everything: no message lost on the way
+        forger.connect(f"tcp://127.0.0.1:{port}")
+        await asyncio.sleep(0.3)
+        cleared = msgpack.packb([0.0, [["AllBlocksCleared"]]])
+        for i in range(2000):
+            forger.send_multipart([f"kv@10.9.{i // 256}.{i % 256}:8000@m".encode(), (0).to_bytes(8, "big"), cleared])
+        # ...and a real pod's topic with a rewound seq (what a restart looks like) is checked against the pod's
+        # publisher before anything is cleared: it did not restart, so the message is dropped.
+        forger.send_multipart([f"kv@10.0.0.7:8000@{MODEL}".encode(), (0).to_bytes(8, "big"), cleared])
+        await until(lambda: r.metric("kv_cache_events_dropped_total", reason="rewound") == 1)
+        await until(lambda: r.metric("kv_cache_events_dropped_total", reason="unknown_pod") == 2000)
+        assert r.blocks(TOKENS, "10.0.0.7:8000") == 4
+        assert r.pool.workers.seq.ranks("10.0.0.7:8000") == [0] and len(r.pool.workers._shard_of) <= 1
+        # A real restart (seq back to 0 from the same publisher) still clears and refills the pod.
+        b = await publishers.restart(a)
+        await asyncio.sleep(0.3)
+        b.publish(batch(kv, stored(kv, [9], None, TOKENS[:BS])))
+        await until(lambda: r.blocks(TOKENS, "10.0.0.7:8000") == 1)
+        # A pod that leaves the pool stops being accepted.
+        r.pool.subscriptions.endpoint_removed(Endpoint("p", "10.0.0.7", 8000))
+        forger.send_multipart([f"kv@10.0.0.7:8000@{MODEL}".encode(), (5).to_bytes(8, "big"), cleared])
+        await until(lambda: r.metric("kv_cache_events_dropped_total", reason="unknown_pod") == 2001)
     finally:
+        forger.close(linger=0)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -28,11 +28,13 @@ def test_usage_from_json_variants() -> None:
         b'{"object":"chat.completion","usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,'
         b'"prompt_tokens_details":{"cached_tokens":4}}}'
     )
-    assert usage_from_json(chat) == Usage(10, 5, 15, 4)
+    assert usage_from_json(chat) == Usage(10, 5, 15, 4, cached_tokens_reported=True)
     resp = (
         b'{"object":"response","usage":{"input_tokens":7,"output_tokens":2,"input_tokens_details":{"cached_tokens":1}}}'
     )
-    assert usage_from_json(resp) == Usage(7, 2, 9, 1)
+    assert usage_from_json(resp) == Usage(7, 2, 9, 1, cached_tokens_reported=True)
+    # no details: 0 cached tokens, and not reported (vLLM without --enable-prompt-tokens-details)
+    assert usage_from_json(b'{"usage":{"prompt_tokens":3,"prompt_tokens_details":null}}') == Usage(3, 0, 3)
     assert usage_from_json(b'{"usage": null}') is None
     assert usage_from_json(b"not json") is None
     assert usage_from_json(b"") is None

@@ -312,3 +312,24 @@ async def test_scheduler_metrics_and_debug_decision_log(caplog: pytest.LogCaptur
     with pytest.raises(TooManyRequests):
         await strict.handle_request(chat("x"))
     assert attempts("failure") == fail0 + 1
+
+
+async def test_unhealthy_endpoints_are_not_candidates() -> None:
+    """Dead pods (failed scrapes) and pods answering 5xx in a row are skipped; all unhealthy fails open."""
+    ds = pool(3)
+    d = director(ds, "plugins: [{type: active-request-scorer}]")
+    ep0, ep1, ep2 = ds.endpoints()
+    ep0.health.scrape_failures = 5
+    picks = set()
+    for i in range(12):
+        r = chat("x", rid=str(i))
+        dec = await d.handle_request(r)
+        picks.add(dec.endpoints[0].name)
+        status = 503 if dec.endpoints[0] is ep1 else 200  # ep1 answers 503 (also what Envoy says when it is down)
+        d.handle_response_headers(r, dec, status, dec.destination, {})
+    assert "pod-0" not in picks
+    assert ep1.health.ejected_until > time.monotonic()  # five 503s in a row: ejected
+    for i in range(5):
+        assert (await d.handle_request(chat("x", rid=f"e{i}"))).endpoints[0] is ep2
+    ep2.health.scrape_failures = ep1.health.scrape_failures = 5
+    assert len({(await d.handle_request(chat("x", rid=f"o{i}"))).endpoints[0].name for i in range(9)}) > 1

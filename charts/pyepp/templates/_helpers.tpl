@@ -45,6 +45,12 @@ app.kubernetes.io/component: endpoint-picker
 {{/* The default EndpointPickerConfig: every scorer in one profile with its weight, then the picker. */}}
 {{- define "pyepp.defaultPluginsConfig" -}}
 {{- $s := .Values.inferenceExtension.scheduling -}}
+{{- $engine := lower (toString (default "vllm" .Values.inferencePool.modelServerType)) -}}
+{{- $mds := deepCopy (default dict .Values.inferenceExtension.metricsDataSource) -}}
+{{- if and (eq $engine "trtllm-serve") (eq (toString (default "/metrics" $mds.path)) "/metrics") -}}
+{{- $_ := set $mds "path" "/prometheus/metrics" -}}
+{{- end -}}
+{{- $custom := and (not $s.dataLayer) (or (ne $engine "vllm") (ne (toString (default "http" $mds.scheme)) "http") (ne (toString (default "/metrics" $mds.path)) "/metrics") (eq (toString $mds.insecureSkipVerify) "false")) -}}
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 {{- with $s.featureGates }}
@@ -52,6 +58,16 @@ featureGates:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 plugins:
+{{- if $custom }}
+- type: metrics-data-source
+  parameters:
+    scheme: {{ default "http" $mds.scheme }}
+    path: {{ default "/metrics" $mds.path }}
+    insecureSkipVerify: {{ ne (toString $mds.insecureSkipVerify) "false" }}
+- type: core-metrics-extractor
+  parameters:
+    defaultEngine: {{ $engine }}
+{{- end }}
 {{- range $s.extraPlugins }}
 - type: {{ required "scheduling.extraPlugins[].type is required" .type }}
   {{- with .name }}
@@ -91,5 +107,12 @@ schedulingProfiles:
 {{- with $s.dataLayer }}
 dataLayer:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if $custom }}
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors:
+    - pluginRef: core-metrics-extractor
 {{- end }}
 {{- end -}}

@@ -58,3 +58,55 @@ def test_decode_slows_under_load(thread_sim_factory: Any) -> None:
         both = [f.result() for f in [pool.submit(e2e), pool.submit(e2e)]]
     assert alone >= 19 * 0.02
     assert min(both) > 2 * alone
+
+
+def test_shared_prefill_throughput_queues_prefills(thread_sim_factory: Any) -> None:
+    """--prefill-tokens-per-second: two cold prompts sent together prefill one after the other."""
+    sim: Sim = thread_sim_factory(
+        "--prefill-tokens-per-second", "2000", "--prefill-overhead", "0.001", "--max-num-seqs", "4", events=False
+    )
+    _, r = post(sim.url + "/v1/completions", {"prompt": "Zeta: " + PROMPT, "max_tokens": 1})
+    n = r["usage"]["prompt_tokens"]  # ~650 tokens: ~0.33 s of prefill each
+    with ThreadPoolExecutor(2) as pool:
+        futs = [pool.submit(stream_ttft, sim.url + "/v1/completions", {"prompt": f"{k}: " + PROMPT, "max_tokens": 2})
+                for k in ("Alpha", "Beta")]  # fmt: skip
+        ttfts = sorted(f.result()[0] for f in futs)
+    one = n / 2000
+    assert ttfts[0] >= one * 0.9
+    assert ttfts[1] >= 1.8 * one  # waited for the other prefill
+    # the cached part is not prefilled again: only the uncached tokens cost time
+    warm, _ = stream_ttft(sim.url + "/v1/completions", {"prompt": "Alpha: " + PROMPT, "max_tokens": 2})
+    assert warm < one / 3
+
+
+def test_prefill_slows_running_decodes(thread_sim_factory: Any) -> None:
+    """--prefill-interference with shared prefill: decode steps are slower while another request prefills."""
+    sim: Sim = thread_sim_factory(
+        "--prefill-tokens-per-second", "1000", "--prefill-interference", "3", "--inter-token-latency", "0.01",
+        "--prefill-overhead", "0.001", "--max-num-seqs", "4", events=False,
+    )  # fmt: skip
+    short = {"prompt": "hello", "max_tokens": 30}
+
+    def e2e(body: dict[str, Any]) -> float:
+        t0 = time.perf_counter()
+        assert post(sim.url + "/v1/completions", body)[0] == 200
+        return time.perf_counter() - t0
+
+    alone = e2e(short)  # ~0.3 s of decode
+    with ThreadPoolExecutor(2) as pool:
+        f = pool.submit(e2e, short)
+        time.sleep(0.05)
+        pool.submit(e2e, {"prompt": "Gamma: " + PROMPT, "max_tokens": 1})  # ~0.65 s of prefill
+        disturbed = f.result()
+    assert alone < 0.6
+    assert disturbed > 2 * alone
+
+
+def test_time_scale_compresses_every_duration(thread_sim_factory: Any) -> None:
+    sim: Sim = thread_sim_factory(
+        "--inter-token-latency", "0.04", "--prefill-overhead", "0.001", "--time-scale", "0.25", events=False
+    )
+    t0 = time.perf_counter()
+    assert post(sim.url + "/v1/completions", {"prompt": "hello", "max_tokens": 21})[0] == 200
+    took = time.perf_counter() - t0
+    assert 20 * 0.04 * 0.25 * 0.95 <= took < 20 * 0.04 * 0.6

@@ -1,0 +1,450 @@
+"""Where one request's time goes inside the EPP, and the Python floor beside it.
+
+Part 1, in process (no transport): the wire messages Envoy sends for one request go through `RequestStream`
+with a timer around every phase: protobuf parse of each message, body gathering, JSON parse, each DataProducer
+(tokenization is the token-producer; the precise producer's KV lookup), scheduling, PreRequest hooks, response
+building and serialization, the response headers, every response body message (JSON usage or SSE events) and
+the end-of-request hooks. Approximate and precise chains, 1k and 8k-token prompts, first sight of each prompt
+(tokenizer cache cold) and a repeat (warm), non-streaming and SSE responses. Medians in µs per request.
+
+Part 2, through a real Envoy, side by side in one run at the same open-loop rate: Envoy alone (the client names
+the pod), Envoy + the Python floor (`floor_extproc`: same protos and message sequence, fixed destination), and
+Envoy + the EPP (each chain). Added latency = path − Envoy alone; ours over the floor is what we can cut.
+
+    python -m e2e.bench.bench_breakdown                     # both parts
+    python -m e2e.bench.bench_breakdown --part 2 --points 1024:50 --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from prometheus_client import CollectorRegistry
+
+from e2e.bench.loadgen import percentile
+from e2e.harness.envoy_config import EnvoyOptions
+from e2e.harness.ports import free_port, free_ports
+from e2e.harness.procs import EnvoyProcess, _Process
+from e2e.harness.stack import start_stack
+from e2e.sim.launch import start_simulators
+from e2e.strategies import PROFILES, config_text
+from e2e.workloads.text import TextFactory
+from epp.config import parse_config
+from epp.framework.types import Endpoint
+from epp.server import extproc
+from epp.server.extproc import RequestStream, ServerState
+from epp.server.metrics import RequestMetrics
+from epp.wiring.runtime import build_runtime
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+DEST = "x-gateway-destination-endpoint"
+CHAINS = ("approximate", "precise")
+
+
+# -- part 1: in process --------------------------------------------------------------------------------------
+
+
+class Timers:
+    def __init__(self) -> None:
+        self.acc: dict[str, float] = defaultdict(float)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.acc[name] += seconds
+
+    def wrap_sync(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.acc[name] += time.perf_counter() - t
+
+        return timed
+
+    def wrap_async(self, name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def timed(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return await fn(*a, **kw)
+            finally:
+                self.acc[name] += time.perf_counter() - t
+
+        return timed
+
+
+def _hdrs(pairs: dict[str, str]) -> base_pb2.HeaderMap:
+    return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])
+
+
+def request_wire(prompt: str, stream: bool, chunk: int = 62_000) -> list[bytes]:
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 16, "stream": stream}).encode()
+    out = [
+        pb.ProcessingRequest(
+            request_headers=pb.HttpHeaders(
+                headers=_hdrs(
+                    {
+                        ":method": "POST",
+                        ":path": "/v1/completions",
+                        ":authority": "gw",
+                        "content-type": "application/json",
+                        "x-request-id": "r",
+                    }
+                )
+            )
+        ).SerializeToString()
+    ]
+    parts = [body[i : i + chunk] for i in range(0, len(body), chunk)]
+    for i, p in enumerate(parts):
+        out.append(
+            pb.ProcessingRequest(
+                request_body=pb.HttpBody(body=p, end_of_stream=i == len(parts) - 1)
+            ).SerializeToString()
+        )
+    return out
+
+
+def response_wire(stream: bool, n_tokens: int = 16) -> list[bytes]:
+    if stream:
+        ct = "text/event-stream"
+        events = [
+            b'data: {"id":"c","object":"text_completion","model":"%s","choices":[{"index":0,"text":"tok "}]}\n\n'
+            % MODEL.encode()
+            for _ in range(n_tokens)
+        ]
+        events.append(
+            b'data: {"id":"c","object":"text_completion","model":"%s","choices":[],"usage":{"prompt_tokens":1000,'
+            b'"completion_tokens":16,"total_tokens":1016}}\n\ndata: [DONE]\n\n' % MODEL.encode()
+        )
+    else:
+        ct = "application/json"
+        events = [
+            json.dumps(
+                {
+                    "id": "c",
+                    "object": "text_completion",
+                    "model": MODEL,
+                    "choices": [{"index": 0, "text": "tok " * n_tokens, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 1000, "completion_tokens": 16, "total_tokens": 1016},
+                }
+            ).encode()
+        ]
+    out = [
+        pb.ProcessingRequest(
+            response_headers=pb.HttpHeaders(headers=_hdrs({":status": "200", "content-type": ct}))
+        ).SerializeToString()
+    ]
+    for i, e in enumerate(events):
+        out.append(
+            pb.ProcessingRequest(
+                response_body=pb.HttpBody(body=e, end_of_stream=i == len(events) - 1)
+            ).SerializeToString()
+        )
+    return out
+
+
+def _runtime(chain: str, timers: Timers) -> ServerState:
+    eps = "endpoints:\n" + "".join(f"- {{name: ep{i}, address: 127.0.0.1, port: {9000 + i}}}\n" for i in range(4))
+    cfg = parse_config(PROFILES[chain].format(block_size=16).lstrip() + eps, source="bench")
+    rt = build_runtime(cfg)
+    rt.datastore.replace_all([Endpoint(name=f"ep{i}", address="127.0.0.1", port=9000 + i) for i in range(4)])
+    director: Any = rt.director
+    director.handle_request = timers.wrap_async("director (total)", director.handle_request)
+    director.scheduler.schedule = timers.wrap_sync("  scheduling", director.scheduler.schedule)
+    for p in director._producers:
+        label = "  producer " + p.name + (" (tokenization)" if "token" in p.name and "prefix" not in p.name else "")
+        p.prepare = timers.wrap_async(label, p.prepare)
+    for h in director._pre_request:
+        h.pre_request = timers.wrap_sync("  pre-request " + h.name, h.pre_request)
+    director.handle_response_complete = timers.wrap_sync("response complete hooks", director.handle_response_complete)
+    return ServerState(rt.director, rt.datastore, RequestMetrics(CollectorRegistry()))
+
+
+async def _one(state: ServerState, timers: Timers, req: list[bytes], resp: list[bytes]) -> None:
+    s = RequestStream(state)
+    for wire in (req, resp):
+        for w in wire:
+            t = time.perf_counter()
+            msg = pb.ProcessingRequest.FromString(w)
+            t1 = time.perf_counter()
+            timers.add("protobuf parse (all messages)", t1 - t)
+            kind = msg.WhichOneof("request")
+            out = await s.handle(msg)
+            t2 = time.perf_counter()
+            name = {
+                "request_headers": "request headers",
+                "request_body": "request body (gather + decide)",
+                "response_headers": "response headers",
+                "response_body": "response body (usage, rewrite)",
+            }[kind]
+            timers.add(name, t2 - t1)
+            for r in out:
+                r.SerializeToString()
+            timers.add("protobuf serialize (all responses)", time.perf_counter() - t2)
+
+
+def part1(n: int, repeats: int) -> list[dict[str, Any]]:
+    texts = TextFactory(7)
+    rows: list[dict[str, Any]] = []
+    parse_t = Timers()
+    extproc.parse_request = parse_t.wrap_sync("json parse + request", extproc.parse_request)
+    for chain in CHAINS:
+        timers = Timers()
+        state = _runtime(chain, timers)
+        loop = asyncio.new_event_loop()
+        for tokens in (1024, 8192):
+            for stream in (False, True):
+                resp = response_wire(stream)
+                for cache in ("cold", "warm"):
+                    runs: list[dict[str, float]] = []
+                    for r in range(repeats):
+                        prompts = [texts.text(("bd", chain, tokens, stream, r, i), tokens) for i in range(n)]
+                        wires = [request_wire(p, stream) for p in prompts]
+                        if cache == "warm":  # the tokenizer and prefix caches have seen these prompts
+                            for w in wires:
+                                loop.run_until_complete(_one(state, Timers(), w, resp))
+                        timers.acc.clear()
+                        parse_t.acc.clear()
+                        t = time.perf_counter()
+                        for w in wires:
+                            loop.run_until_complete(_one(state, timers, w, resp))
+                        total = time.perf_counter() - t
+                        acc = dict(timers.acc) | dict(parse_t.acc)
+                        acc["TOTAL"] = total
+                        runs.append({k: v / n * 1e6 for k, v in acc.items()})
+                    med = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in runs[0]}
+                    rows.append({"chain": chain, "tokens": tokens, "sse": stream, "cache": cache, "us": med})
+        loop.close()
+    return rows
+
+
+def print_part1(rows: list[dict[str, Any]]) -> None:
+    names: list[str] = []
+    for r in rows:
+        for k in r["us"]:
+            if k not in names:
+                names.append(k)
+    order = [
+        "protobuf parse (all messages)",
+        "request headers",
+        "request body (gather + decide)",
+        "json parse + request",
+        "director (total)",
+    ]
+    names = [n for n in order if n in names] + sorted(n for n in names if n not in order and n != "TOTAL") + ["TOTAL"]
+    heads = [f"{r['chain'][:6]} {r['tokens'] // 1024}k {'sse' if r['sse'] else 'json'} {r['cache']}" for r in rows]
+    print("\n# part 1: µs per request in process (median of repeats)")
+    print(f"{'phase':44}" + "".join(f"{h:>22}" for h in heads))
+    for n in names:
+        print(f"{n[:44]:44}" + "".join(f"{r['us'].get(n, 0.0):>22.1f}" for r in rows))
+
+
+# -- part 2: through Envoy -----------------------------------------------------------------------------------
+
+
+class FloorProcess(_Process):
+    def __init__(self, workdir: Path, destination: str) -> None:
+        self.port, self.health_port = free_ports(2)
+        argv = [
+            sys.executable,
+            "-m",
+            "e2e.bench.floor_extproc",
+            "--port",
+            str(self.port),
+            "--health-port",
+            str(self.health_port),
+            "--destination",
+            destination,
+        ]
+        super().__init__("floor", argv, workdir / "floor.log")
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with grpc.insecure_channel(f"127.0.0.1:{self.health_port}") as ch:
+                    st = health_pb2_grpc.HealthStub(ch).Check(
+                        health_pb2.HealthCheckRequest(service="readiness"), timeout=1
+                    )
+                    if st.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+            except grpc.RpcError:
+                time.sleep(0.05)
+        raise self.fail("floor not ready")
+
+
+async def _measure(
+    paths: dict[str, tuple[str, dict[str, str]]], prompts: Sequence[str], rate: float, duration: float, stream: bool
+) -> tuple[dict[str, list[float]], int]:
+    lat: dict[str, list[float]] = {k: [] for k in paths}
+    errors = 0
+    rng = random.Random(0)
+    names = list(paths)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as session:
+
+        async def one(kind: str, prompt: str) -> None:
+            nonlocal errors
+            url, headers = paths[kind]
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 16 if stream else 1, "stream": stream}
+            t0 = time.perf_counter()
+            try:
+                async with session.post(url + "/v1/completions", json=body, headers=headers) as r:
+                    await r.read()
+                    if r.status != 200:
+                        errors += 1
+                        return
+            except aiohttp.ClientError:
+                errors += 1
+                return
+            lat[kind].append(time.perf_counter() - t0)
+
+        tasks = []
+        start = time.perf_counter()
+        n = int(rate * duration) * len(names)
+        for i in range(n):  # every path at `rate`, interleaved, so all see the same machine load
+            delay = start + i / (rate * len(names)) - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(names[i % len(names)], rng.choice(prompts))))
+        await asyncio.gather(*tasks)
+    return lat, errors
+
+
+def part2(points: list[tuple[int, list[float]]], duration: float, chains: Sequence[str]) -> list[dict[str, Any]]:
+    texts = TextFactory(3)
+    rows: list[dict[str, Any]] = []
+    sim_args = [
+        "--prefill-overhead",
+        "0",
+        "--prefill-time-per-token",
+        "0",
+        "--inter-token-latency",
+        "0",
+        "--num-gpu-blocks",
+        "65536",
+        "--max-num-seqs",
+        "256",
+        "--max-model-len",
+        "65536",
+    ]
+    with tempfile.TemporaryDirectory(prefix="pyepp-breakdown-") as tmp, start_simulators(1, base_args=sim_args) as sims:
+        sim = sims[0]
+        work = Path(tmp)
+        stacks = []
+        floor = FloorProcess(work, sim.hostport)
+        envoy_floor: EnvoyProcess | None = None
+        try:
+            for chain in chains:
+                d = work / chain
+                d.mkdir()
+                stacks.append(
+                    start_stack(
+                        d,
+                        backends=[],
+                        config=config_text(chain, sims),
+                        epp_args=["--log-level", "warning"],
+                        envoy_overrides={"direct_port": free_port()},
+                    )
+                )
+            floor.wait_ready()
+            lp, ap = free_ports(2)
+            envoy_floor = EnvoyProcess(EnvoyOptions(listener_port=lp, admin_port=ap, ext_proc_port=floor.port), work)
+            envoy_floor.wait_ready()
+            direct = f"http://127.0.0.1:{stacks[0].envoy.opts.direct_port}"
+            paths: dict[str, tuple[str, dict[str, str]]] = {
+                "envoy alone": (direct, {DEST: sim.hostport}),
+                "python floor": (envoy_floor.url, {}),
+            }
+            for chain, st in zip(chains, stacks, strict=True):
+                paths["epp " + chain] = (st.url, {})
+            print(f"\n# part 2: through Envoy, ms (added = path − envoy alone); {duration:.0f} s per point")
+            print(
+                f"{'tokens':>6}{'rate':>6}{'resp':>6}  {'path':16}{'p50':>8}{'p99':>8}{'+p50':>8}{'+p99':>8}"
+                f"{'vs floor p50':>14}"
+            )
+            for size, rates in points:
+                prefix = texts.text(("prefix", size), size // 2)
+                prompts = [prefix + texts.text(("q", size, i), size - size // 2) for i in range(8)]
+                for stream in (False, True):
+                    asyncio.run(_measure(paths, prompts, 5, 1.0, stream))  # warm up
+                    for rate in rates:
+                        lat, err = asyncio.run(_measure(paths, prompts, rate, duration, stream))
+                        base50 = percentile(lat["envoy alone"], 0.5) * 1e3
+                        base99 = percentile(lat["envoy alone"], 0.99) * 1e3
+                        floor50 = percentile(lat["python floor"], 0.5) * 1e3 - base50
+                        for name, xs in lat.items():
+                            p50, p99 = percentile(xs, 0.5) * 1e3, percentile(xs, 0.99) * 1e3
+                            row = {
+                                "tokens": size,
+                                "rate": rate,
+                                "sse": stream,
+                                "path": name,
+                                "p50_ms": p50,
+                                "p99_ms": p99,
+                                "added_p50_ms": p50 - base50,
+                                "added_p99_ms": p99 - base99,
+                                "errors": err,
+                                "n": len(xs),
+                            }
+                            rows.append(row)
+                            vs = (p50 - base50) / floor50 if name.startswith("epp") and floor50 > 0 else None
+                            print(
+                                f"{size:>6}{rate:>6.0f}{'sse' if stream else 'json':>6}  {name:16}"
+                                f"{p50:>8.2f}{p99:>8.2f}"
+                                f"{p50 - base50:>8.2f}{p99 - base99:>8.2f}"
+                                f"{(f'{vs:.2f}x' if vs is not None else ''):>14}",
+                                flush=True,
+                            )
+                        if err:
+                            print(f"  ({err} errors)")
+        finally:
+            if envoy_floor is not None:
+                envoy_floor.stop()
+            floor.stop()
+            for st in stacks:
+                st.close()
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_breakdown")
+    p.add_argument("--part", choices=("1", "2", "all"), default="all")
+    p.add_argument("-n", type=int, default=200, help="part 1: requests per repeat")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--points", default="1024:10,50;8192:10", help="part 2: prompt tokens:rates per path")
+    p.add_argument("--duration", type=float, default=8.0)
+    p.add_argument("--chains", default="approximate,precise")
+    p.add_argument("--json", help="write the rows here")
+    ns = p.parse_args(argv)
+    out: dict[str, Any] = {}
+    if ns.part in ("1", "all"):
+        out["part1"] = part1(ns.n, ns.repeats)
+        print_part1(out["part1"])
+    if ns.part in ("2", "all"):
+        points = [
+            (int(s), [float(r) for r in rs.split(",")]) for s, rs in (pt.split(":") for pt in ns.points.split(";"))
+        ]
+        out["part2"] = part2(points, ns.duration, ns.chains.split(","))
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

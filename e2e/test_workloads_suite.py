@@ -1,0 +1,68 @@
+"""The routing suite's workloads: their shapes, the Mooncake conversation sampling and the reuse bound."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from e2e.workloads.agentic import agentic, no_reuse
+from e2e.workloads.base import Request
+from e2e.workloads.mooncake import mooncake_conversations, sample_conversations
+from e2e.workloads.reuse import reuse_bound
+
+
+def completion(t: float, prompt: str) -> Request:
+    return Request(arrival=t, api="completions", body={"prompt": prompt})
+
+
+def test_reuse_bound_counts_leading_blocks_seen_before() -> None:
+    a = " alpha" * 64  # 64 tokens: 4 blocks of 16
+    b = " beta" * 32
+    reqs = [completion(0, a), completion(1, a + b), completion(2, b + a), completion(3, a)]
+    r = reuse_bound(reqs, 16)
+    assert r.prompt_tokens == 64 + 96 + 96 + 64
+    # a+b reuses a's 4 blocks; b+a has no seen first block; the repeat of a reuses (64-1)//16 = 3 blocks
+    assert r.reusable_tokens == 64 + 0 + 48
+    # a warm-up: the first request fills the cache but is not counted
+    w = reuse_bound(reqs, 16, count_after=0.5)
+    assert (w.prompt_tokens, w.reusable_tokens) == (96 + 96 + 64, 64 + 48)
+
+
+def test_agentic_grows_contexts_and_bursts_sub_agents() -> None:
+    w = agentic(num_agents=6, steps=5, fanout_prob=1.0, fanout=(3, 3), seed=7)
+    by_session: dict[str, list[Request]] = {}
+    for r in w.requests:
+        by_session.setdefault(r.session, []).append(r)
+    main = by_session["a0"]
+    assert [r.turn for r in main] == list(range(5))
+    prompts = [str(r.body["prompt"]) for r in main]
+    assert all(prompts[i + 1].startswith(prompts[i]) for i in range(4))  # the context only grows
+    subs = [s for s in by_session if s.startswith("a0.0.")]
+    assert len(subs) == 3  # a fan-out of 3 after step 0
+    firsts = [by_session[s][0] for s in subs]
+    assert max(r.arrival for r in firsts) - min(r.arrival for r in firsts) <= 0.02  # a burst
+    assert all(str(r.body["prompt"]).startswith(prompts[0]) for r in firsts)  # sharing the agent's context
+    assert [r.arrival for r in w.requests] == sorted(r.arrival for r in w.requests)
+
+
+def test_no_reuse_prompts_share_nothing() -> None:
+    w = no_reuse(num_requests=20, seed=1)
+    assert reuse_bound(w.requests, 16).reusable_tokens == 0
+
+
+def test_mooncake_sampling_keeps_whole_conversations(tmp_path: Path) -> None:
+    rows = [
+        {"timestamp": 0, "input_length": 1024, "output_length": 5, "hash_ids": [0, 3, 4]},
+        {"timestamp": 1000, "input_length": 1024, "output_length": 5, "hash_ids": [0, 5, 6]},
+        {"timestamp": 2000, "input_length": 1536, "output_length": 5, "hash_ids": [0, 3, 4, 7]},
+        {"timestamp": 4000, "input_length": 1536, "output_length": 500, "hash_ids": [0, 6, 8, 9]},
+    ]
+    assert [r["hash_ids"][1] for r in sample_conversations(rows, 3)] == [3, 3, 6]  # type: ignore[index]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w = mooncake_conversations(path, every=3, duration=2.0, block_tokens=16, max_output=16)
+    assert len(w.requests) == 3
+    assert [r.arrival for r in w.requests] == [0.0, 1.0, 2.0]  # 4 s of trace compressed to 2 s
+    assert w.requests[2].body["max_tokens"] == 16
+    first, second = (str(r.body["prompt"]) for r in w.requests[:2])
+    assert second.startswith(first)  # the conversation's second turn extends its first

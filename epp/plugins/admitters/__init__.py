@@ -1,0 +1,1 @@
+"""Admitters: reject a request after the data producers ran, before scheduling."""

@@ -1,0 +1,188 @@
+"""prefill-cost-scorer (pyepp): score each endpoint by the work, in prompt tokens, that stands between this request
+and its first token there.
+
+    cost(e) = uncached(e)                       prompt tokens e does not hold (precise prefix match)
+            + backlog(e)                        prefill tokens already routed to e and not yet processed
+            + decodeWeight x active(e)          prompt + output tokens of the requests in flight on e
+
+The backlog is an estimate on a per-endpoint clock: each pick appends its uncached tokens to e's FCFS prefill
+queue, which drains at `prefillTokensPerSecond` (the engine's prefill throughput, llm-d's
+`peakPrefillThroughput`); in-flight requests are counted from the pick to the end of the response, with a
+`requestTimeout` so a lost completion cannot pin an endpoint. It is Dynamo's cost function (prefill not covered by
+the cached prefix plus decode load) with the prefill charge decayed by the estimated prefill time rather than held
+until completion. The score is min-max normalized and inverted (lowest cost = 1).
+
+A request without a prefix match (no tokens, cold index) costs the same uncached tokens everywhere, so the
+choice falls to backlog and decode load: the scorer degrades to a token-load balancer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
+
+from epp.framework import (
+    PREFIX_CACHE_MATCH_INFO,
+    TOKENIZED_PROMPT,
+    CycleState,
+    DataKey,
+    Endpoint,
+    InferenceRequest,
+    Params,
+    Plugin,
+    PluginContext,
+    SchedulingResult,
+    Usage,
+)
+
+DEFAULT_PRODUCER = "precise-prefix-cache-producer"
+
+
+@dataclass(slots=True)
+class _Cost:
+    """The cost terms computed for this request (kept for pre_request, which books the chosen endpoint)."""
+
+    prompt_tokens: int
+    uncached: dict[str, int]
+
+
+@dataclass(slots=True)
+class _InFlight:
+    endpoint: str
+    tokens: int  # prompt + expected output
+    start: float
+
+
+@dataclass(slots=True)
+class _Queue:
+    busy_until: float = 0.0  # when the endpoint's estimated prefill queue drains
+    active_tokens: int = 0
+    active: int = 0
+
+
+COST = DataKey[_Cost]("prefill-cost")
+
+
+class PrefillCostScorer(Plugin):
+    type_name = "prefill-cost-scorer"
+
+    def __init__(
+        self,
+        name: str | None = None,
+        producer: str = DEFAULT_PRODUCER,
+        prefill_tokens_per_second: float = 15928.0,
+        decode_weight: float = 0.05,
+        default_output_tokens: int = 256,
+        request_timeout: float = 300.0,
+    ) -> None:
+        super().__init__(name)
+        self.producer = producer
+        self.info_key = PREFIX_CACHE_MATCH_INFO.of(producer)
+        self.cost_key = COST.of(self.name)
+        self.rate = prefill_tokens_per_second
+        self.decode_weight = decode_weight
+        self.default_output = default_output_tokens
+        self.request_timeout = request_timeout
+        self.queues: dict[str, _Queue] = {}
+        self._inflight: dict[str, _InFlight] = {}
+        self._next_sweep = 0.0
+
+    @classmethod
+    def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
+        producer = params.str("prefixMatchInfoProducerName", DEFAULT_PRODUCER)
+        return cls(
+            name,
+            producer=producer,
+            prefill_tokens_per_second=params.float("prefillTokensPerSecond", 15928.0, min=1.0),
+            decode_weight=params.float("decodeWeight", 0.05, min=0.0),
+            default_output_tokens=params.int("defaultOutputTokens", 256, min=0),
+            request_timeout=params.duration("requestTimeout", 300.0),
+        )
+
+    def consumes(self) -> Collection[DataKey[Any]]:
+        return (self.info_key, TOKENIZED_PROMPT)
+
+    # --- scoring ----------------------------------------------------------------------------------------
+    def costs(self, request: InferenceRequest, endpoints: Sequence[Endpoint], now: float) -> list[float]:
+        """The cost of each endpoint in tokens (and the terms kept for pre_request)."""
+        info = request.data.get(self.info_key)
+        prompt = request.data.get(TOKENIZED_PROMPT)
+        if prompt is not None:
+            n = len(prompt.token_ids)
+        elif info is not None:
+            n = info.total_blocks * info.block_size_tokens
+        else:
+            n = 0
+        matches = info.matches if info is not None else {}
+        bs = info.block_size_tokens if info is not None else 0
+        uncached: dict[str, int] = {}
+        out: list[float] = []
+        rate, dw, queues = self.rate, self.decode_weight, self.queues
+        for ep in endpoints:
+            u = max(0, n - int(matches.get(ep.name, 0) * bs))
+            uncached[ep.name] = u
+            q = queues.get(ep.name)
+            cost = float(u)
+            if q is not None:
+                if q.busy_until > now:
+                    cost += (q.busy_until - now) * rate
+                cost += dw * q.active_tokens
+            out.append(cost)
+        request.data.put(self.cost_key, _Cost(n, uncached))
+        return out
+
+    def score(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        costs = self.costs(request, endpoints, time.monotonic())
+        if not costs:
+            return []
+        lo, hi = min(costs), max(costs)
+        if hi <= lo:
+            return [1.0] * len(costs)
+        span = hi - lo
+        return [(hi - c) / span for c in costs]
+
+    # --- bookkeeping ------------------------------------------------------------------------------------
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        targets = result.targets
+        cost = request.data.get(self.cost_key)
+        if not targets or cost is None:
+            return
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._sweep(now)
+        prev = self._inflight.pop(request.request_id, None)
+        if prev is not None:
+            self._release(prev)
+        name = targets[0].name
+        q = self.queues.setdefault(name, _Queue())
+        uncached = cost.uncached.get(name, cost.prompt_tokens)
+        q.busy_until = max(q.busy_until, now) + uncached / self.rate
+        out = request.max_tokens if request.max_tokens is not None else self.default_output
+        tokens = cost.prompt_tokens + max(0, out)
+        q.active_tokens += tokens
+        q.active += 1
+        self._inflight[request.request_id] = _InFlight(name, tokens, now)
+
+    def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
+        entry = self._inflight.pop(request.request_id, None)
+        if entry is not None:
+            self._release(entry)
+
+    def _release(self, entry: _InFlight) -> None:
+        q = self.queues.get(entry.endpoint)
+        if q is None:
+            return
+        q.active_tokens = max(0, q.active_tokens - entry.tokens)
+        q.active = max(0, q.active - 1)
+
+    def _sweep(self, now: float) -> None:
+        self._next_sweep = now + max(1.0, self.request_timeout / 10)
+        if self.request_timeout <= 0:
+            return
+        cutoff = now - self.request_timeout
+        for rid, entry in list(self._inflight.items()):
+            if entry.start < cutoff:
+                del self._inflight[rid]
+                self._release(entry)

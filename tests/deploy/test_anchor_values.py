@@ -1,0 +1,275 @@
+"""The anchors' own chart values files (GIE v1.5's inferencepool chart, llm-d-router v0.10's charts, llm-d's guides;
+sources and commits in anchor_values/MANIFEST.tsv) render through our chart unchanged, every manifest validates, and
+the values take effect: pool selector, config file, flags, failure mode, ports, provider objects."""
+
+from __future__ import annotations
+
+import copy
+import csv
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from epp.config import ConfigError, parse_config
+from epp.datalayer.datastore import Datastore
+from epp.server.options import parse_options
+from epp.wiring import plugin_context, register_builtins
+from epp.wiring.builder import build_pipeline
+from tests.deploy.test_helm_chart import KUBE_VERSION, by_kind, crd_schemas, one, render
+
+VALUES = Path(__file__).parent / "anchor_values"
+CORE = {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ClusterRole",
+        "ClusterRoleBinding", "Secret"}  # fmt: skip
+LABELS = {"app": "vllm-qwen"}
+POOL_LABELS = {"inferencePool": {"modelServers": {"matchLabels": LABELS}}}
+ROUTER_LABELS = {"router": {"modelServers": {"matchLabels": LABELS}}}
+
+
+def manifest() -> dict[str, dict[str, str]]:
+    with open(VALUES / "MANIFEST.tsv") as f:
+        return {row["file"]: row for row in csv.DictReader(f, delimiter="\t")}
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Helm's `-f a -f b`: maps merge recursively, anything else is replaced."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def layered(*files: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in files:
+        values = deep_merge(values, yaml.safe_load((VALUES / name).read_text()) or {})
+    return deep_merge(values, extra or {})
+
+
+# (values files, layered in order; what `helm install --set` adds in the anchors' docs)
+CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "gie-inferencepool": (["gie__inferencepool__values.yaml"], POOL_LABELS),
+    "llm-d-router-gateway": (["llm-d-router__gateway__values.yaml"], ROUTER_LABELS),
+    "llm-d-router-routerlib": (
+        ["llm-d-router__gateway__values.yaml", "llm-d-router__routerlib__values.router.yaml"],
+        ROUTER_LABELS,
+    ),
+    "perf-optimized-baseline": (["llm-d-router__perf__optimized-baseline.yaml"], ROUTER_LABELS),
+    "perf-random": (["llm-d-router__perf__random-only-default-parsers.yaml"], ROUTER_LABELS),
+    "guide-optimized-baseline": (
+        ["llm-d__guides__recipes__router__base.values.yaml", "llm-d__guides__optimized-baseline__router.values.yaml"],
+        {},
+    ),
+    "guide-flow-control": (
+        ["llm-d__guides__recipes__router__base.values.yaml", "llm-d__guides__flow-control__router.values.yaml"],
+        {},
+    ),
+    "guide-inference-scheduling": (
+        [
+            "llm-d__guides__recipes__scheduler__base.values.yaml",
+            "llm-d__guides__inference-scheduling__scheduler.values.yaml",
+        ],
+        {},
+    ),
+}  # fmt: skip
+
+
+def rendered(case: str) -> list[dict[str, Any]]:
+    files, extra = CASES[case]
+    return render(layered(*files, extra=extra), name="qwen-pool", namespace="llm")
+
+
+def container_args(docs: list[dict[str, Any]]) -> list[str]:
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return list(c["args"])
+
+
+def config_file(docs: list[dict[str, Any]]) -> tuple[str, str]:
+    args = container_args(docs)
+    path = next(a.split("=", 1)[1] for a in args if a.startswith("--config-file="))
+    name = path.removeprefix("/config/")
+    return name, one(docs, "ConfigMap")["data"][name]
+
+
+def corpus_exception(files: list[str]) -> str | None:
+    """The reason tests/corpus/exceptions.tsv gives for the config these values files carry, if any."""
+    corpus = Path(__file__).parents[1] / "corpus"
+    with open(corpus / "manifest.tsv") as f:
+        by_source = {(r["repo"], r["path"]): r["file"] for r in csv.DictReader(f, delimiter="\t")}
+    with open(corpus / "exceptions.tsv") as f:
+        reasons = {r["file"]: r["reason"] for r in csv.DictReader(f, delimiter="\t")}
+    rows = manifest()
+    for name in files:
+        corpus_file = by_source.get((rows[name]["repo"], rows[name]["path"]))
+        if corpus_file in reasons:
+            return reasons[corpus_file]
+    return None
+
+
+def test_every_values_file_is_used_and_sourced() -> None:
+    rows = manifest()
+    used = {f for files, _ in CASES.values() for f in files}
+    on_disk = {p.name for p in VALUES.glob("*.yaml")}
+    assert used == on_disk == set(rows)
+    for row in rows.values():
+        assert len(row["commit"]) == 40 and row["repo"] and row["path"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_anchor_values_render_and_validate(case: str) -> None:
+    docs = rendered(case)
+    schemas = crd_schemas()
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Service", "ConfigMap", "InferencePool"} <= kinds
+    for d in docs:
+        assert d.get("apiVersion") and d.get("metadata", {}).get("name"), d
+        if d["kind"] in CORE:
+            kubernetes_validate.validate(d, KUBE_VERSION, strict=True)
+        elif d["kind"] in schemas:
+            import jsonschema
+
+            jsonschema.validate(d, schemas[d["kind"]])
+    # The container args parse with `epp serve`'s flags (the same parser the binary uses).
+    args = container_args(docs)
+    assert args[0] == "serve"
+    opts = parse_options(args[1:])
+    assert opts.pool_name == "qwen-pool" and opts.pool_namespace == "llm"
+    assert opts.zap_encoder == "json" and opts.tracing is False
+    # The config file the args point at is in the ConfigMap and builds here (unless the corpus test lists that very
+    # config as an exception, with its reason).
+    name, text = config_file(docs)
+    register_builtins()
+    expected = corpus_exception(CASES[case][0])
+    if expected is None:
+        config = parse_config(text, source=name)
+        build_pipeline(config, plugin_context(Datastore(), config.pool_name))
+    else:  # listed as pending there: it may load by now, and if not, the error is a clear ConfigError
+        try:
+            config = parse_config(text, source=name)
+            build_pipeline(config, plugin_context(Datastore(), config.pool_name))
+        except ConfigError as e:
+            assert str(e).startswith(name + ":"), e
+    # The pool selects the model servers the values name, and the image is pyepp's (not the anchors' Go EPP).
+    pool = one(docs, "InferencePool")
+    assert pool["spec"]["selector"]["matchLabels"]
+    image = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert "pyepp" in image and "endpoint-picker" not in image and "inference-scheduler" not in image
+
+
+def test_router_layout_takes_effect() -> None:
+    docs = rendered("guide-flow-control")
+    assert one(docs, "InferencePool")["spec"]["selector"]["matchLabels"] == {"llm-d.ai/guide": "flow-control"}
+    assert one(docs, "InferencePool")["spec"]["endpointPickerRef"]["failureMode"] == "FailOpen"
+    name, text = config_file(docs)
+    assert name == "custom-plugins.yaml" and "flowControl" in text
+    args = container_args(docs)
+    assert "--v=2" in args and "--zap-encoder=json" in args and "--ha-enable-leader-election" not in args
+    ports = {p["name"]: p["port"] for p in one(docs, "Service")["spec"]["ports"]}
+    assert ports["http"] == 80
+    res = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert res["requests"] == {"cpu": "4", "memory": "8Gi"}
+    # The older llm-d chart layout: config files under inferencePool, image hub/name of the Go EPP.
+    docs = rendered("guide-inference-scheduling")
+    name, text = config_file(docs)
+    assert name == "inference-scheduling-plugins.yaml" and "prefix-cache-scorer" in text
+    assert one(docs, "InferencePool")["spec"]["selector"]["matchLabels"] == {"llm-d.ai/guide": "inference-scheduling"}
+
+
+def test_replicas_and_auth_follow_the_anchors() -> None:
+    base = {"router": {"modelServers": {"matchLabels": LABELS}, "epp": {"replicas": 3},
+                       "monitoring": {"prometheus": {"enabled": True, "auth": {"enabled": False}}}}}  # fmt: skip
+    docs = render(layered("llm-d-router__gateway__values.yaml", extra=base))
+    args = container_args(docs)
+    assert "--ha-enable-leader-election" in args and "--metrics-endpoint-auth=false" in args
+    role = one(docs, "Role")
+    assert any("leases" in r["resources"] for r in role["rules"])
+    assert one(docs, "Deployment")["spec"]["replicas"] == 3
+    docs = render(
+        deep_merge(
+            layered("llm-d-router__gateway__values.yaml", extra=base),
+            {"inferenceExtension": {"haMode": "active-active"}},
+        )
+    )
+    assert "--ha-enable-leader-election" not in container_args(docs)
+    # Auth on (the default): the ServiceMonitor sends a metrics-reader token, which may get /metrics.
+    docs = render(
+        {"inferencePool": {"modelServers": {"matchLabels": LABELS}}, "monitoring": {"prometheus": {"enabled": True}}}
+    )
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["authorization"]["credentials"]["name"] == "pyepp-metrics-reader-secret"
+    readers = [c for c in by_kind(docs, "ClusterRole") if c["rules"][0].get("nonResourceURLs") == ["/metrics"]]
+    assert len(readers) == 1
+    secret = one(docs, "Secret")
+    assert secret["type"] == "kubernetes.io/service-account-token"
+
+
+def test_flags_map_renders_as_go_flags() -> None:
+    flags = {"v": 4, "enable-pprof": True, "drain-timeout": "45s", "secure-serving": False}
+    values = {**POOL_LABELS, "inferenceExtension": {"flags": flags}}
+    opts = parse_options(container_args(render(values))[1:])
+    assert (opts.v, opts.enable_pprof, opts.drain_timeout, opts.secure_serving) == (4, True, 45.0, False)
+
+
+@pytest.mark.parametrize(
+    ("engine", "path", "family"),
+    [
+        ("sglang", "/metrics", "sglang:num_queue_reqs"),
+        ("trtllm-serve", "/prometheus/metrics", "trtllm_num_requests_waiting"),
+    ],
+)
+def test_model_server_type_selects_the_engine(engine: str, path: str, family: str) -> None:
+    from epp.wiring import build_runtime
+
+    docs = render({"inferencePool": {"modelServers": {"matchLabels": LABELS}, "modelServerType": engine}})
+    _, text = config_file(docs)
+    runtime = build_runtime(parse_config(text, source="default-plugins.yaml"))
+    assert runtime.scraper is not None and runtime.scraper.path == path
+    engines = runtime.scraper.extractor.engines
+    assert runtime.scraper.extractor.default_engine == engine and engine in engines
+    assert family in str(engines[engine])
+
+
+def test_provider_objects() -> None:
+    docs = render({"inferencePool": {"modelServers": {"matchLabels": LABELS}}, "provider": {"name": "gke"},
+                   "experimentalHttpRoute": {"enabled": True}})  # fmt: skip
+    hc = one(docs, "HealthCheckPolicy")
+    assert hc["apiVersion"] == "networking.gke.io/v1"
+    assert hc["spec"]["targetRef"] == {
+        "group": "inference.networking.k8s.io",
+        "kind": "InferencePool",
+        "name": "qwen-pool",
+    }
+    assert hc["spec"]["default"]["config"] == {
+        "type": "HTTP",
+        "httpHealthCheck": {"requestPath": "/health", "port": 8000},
+    }
+    bp = one(docs, "GCPBackendPolicy")
+    assert bp["spec"]["default"]["timeoutSec"] == 300 and bp["spec"]["targetRef"]["name"] == "qwen-pool"
+    assert "timeouts" not in one(docs, "HTTPRoute")["spec"]["rules"][0]  # GKE: the backend policy's timeout
+    pool = {"http": {"maxRequestsPerConnection": 256000}}
+    istio = {"name": "istio", "istio": {"destinationRule": {"trafficPolicy": {"connectionPool": pool}}}}
+    docs = render({**POOL_LABELS, "provider": istio})
+    dr = one(docs, "DestinationRule")
+    assert dr["spec"]["host"] == "qwen-pool-epp.llm.svc.cluster.local"
+    assert dr["spec"]["trafficPolicy"]["tls"] == {"mode": "SIMPLE", "insecureSkipVerify": True}
+    assert dr["spec"]["trafficPolicy"]["connectionPool"] == {"http": {"maxRequestsPerConnection": 256000}}
+    assert by_kind(render(POOL_LABELS), "DestinationRule") == []
+
+
+def test_header_matches_in_both_forms() -> None:
+    base = {"inferencePool": {"modelServers": {"matchLabels": LABELS}}}
+    as_map = render({**base, "httpRoute": {"create": True, "headerMatches": {"x-route": "qwen"}}})
+    as_list = render(
+        {
+            **base,
+            "experimentalHttpRoute": {
+                "enabled": True,
+                "headerMatches": [{"type": "Exact", "name": "x-route", "value": "qwen"}],
+            },
+        }
+    )
+    for docs in (as_map, as_list):
+        (match,) = one(docs, "HTTPRoute")["spec"]["rules"][0]["matches"]
+        assert match["headers"] == [{"type": "Exact", "name": "x-route", "value": "qwen"}]

@@ -1,0 +1,106 @@
+"""prefill-cost-scorer: uncached prompt tokens + the estimated prefill backlog + a share of in-flight tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.framework import (
+    PREFIX_CACHE_MATCH_INFO,
+    TOKENIZED_PROMPT,
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    PluginConfigError,
+    PrefixCacheMatchInfo,
+    ProfileResult,
+    SchedulingResult,
+    TokenizedPrompt,
+)
+from epp.plugins.scorers.prefill_cost_scorer import PrefillCostScorer
+from tests.helpers import build
+
+KEY = PREFIX_CACHE_MATCH_INFO.of("precise-prefix-cache-producer")
+S = CycleState()
+
+
+def eps() -> list[Endpoint]:
+    return [Endpoint("a", "10.0.0.1", 8000), Endpoint("b", "10.0.0.2", 8000), Endpoint("c", "10.0.0.3", 8000)]
+
+
+def req(rid: str, n_tokens: int, matches: dict[str, float], max_tokens: int = 10) -> InferenceRequest:
+    r = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {}, max_tokens=max_tokens)
+    r.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(range(n_tokens))))
+    r.data.put(KEY, PrefixCacheMatchInfo(total_blocks=n_tokens // 16, block_size_tokens=16, matches=matches))
+    return r
+
+
+def pick(scorer: PrefillCostScorer, r: InferenceRequest, endpoints: list[Endpoint]) -> Endpoint:
+    scores = scorer.score(S, r, endpoints)
+    best = endpoints[max(range(len(endpoints)), key=lambda i: scores[i])]
+    scorer.pre_request(r, SchedulingResult({"default": ProfileResult([best])}, "default"))
+    return best
+
+
+def test_cost_is_uncached_tokens_when_idle() -> None:
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1000})
+    r = req("r1", 1024, {"a": 48, "b": 16})  # a holds 768 tokens, b 256, c none
+    assert s.costs(r, eps(), now=0.0) == [256.0, 768.0, 1024.0]
+    assert s.score(S, r, eps()) == [1.0, pytest.approx(256 / 768), 0.0]
+
+
+def test_backlog_moves_work_off_a_busy_cached_pod_and_drains() -> None:
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1000, "decodeWeight": 0})
+    e = eps()
+    # three cold 2000-token prompts in a row: each goes where no prefill is queued
+    chosen = [pick(s, req(f"cold{i}", 2000, {}), e).name for i in range(3)]
+    assert sorted(chosen) == ["a", "b", "c"]
+    # a prompt cached on a (1800 of 2000 tokens): a still has ~2 s of prefill queued (2000 tokens at 1000/s),
+    # so the 200 uncached tokens there cost more than... no: every pod has the same backlog, so the cache wins
+    assert pick(s, req("warm", 2000, {"a": 112.5}), e).name == "a"
+    # now a's queue is longer than b's and c's by the 200 tokens it took: a long cached prefix still wins
+    assert pick(s, req("warm2", 2000, {"a": 112.5}), e).name == "a"
+    # a short cached prefix does not pay for the queue: 2000 tokens cost less on an emptier pod
+    assert pick(s, req("other", 2000, {"a": 2}), e).name in ("b", "c")
+    # the queues drain at prefillTokensPerSecond: once they are empty, cost is uncached tokens again
+    now = max(q.busy_until for q in s.queues.values()) + 0.01
+    assert s.costs(req("later", 2000, {"b": 100}), e, now=now) == [2000.0, 400.0, 2000.0]
+
+
+def test_in_flight_tokens_count_until_the_response_completes() -> None:
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "decodeWeight": 0.5})
+    e = eps()
+    r = req("r1", 1000, {}, max_tokens=200)
+    assert pick(s, r, e).name == "a"
+    later = 1e12  # long after any prefill
+    assert s.costs(req("q", 1000, {}), e, now=later) == [1000.0 + 0.5 * 1200, 1000.0, 1000.0]
+    s.response_complete(r, e[0], None)
+    assert s.costs(req("q", 1000, {}), e, now=later) == [1000.0, 1000.0, 1000.0]
+    s.response_complete(r, e[0], None)  # a second completion of the same request changes nothing
+    assert s.queues["a"].active == 0
+
+
+def test_lost_completions_time_out() -> None:
+    s = build(PrefillCostScorer, {"requestTimeout": "1s", "decodeWeight": 1})
+    e = eps()
+    pick(s, req("lost", 100, {}), e)
+    assert s.queues["a"].active == 1
+    s._sweep(now=10**9)
+    assert s.queues["a"].active == 0 and s.queues["a"].active_tokens == 0
+
+
+def test_without_a_match_or_tokens_it_balances_load() -> None:
+    s = build(PrefillCostScorer, {"decodeWeight": 1})
+    e = eps()
+    bare = InferenceRequest("x", "/v1/completions", "completions", "m", "m", {}, max_tokens=5)
+    assert s.score(S, bare, e) == [1.0, 1.0, 1.0]
+    s.pre_request(bare, SchedulingResult({"default": ProfileResult([e[1]])}, "default"))
+    assert s.score(S, InferenceRequest("y", "/", "completions", "m", "m", {}), e) == [1.0, 0.0, 1.0]
+
+
+def test_parameters_are_checked() -> None:
+    with pytest.raises(PluginConfigError):
+        build(PrefillCostScorer, {"prefillTokensPerSecond": 0})
+    with pytest.raises(PluginConfigError):
+        build(PrefillCostScorer, {"decodeWeight": -1})
+    s = build(PrefillCostScorer, {"prefixMatchInfoProducerName": "mine", "defaultOutputTokens": 7})
+    assert s.info_key == PREFIX_CACHE_MATCH_INFO.of("mine") and s.default_output == 7
