@@ -67,6 +67,7 @@ def pod_endpoints(pod: dict[str, Any], target_ports: Sequence[int], metrics_port
             labels=dict(labels),
             metrics_port=own_metrics_port,
             pod_name=name,
+            node_address=str((pod.get("status") or {}).get("hostIP") or ""),
         )
         for i, port in enumerate(target_ports)
         if active is None or port in active

@@ -20,6 +20,7 @@ from epp.framework.keys import (
     DISAGG_HEADERS,
     ENCODER_HEADER,
     INFLIGHT_LOAD,
+    KV_CACHE_SOURCE_HEADER,
     LATENCY_PREDICTION_INFO,
     PEER_ENDPOINT,
     PREDICTED_TTFT_MS,
@@ -51,6 +52,7 @@ from epp.framework.plugins import (
     ResponseStreaming,
     SaturationDetector,
     Scorer,
+    Screener,
     UsageLimitPolicy,
 )
 from epp.framework.registry import REGISTRY, PluginRegistry, get_factory, known_types
@@ -81,6 +83,7 @@ __all__ = [
     "DISAGG_HEADERS",
     "ENCODER_HEADER",
     "INFLIGHT_LOAD",
+    "KV_CACHE_SOURCE_HEADER",
     "LATENCY_PREDICTION_INFO",
     "PEER_ENDPOINT",
     "PREDICTED_TTFT_MS",
@@ -139,6 +142,7 @@ __all__ = [
     "SaturationDetector",
     "SchedulingResult",
     "Scorer",
+    "Screener",
     "ServiceUnavailable",
     "Services",
     "TokenizationError",

@@ -33,3 +33,7 @@ SESSION_ID: Final = DataKey[str]("session-id")
 # The request's agent identity (agent-identity), in `request.data`: the fairness id flow control uses when the
 # client sent none.
 AGENT_ID: Final = DataKey[str]("agent-identity")
+
+# Dynamic metadata for Envoy on the response's last body message, namespace → {key: value}, in `request.data`
+# (request-attribute-reporter); the server sends it with the end of the stream.
+RESPONSE_METADATA: Final = DataKey[dict[str, dict[str, float]]]("response-dynamic-metadata")

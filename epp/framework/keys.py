@@ -49,8 +49,10 @@ PEER_ENDPOINT: Final = DataKey[Endpoint]("disagg-peer-endpoint")
 PREFILL_HEADER: Final = "x-prefiller-host-port"
 ENCODER_HEADER: Final = "x-encoder-hosts-ports"
 DATA_PARALLEL_HEADER: Final = "x-data-parallel-host-port"
+# The peer the routing sidecar pulls cached KV blocks from (p2p-source-producer).
+KV_CACHE_SOURCE_HEADER: Final = "x-kv-cache-source-host-port"
 # Headers only the EPP may set: a client-sent value never reaches the model server.
-DISAGG_HEADERS: Final = (PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER)
+DISAGG_HEADERS: Final = (PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER, KV_CACHE_SOURCE_HEADER)
 
 # Predicted TTFT/TPOT per endpoint, per producer: `LATENCY_PREDICTION_INFO.of(<producer name>)`.
 LATENCY_PREDICTION_INFO: Final = DataKey[LatencyPredictionInfo]("latency-prediction-info")

@@ -150,6 +150,16 @@ class RequestHeaderProcessor(Protocol):
 
 
 @runtime_checkable
+class Screener(Protocol):
+    """Runs once per request before admission and every profile: narrows the candidates for all of them (e.g. to
+    one rollout revision). It raises ServiceUnavailable to fail closed."""
+
+    name: str
+
+    def screen(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> list[Endpoint]: ...
+
+
+@runtime_checkable
 class DataProducer(Protocol):
     """Runs before scheduling (may await, e.g. tokenization off the event loop); fills request.data.
 

@@ -61,6 +61,7 @@ class Endpoint:
     # Per-endpoint data owned by plugins and data sources (e.g. the KV-event endpoint), by typed key.
     attributes: DataMap = field(default_factory=DataMap)
     hostport: str = ""
+    node_address: str = ""  # the node's IP (pod status.hostIP), for per-node exporters (dcgm-data-source)
     health: EndpointHealth = field(default_factory=EndpointHealth)
 
     def __post_init__(self) -> None:

@@ -71,6 +71,7 @@ class SchedulingDirector:
         self._complete = list(pipeline.response_complete)
         self._streaming = list(pipeline.response_streaming)
         self._header_processors = list(pipeline.header_processors)
+        self._screeners = list(pipeline.screeners)
         handler = self.scheduler.handler
         self._admission_scope = handler if isinstance(handler, AdmissionScope) else None
         self._admitters = list(pipeline.admitters)
@@ -95,6 +96,12 @@ class SchedulingDirector:
             raise ServiceUnavailable(
                 "failed to find candidate endpoints for serving the request", dropped_reason=DROPPED_NO_ENDPOINTS
             )
+        for screener in self._screeners:  # a screener raises ServiceUnavailable to fail closed
+            candidates = list(screener.screen(request, candidates))
+            if not candidates:
+                raise ServiceUnavailable(
+                    f"no candidate endpoints left after {screener.name}", dropped_reason=DROPPED_NO_ENDPOINTS
+                )
 
         # Stage-aware: saturation over the pods every request needs (P/D: decode pods, not the prefill pool).
         admitted = candidates if self._admission_scope is None else self._admission_endpoints(request, candidates)

@@ -14,6 +14,7 @@ from epp.framework import (
     ResponseReceived,
     ResponseStreaming,
     SaturationDetector,
+    Screener,
 )
 from epp.framework.parsing import ParserRegistry
 from epp.scheduling import Scheduler
@@ -38,3 +39,5 @@ class Pipeline:
     parser_registry: ParserRegistry = field(default_factory=lambda: ParserRegistry([]))
     # Run first, before admission (agent-identity).
     header_processors: list[RequestHeaderProcessor] = field(default_factory=list)
+    # Narrow the candidates once per request, for admission and every profile (disaggregatedset-rollout-screener).
+    screeners: list[Screener] = field(default_factory=list)

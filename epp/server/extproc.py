@@ -26,6 +26,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
 
+from epp.framework.attributes import RESPONSE_METADATA
 from epp.framework.context import EndpointView
 from epp.framework.errors import (
     DROPPED_NO_ENDPOINTS,
@@ -468,14 +469,19 @@ class RequestStream:
             out_chunk = self._rewriter.feed(chunk, eos or self.response_mode == BUFFERED)
         else:
             out_chunk = chunk
+        reported: dict[str, Any] | None = None
         if eos:
             self.complete()
+            if req is not None:  # request-attribute-reporter: dynamic metadata with the last body message
+                reported = req.data.get(RESPONSE_METADATA)
         if self.response_mode == FULL_DUPLEX:
             if len(out_chunk) <= BODY_CHUNK_LIMIT:  # the common case (an SSE event): one response, no lists
                 resp = pb.ProcessingResponse()
                 sr = resp.response_body.response.body_mutation.streamed_response
                 sr.body = out_chunk
                 sr.end_of_stream = eos
+                if reported:
+                    resp.dynamic_metadata.update(reported)
                 return [resp]
             pieces = _chunks([out_chunk])
             out = []
@@ -485,6 +491,8 @@ class RequestStream:
                 common.body_mutation.streamed_response.body = piece
                 common.body_mutation.streamed_response.end_of_stream = eos and i == last
                 out.append(pb.ProcessingResponse(response_body=pb.BodyResponse(response=common)))
+            if reported:
+                out[-1].dynamic_metadata.update(reported)
             return out
         common = pb.CommonResponse()
         if out_chunk is not chunk:
@@ -493,7 +501,10 @@ class RequestStream:
             # The whole body is in this one message and Envoy still holds the headers; it applies this header
             # mutation before checking content-length against the mutated body.
             common.header_mutation.set_headers.append(_set("content-length", str(len(out_chunk))))
-        return [pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))]
+        resp = pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))
+        if reported:
+            resp.dynamic_metadata.update(reported)
+        return [resp]
 
     def complete(self) -> None:
         """Record usage and tell the director, exactly once per routed request (also on early stream end)."""

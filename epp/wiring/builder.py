@@ -34,6 +34,7 @@ from epp.framework import (
     ResponseStreaming,
     SaturationDetector,
     Scorer,
+    Screener,
 )
 from epp.framework.parsing import ParserRegistry, RequestParser
 from epp.requestcontrol.pipeline import Pipeline
@@ -164,6 +165,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
     b = _Builder(config, context, registry or register_builtins())
     for i, spec in enumerate(config.plugins):
         b.instantiate(spec, f"plugins[{i}]")
+    _wire_data_sources(b)
     b.add_required_producers()
     b.resolve_references()
     b.add_required_producers()  # references may ask for producers too (a decider's prefix producer)
@@ -212,7 +214,21 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
         parsers=parsers,
         parser_registry=parser_registry,
         header_processors=[p for p in everything if isinstance(p, RequestHeaderProcessor)],
+        screeners=[p for p in everything if isinstance(p, Screener)],
     )
+
+
+def _wire_data_sources(b: _Builder) -> None:
+    """dataLayer.sources: hand each polling source (dcgm, models) the extractors listed under it."""
+    for i, src in enumerate(b.config.data_sources):
+        source = b.built[src.ref].plugin
+        attach = getattr(source, "attach", None)
+        if attach is None:
+            continue
+        try:
+            attach([b.built[e].plugin for e in src.extractors])
+        except ValueError as e:
+            raise ConfigError(f"{b.loc(src.line)}: dataLayer.sources[{i}].extractors: {e}") from None
 
 
 def _attach_cross_replica(b: _Builder, plugins: dict[str, Plugin]) -> None:

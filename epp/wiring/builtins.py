@@ -7,9 +7,13 @@ the `epp.plugins` entry-point group. Nothing registers as a side effect of an im
 from __future__ import annotations
 
 from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlugin
+from epp.datalayer.plugins.dcgm_data_source import DCGMDataSource
+from epp.datalayer.plugins.dcgm_extractor import DCGMExtractor
 from epp.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
 from epp.datalayer.plugins.local_syncer import LocalSyncer
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
+from epp.datalayer.plugins.models_data_extractor import ModelsDataExtractor
+from epp.datalayer.plugins.models_data_source import ModelsDataSource
 from epp.datalayer.plugins.redis_cross_replica_syncer import RedisCrossReplicaSyncer
 from epp.datalayer.plugins.topology_extractor import TopologyExtractor
 from epp.discovery.plugins.file_discovery import FileDiscovery
@@ -28,6 +32,7 @@ from epp.plugins.filters.header_based_testing_filter import HeaderBasedTestingFi
 from epp.plugins.filters.label_selector_filter import LabelSelectorFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
 from epp.plugins.filters.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
+from epp.plugins.filters.session_affinity_filter import SessionAffinityFilter
 from epp.plugins.filters.slo_headroom_tier_filter import SLOHeadroomTierFilter
 from epp.plugins.filters.topology_affinity_filter import TopologyAffinityFilter
 from epp.plugins.filters.utilization_filter import UtilizationFilter
@@ -54,15 +59,21 @@ from epp.plugins.pickers.weighted_random_picker import WeightedRandomPicker
 from epp.plugins.prerequest.disagg_headers_handler import DisaggHeadersHandler
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
+from epp.plugins.producers.p2p_source_producer import P2PSourceProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
 from epp.plugins.producers.predicted_latency_producer import PredictedLatencyProducer
+from epp.plugins.producers.session_id_producer import SessionIDProducer
 from epp.plugins.producers.token_producer import TokenProducer
+from epp.plugins.profiles.data_parallel_profile_handler import DataParallelProfileHandler
 from epp.plugins.profiles.disagg_profile_handler import DisaggProfileHandler
+from epp.plugins.profiles.header_profile_handler import HeaderProfileHandler
 from epp.plugins.profiles.pd_profile_handler import PdProfileHandler
 from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
 from epp.plugins.requestcontrol.agent_identity import AgentIdentity
 from epp.plugins.requestcontrol.destination_endpoint_served_verifier import DestinationEndpointServedVerifier
+from epp.plugins.requestcontrol.disaggregatedset_rollout_screener import DisaggregatedSetRolloutScreener
 from epp.plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter
+from epp.plugins.requestcontrol.request_attribute_reporter import RequestAttributeReporter
 from epp.plugins.saturation.concurrency_detector import ConcurrencyDetector
 from epp.plugins.saturation.utilization_detector import UtilizationDetector
 from epp.plugins.scorers.active_request_scorer import ActiveRequestScorer
@@ -170,6 +181,17 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     SoftReflectiveCeilingPolicy,
     AgentIdentity,
     ProbabilisticAdmitter,
+    SessionAffinityFilter,
+    SessionIDProducer,
+    HeaderProfileHandler,
+    DataParallelProfileHandler,
+    RequestAttributeReporter,
+    DCGMDataSource,
+    DCGMExtractor,
+    ModelsDataSource,
+    ModelsDataExtractor,
+    P2PSourceProducer,
+    DisaggregatedSetRolloutScreener,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )

@@ -9,6 +9,7 @@ from typing import cast
 from epp.config import ConfigError, EppConfig
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.objectives import ObjectiveStore
+from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
 from epp.datalayer.scraper import MetricsScraper
 from epp.discovery.base import EndpointSource
 from epp.discovery.static import StaticEndpointSource
@@ -89,9 +90,17 @@ def build_runtime(config: EppConfig, *, sources: list[EndpointSource] | None = N
             plugins=pipeline.plugins,
         )
     director = SchedulingDirector(datastore, pipeline, objectives, flow_controller=flow)
-    scraper = build_scraper(config, pipeline.plugins, datastore)
+    scraper: MetricsScraper | None = build_scraper(config, pipeline.plugins, datastore)
     reporter = build_pool_reporter(config, datastore)
-    background: list[BackgroundTask] = [scraper.run, reporter.run, *context.background]
+    background: list[BackgroundTask] = [reporter.run, *context.background]
+    # dataLayer.injectDefaults: false without a metrics-data-source: the core metrics are not scraped (llm-d-router)
+    if config.inject_data_defaults is not False or any(
+        isinstance(p, MetricsDataSource) for p in pipeline.plugins.values()
+    ):
+        assert scraper is not None
+        background.insert(0, scraper.run)
+    else:
+        scraper = None
     return Runtime(
         config=config,
         datastore=datastore,

@@ -735,3 +735,34 @@ async def test_typed_drop_reasons_on_503_and_429() -> None:
         b"rejected-saturated"
     )
     assert json.loads(ir.body)["error"]["type"] == "rate_limit_error"
+
+
+async def test_reported_attributes_go_to_envoy_with_the_last_body_message(epp: Harness) -> None:
+    """request-attribute-reporter writes RESPONSE_METADATA at completion; the stream's last message carries it."""
+    from epp.plugins.requestcontrol.request_attribute_reporter import RequestAttributeReporter
+    from tests.helpers import build
+
+    reporter = build(
+        RequestAttributeReporter,
+        {
+            "attributes": [
+                {"key": {"name": "x-cost"}, "expression": "usage.prompt_tokens + 2 * usage.completion_tokens"}
+            ]
+        },
+    )
+    recorded = epp.director.handle_response_complete
+
+    def complete(request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None) -> None:
+        recorded(request, decision, usage)
+        reporter.response_complete(request, None, usage)
+
+    epp.director.handle_response_complete = complete  # type: ignore[method-assign]
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(), body_msg(b'{"model": "m", "prompt": "x"}', True)], 2)
+    reply = b'{"id":"1","model":"m","usage":{"prompt_tokens":3,"completion_tokens":2}}'
+    rs = await exchange(
+        call, [resp_headers_msg(), resp_body_msg(reply[:10], False), resp_body_msg(reply[10:], True)], 3
+    )
+    assert not rs[1].HasField("dynamic_metadata")
+    assert rs[2].dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-cost"].number_value == 7
+    call.cancel()

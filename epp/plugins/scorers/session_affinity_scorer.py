@@ -1,18 +1,10 @@
-"""session-affinity-scorer (llm-d): 1.0 for the endpoint bound to the request's session, 0 for the others.
-
-Strategies:
-- `encoded_endpoint_header`: header `x-session-token` (or `headerName`) = base64("namespace/name") of the endpoint
-  to stick to; the same header goes back on the response, naming the endpoint that served the request.
-- `session_id`: header `x-session-id` (or `headerName`); the EPP remembers session → endpoint (set in PreRequest)
-  for `ttl`.
-"""
+"""session-affinity-scorer (llm-d): 1.0 for the endpoint bound to the request's session, 0 for the others (a soft
+preference other scorers can outweigh). Strategies and parameters: see `_session` (llm-d-router's
+`strategy`, `profileName`, `encodedEndpointHeaderConfig`, `sessionIdConfig`; pyepp's earlier `headerName`/`ttl`
+still work)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Self
 
@@ -26,77 +18,37 @@ from epp.framework import (
     Response,
     SchedulingResult,
 )
+from epp.plugins.scorers._session import SessionBinding, encode_session_token
 
-SESSION_TOKEN_HEADER = "x-session-token"
-SESSION_ID_HEADER = "x-session-id"
-
-
-def encode_session_token(endpoint: Endpoint) -> str:
-    return base64.b64encode(f"{endpoint.namespace}/{endpoint.name}".encode()).decode()
+__all__ = ["SessionAffinityScorer", "encode_session_token"]
 
 
 class SessionAffinityScorer(Plugin):
     type_name = "session-affinity-scorer"
 
-    def __init__(
-        self,
-        name: str | None = None,
-        strategy: str = "encoded_endpoint_header",
-        ttl: float = 300.0,
-        header: str | None = None,
-    ) -> None:
+    def __init__(self, name: str | None = None, binding: SessionBinding | None = None) -> None:
         super().__init__(name)
-        self.strategy = strategy
-        self.ttl = ttl
-        self.header = header or (SESSION_TOKEN_HEADER if strategy == "encoded_endpoint_header" else SESSION_ID_HEADER)
-        self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()  # session id -> (endpoint, expiry)
+        self.binding = binding or SessionBinding(self.name)
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        strategy = params.str("strategy", "encoded_endpoint_header", choices=("encoded_endpoint_header", "session_id"))
-        header = params.optional_str("headerName")
-        ttl = params.duration("ttl", 300.0)
-        return cls(name, strategy=strategy, ttl=ttl, header=header.lower() if header else None)
+        return cls(name, SessionBinding.from_params(name, params, legacy=True))
 
-    def _bound(self, request: InferenceRequest) -> str | None:
-        value = request.headers.get(self.header)
-        if not value:
-            return None
-        if self.strategy == "encoded_endpoint_header":
-            try:
-                return base64.b64decode(value, validate=True).decode()
-            except (binascii.Error, UnicodeDecodeError):
-                return None
-        entry = self._sessions.get(value)
-        if entry is None or entry[1] < time.monotonic():
-            return None
-        return entry[0]
+    @property
+    def strategy(self) -> str:
+        return self.binding.strategy
 
     def score(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
-        bound = self._bound(request)
+        bound = self.binding.bound(request)
         if bound is None:
             return [0.0] * len(endpoints)
-        if self.strategy == "encoded_endpoint_header":
-            return [1.0 if f"{ep.namespace}/{ep.name}" == bound else 0.0 for ep in endpoints]
-        return [1.0 if ep.name == bound else 0.0 for ep in endpoints]
-
-    def response_received(self, request: InferenceRequest, response: Response, endpoint: Endpoint | None) -> None:
-        """Echo the endpoint that served the request in the header the client sends back."""
-        if self.strategy == "encoded_endpoint_header" and endpoint is not None:
-            response.set_headers[self.header] = encode_session_token(endpoint)
+        return [1.0 if SessionBinding.matches(bound, ep) else 0.0 for ep in endpoints]
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        targets = result.targets
-        if not targets or self.strategy != "session_id":
-            return
-        sid = request.headers.get(self.header)
-        if not sid:
-            return
-        now = time.monotonic()
-        self._sessions[sid] = (targets[0].name, now + self.ttl)
-        self._sessions.move_to_end(sid)
-        while self._sessions:  # expire from the oldest end (entries are kept in refresh order)
-            first = next(iter(self._sessions.values()))
-            if first[1] >= now:
-                break
-            self._sessions.popitem(last=False)
+        self.binding.record(request, result)
+
+    def response_received(self, request: InferenceRequest, response: Response, endpoint: Endpoint | None) -> None:
+        """Echo the pod that served the request (or `profileName`'s pick) in the header the client sends back."""
+        token = self.binding.response_token(request, endpoint)
+        if token is not None:
+            response.set_headers[self.binding.header] = token
