@@ -81,10 +81,11 @@ class ServeOptions:
     metrics_cert_dir: str | None = None
     metrics_client_ca_file: str | None = None
     leader_election: LeaderElectionConfig | None = None
+    enable_grpc_stream_metrics: bool = False
+    # --emit-endpoint-scores: the scheduler's per-endpoint scores in envoy.lb metadata (ServerState carries it).
+    emit_endpoint_scores: bool = False
     # Distinct client-chosen model names (and fairness ids) that become metric labels; the rest are `__other__`.
     max_model_labels: int = DEFAULT_MAX_MODEL_LABELS
-    # --emit-endpoint-scores: every scored endpoint's score in envoy.lb `x-gateway-destination-endpoint-scores`
-    emit_endpoint_scores: bool = False
 
     @classmethod
     def from_flags(cls, opts: Options, *, kubernetes: bool) -> ServeOptions:
@@ -121,6 +122,7 @@ class ServeOptions:
             metrics_client_ca_file=opts.metrics_client_ca_file or None,
             leader_election=leader,
             max_model_labels=opts.metrics_max_model_labels,
+            enable_grpc_stream_metrics=opts.enable_grpc_stream_metrics,
             emit_endpoint_scores=opts.emit_endpoint_scores,
         )
 
@@ -148,9 +150,14 @@ class EppServer:
             model_rewrites=runtime.config.model_rewrites,
             max_body_bytes=options.max_body_bytes,
             parsers=runtime.pipeline.parser_registry if runtime.pipeline is not None else None,
-            emit_endpoint_scores=options.emit_endpoint_scores,
         )
         self.state.honor_subset_hint = options.honor_subset_hint
+        self.state.emit_endpoint_scores = options.emit_endpoint_scores
+        self._servicer = ExtProcServicer(self.state)
+        if options.enable_grpc_stream_metrics:
+            from epp.server.stream_metrics import MeteredExtProcServicer, StreamMetrics
+
+            self._servicer = MeteredExtProcServicer(self.state, StreamMetrics(registry))
         grpc_opts = _grpc_options(options.reuse_port, options.grpc_max_recv_bytes, options.grpc_max_send_bytes)
         self._grpc = grpc.aio.server(options=grpc_opts)
         self._health_grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
@@ -203,7 +210,7 @@ class EppServer:
 
     async def start(self) -> None:
         opts = self.options
-        pb_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(self.state), self._grpc)
+        pb_grpc.add_ExternalProcessorServicer_to_server(self._servicer, self._grpc)
         if opts.health_checking:
             health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._health_grpc)
