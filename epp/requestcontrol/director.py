@@ -146,6 +146,9 @@ class SchedulingDirector:
                 ",".join(ep.hostport for ep in result.targets),
             )
         decision = RoutingDecision(endpoints=list(result.targets), result=result)
+        evictor = self.flow_controller.evictor if self.flow_controller is not None else None
+        if evictor is not None:
+            decision.evicted = evictor.track(request.request_id, request.priority)
         if headers_out:
             decision.headers.update(headers_out)
         return decision
@@ -234,6 +237,8 @@ class SchedulingDirector:
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None:
+        if self.flow_controller is not None and self.flow_controller.evictor is not None:
+            self.flow_controller.evictor.untrack(request.request_id)
         endpoint = self._endpoint_for(decision)
         for hook in self._complete:
             try:

@@ -30,6 +30,7 @@ from epp.framework import (
 from epp.framework.errors import DROPPED_SATURATED, DROPPED_TTL_EXPIRED
 from epp.framework.labels import FAIRNESS_LABELS, MODEL_LABELS
 from epp.requestcontrol import flowcontrol_metrics as m
+from epp.requestcontrol.eviction import Evictor
 from epp.requestcontrol.flowcontrol_spec import DEFAULT_PRIORITY_BAND_MAX_BYTES, FlowControlSpec, PriorityBandSpec
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ class FlowController:
         *,
         plugins: Mapping[str, Plugin] | None = None,
         poll_interval: float = 0.005,
+        evictor: Evictor | None = None,
     ) -> None:
         self.spec = spec
         self.detector = detector
@@ -159,6 +161,8 @@ class FlowController:
         self._ceilings: Callable[[float, list[int]], list[float]] | None = ceilings if callable(ceilings) else None
         self.pool = pool_name
         self.poll_interval = poll_interval
+        # flowControl.enableEviction: held dispatch revokes in-flight sheddable requests (epp.requestcontrol.eviction)
+        self.evictor = evictor
         self._bands: dict[int, _Band] = {}
         self._order: list[int] = []  # band priorities, highest first
         self._templates = {b.priority: b for b in spec.priority_bands}
@@ -274,7 +278,10 @@ class FlowController:
                     break
                 sat = self.detector.saturation(item.candidates)
                 m.FC_POOL_SATURATION.labels(self.pool).set(sat)
-                if sat >= self._ceiling(sat, item.band.priority):
+                ceiling = self._ceiling(sat, item.band.priority)
+                if sat >= ceiling:
+                    if self.evictor is not None:
+                        self.evictor.reclaim(sat, ceiling, item.band.priority)
                     await asyncio.sleep(self.poll_interval)  # held: wait for fresher metrics
                     continue
                 item.band.pop_head(item)

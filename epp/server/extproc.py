@@ -14,6 +14,7 @@ exactly once, also when the stream dies early. Every failure becomes an Immediat
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -29,12 +30,14 @@ from envoy.type.v3 import http_status_pb2
 from epp.framework.attributes import RESPONSE_METADATA
 from epp.framework.context import EndpointView
 from epp.framework.errors import (
+    DROPPED_EVICTED,
     DROPPED_NO_ENDPOINTS,
     DROPPED_REASON_HEADER,
     BadRequest,
     InternalError,
     RequestError,
     ServiceUnavailable,
+    TooManyRequests,
 )
 from epp.framework.keys import DISAGG_HEADERS
 from epp.framework.parsing import NoParser, ParserRegistry, request_path
@@ -506,6 +509,19 @@ class RequestStream:
             resp.dynamic_metadata.update(reported)
         return [resp]
 
+    @property
+    def eviction(self) -> asyncio.Event | None:
+        """The decision's eviction event while the response is still under way (flowControl.enableEviction)."""
+        d = self.decision
+        return d.evicted if d is not None and self.state != _COMPLETE else None
+
+    def evict(self) -> pb.ProcessingResponse:
+        """Flow control revoked this in-flight request: end it with a 429 (the director hears completion)."""
+        log.info("request %s evicted by flow control", self.request.request_id if self.request else "?")
+        self.complete()
+        evicted = TooManyRequests("request evicted by flow control", dropped_reason=DROPPED_EVICTED)
+        return immediate(evicted, self._error_format)
+
     def complete(self) -> None:
         """Record usage and tell the director, exactly once per routed request (also on early stream end)."""
         self.state = _COMPLETE
@@ -538,6 +554,28 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
+    async def _evictable(self, stream: RequestStream, read: Any, write: Any) -> None:
+        """The rest of a stream flow control may evict: each read races the eviction event. Evicted before the
+        response is complete → an ImmediateResponse 429, which makes Envoy reset the upstream request."""
+        event = stream.eviction
+        assert event is not None
+        evicted = asyncio.ensure_future(event.wait())
+        try:
+            while True:
+                reading = asyncio.ensure_future(read())
+                await asyncio.wait((reading, evicted), return_when=asyncio.FIRST_COMPLETED)
+                if evicted.done() and not reading.done() and stream.state != _COMPLETE:
+                    reading.cancel()
+                    await write(stream.evict())
+                    return
+                msg = await reading
+                if msg is grpc.aio.EOF:
+                    return
+                for resp in await stream.handle(msg):
+                    await write(resp)
+        finally:
+            evicted.cancel()
+
     async def Process(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         """Read/write on the context rather than an async generator: measurably fewer hops per message."""
         stream = RequestStream(self.state)
@@ -550,6 +588,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                     break
                 for resp in await stream.handle(msg):
                     await write(resp)
+                if stream.eviction is not None:  # flow-control eviction: watch for it alongside the stream
+                    await self._evictable(stream, read, write)
+                    break
         finally:
             self.state.active_streams -= 1
             stream.complete()

@@ -40,8 +40,10 @@ from epp.plugins.flowcontrol.edf_ordering_policy import EDFOrderingPolicy
 from epp.plugins.flowcontrol.fcfs_ordering_policy import FCFSOrderingPolicy
 from epp.plugins.flowcontrol.global_strict_fairness_policy import GlobalStrictFairnessPolicy
 from epp.plugins.flowcontrol.priority_holdback_policy import PriorityHoldbackPolicy
+from epp.plugins.flowcontrol.priority_then_time_eviction_order_policy import PriorityThenTimeEvictionOrderPolicy
 from epp.plugins.flowcontrol.program_aware_fairness import ProgramAwareFairness
 from epp.plugins.flowcontrol.round_robin_fairness_policy import RoundRobinFairnessPolicy
+from epp.plugins.flowcontrol.sheddable_eviction_filter import SheddableEvictionFilter
 from epp.plugins.flowcontrol.slo_deadline_ordering_policy import SLODeadlineOrderingPolicy
 from epp.plugins.flowcontrol.soft_reflective_ceiling_policy import SoftReflectiveCeilingPolicy
 from epp.plugins.flowcontrol.static_usage_limit_policy import StaticUsageLimitPolicy
@@ -192,6 +194,8 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     ModelsDataExtractor,
     P2PSourceProducer,
     DisaggregatedSetRolloutScreener,
+    SheddableEvictionFilter,
+    PriorityThenTimeEvictionOrderPolicy,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )

@@ -766,3 +766,26 @@ async def test_reported_attributes_go_to_envoy_with_the_last_body_message(epp: H
     assert not rs[1].HasField("dynamic_metadata")
     assert rs[2].dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-cost"].number_value == 7
     call.cancel()
+
+
+async def test_an_evicted_in_flight_request_ends_with_an_immediate_429(epp: Harness) -> None:
+    """flowControl.enableEviction: the decision's eviction event ends the stream mid-response (Envoy then resets the
+    upstream request) and the director hears the completion once."""
+    event = asyncio.Event()
+    handle = epp.director.handle_request
+
+    async def with_eviction(request: InferenceRequest) -> RoutingDecision:
+        d = await handle(request)
+        d.evicted = event
+        return d
+
+    epp.director.handle_request = with_eviction  # type: ignore[method-assign]
+    call = epp.stub.Process()
+    await exchange(call, [headers_msg(), body_msg(b'{"model": "m", "prompt": "x"}', True)], 2)
+    await exchange(call, [resp_headers_msg(), resp_body_msg(b'data: {"choices":[]}\n\n', False)], 2)
+    event.set()
+    r = await asyncio.wait_for(call.read(), 5)
+    assert r.HasField("immediate_response") and r.immediate_response.status.code == 429
+    assert b"evicted" in r.immediate_response.body
+    assert await asyncio.wait_for(call.read(), 5) is grpc.aio.EOF
+    assert [rid for rid, _ in epp.director.completed] == ["rid-1"]
