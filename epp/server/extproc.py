@@ -183,6 +183,7 @@ class ServerState:
         self.active_streams = 0
         self._bodyless_next = 0
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
+        self.tracing: Any = None  # epp.server.tracing.Tracing with --tracing (spans per request)
 
     def pick_bodyless(self, subset: list[str] | None) -> RoutingDecision:
         """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
@@ -205,6 +206,7 @@ class RequestStream:
         "_restore_length",
         "_rewriter",
         "_skip_response",
+        "_span",
         "_sse",
         "decision",
         "headers",
@@ -238,6 +240,7 @@ class RequestStream:
         self.response_size = 0
         self._chunks = 0  # response body messages seen
         self._rewriter: ModelNameRewriter | None = None
+        self._span: Any = None  # the request's gateway.request span (--tracing)
         self._restore_length = False  # content-length dropped at response headers (body rewritten)
         self._sse: SSEUsageReader | None = None
         self._skip_response = False  # the parser's SkipResponseProcessing: no usage read from the response
@@ -274,7 +277,21 @@ class RequestStream:
             return self.request.request_id
         return self.headers.get("x-request-id", "?")
 
+    def _end_span(self, error: str | None = None) -> None:
+        span, self._span = self._span, None
+        req, decision = self.request, self.decision
+        attributes = {
+            "gen_ai.request.model": req.model if req is not None else None,
+            "gen_ai.request.target_model": req.target_model if req is not None else None,
+            "x-request-id": self.headers.get("x-request-id"),
+            "x-gateway-destination-endpoint": decision.destination if decision is not None else None,
+            "http.response.status_code": self.status or None,
+        }
+        self.s.tracing.finish(span, attributes, error)
+
     def _reject(self, err: RequestError) -> pb.ProcessingResponse:
+        if self._span is not None:
+            self._end_span(f"{err.status} {err.code}")
         req = self.request
         level = logging.WARNING if err.status >= 500 else logging.INFO
         log.log(level, "request %s rejected with %d: %s", self._request_id(), err.status, err.message)
@@ -291,6 +308,8 @@ class RequestStream:
             self.request_mode = pc.request_body_mode
             self.response_mode = pc.response_body_mode
         self.headers = _headers(msg.request_headers)
+        if self.s.tracing is not None and self._span is None:
+            self._span = self.s.tracing.start_request(self.headers)
         if msg.HasField("metadata_context"):
             self.subset = _subset_hint(msg.metadata_context) if self.s.honor_subset_hint else None
         self.started = time.monotonic()
@@ -346,7 +365,11 @@ class RequestStream:
             self._skip_response = True
         request.subset = self.subset
         self.request = request
-        decision = await self.s.director.handle_request(request)
+        if self._span is not None:
+            with self.s.tracing.orchestration(self._span):
+                decision = await self.s.director.handle_request(request)
+        else:
+            decision = await self.s.director.handle_request(request)
         if not decision.endpoints:
             raise ServiceUnavailable("failed to find target endpoint", dropped_reason=DROPPED_NO_ENDPOINTS)
         self.decision = decision
@@ -384,6 +407,9 @@ class RequestStream:
             set_headers.append(_set("content-length", str(content_length)))
         for k, v in self.decision.headers.items():
             set_headers.append(_set(k, v))
+        if self._span is not None:  # the trace continues upstream
+            for k, v in self.s.tracing.inject(self._span).items():
+                set_headers.append(_set(k, v))
         # A client-sent prefiller/encoder header never reaches the model server's sidecar: ours or none.
         remove = [h for h in DISAGG_HEADERS if h not in self.decision.headers]
         mutation = pb.HeaderMutation(set_headers=set_headers, remove_headers=remove)
@@ -525,6 +551,8 @@ class RequestStream:
     def complete(self) -> None:
         """Record usage and tell the director, exactly once per routed request (also on early stream end)."""
         self.state = _COMPLETE
+        if self._span is not None:
+            self._end_span()
         if not self.model_routed:
             return
         self.model_routed = False

@@ -82,6 +82,7 @@ class ServeOptions:
     metrics_client_ca_file: str | None = None
     leader_election: LeaderElectionConfig | None = None
     enable_grpc_stream_metrics: bool = False
+    tracing: bool = False  # --tracing: OpenTelemetry spans over OTLP (epp.server.tracing)
     # --emit-endpoint-scores: the scheduler's per-endpoint scores in envoy.lb metadata (ServerState carries it).
     emit_endpoint_scores: bool = False
     # Distinct client-chosen model names (and fairness ids) that become metric labels; the rest are `__other__`.
@@ -123,6 +124,7 @@ class ServeOptions:
             leader_election=leader,
             max_model_labels=opts.metrics_max_model_labels,
             enable_grpc_stream_metrics=opts.enable_grpc_stream_metrics,
+            tracing=opts.tracing,
             emit_endpoint_scores=opts.emit_endpoint_scores,
         )
 
@@ -153,6 +155,12 @@ class EppServer:
         )
         self.state.honor_subset_hint = options.honor_subset_hint
         self.state.emit_endpoint_scores = options.emit_endpoint_scores
+        self.tracing: Any = None
+        if options.tracing:
+            from epp.server.tracing import Tracing
+
+            self.tracing = Tracing()
+            self.state.tracing = self.tracing
         self._servicer = ExtProcServicer(self.state)
         if options.enable_grpc_stream_metrics:
             from epp.server.stream_metrics import MeteredExtProcServicer, StreamMetrics
@@ -320,6 +328,9 @@ class EppServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self._close_kube()
+        if self.tracing is not None:  # flush what is batched, without hanging on an unreachable collector
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown), 5)
         log.info("stopped")
 
     async def _close_kube(self) -> None:
