@@ -14,6 +14,7 @@ import os
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from e2e.sim.config import SimConfig
 from e2e.sim.engine import Engine, EngineError, SimRequest
+from e2e.sim.events import KVEvent
 from e2e.sim.kvcache import LoraRef
 from e2e.sim.metrics import SimMetrics
 from e2e.sim.publisher import EventPublisher
@@ -33,6 +35,7 @@ RUNTIME_SETTABLE = {
     "prefill_overhead", "prefill_time_per_token", "inter_token_latency", "time_factor_under_load",
     "failure_rate", "failure_status", "max_num_seqs", "prefill_tokens_per_second",
     "kv_transfer_overhead", "kv_transfer_time_per_block", "prefill_interference",
+    "kv_events_drop_rate",
 }  # fmt: skip
 
 APP_KEY: web.AppKey[Simulator] = web.AppKey("simulator")
@@ -75,6 +78,8 @@ class Simulator:
         self.started = time.monotonic()
         self.ready_at = self.started + cfg.startup_delay
         self.rng = random.Random(cfg.seed)
+        self._drop_rng = random.Random(cfg.seed + 1)
+        self.events_lost = 0  # --kv-events-drop-rate
         self.created = int(time.time())
 
     @property
@@ -112,8 +117,22 @@ class Simulator:
             )
             pub.mode = self.cfg.kv_events_mode
             pub.start()
-            engine.on_events(pub.publish)
+            engine.on_events(self._lossy(pub))
             self.publishers.append(pub)
+
+    def _lossy(self, pub: EventPublisher) -> Callable[[list[KVEvent]], None]:
+        return lambda events: pub.publish(self._lose(events))
+
+    def _lose(self, events: list[KVEvent]) -> list[KVEvent]:
+        """--kv-events-drop-rate: silently lose that share of the events before they are numbered and buffered
+        (an engine that never announces them): no sequence gap, nothing a replay could recover."""
+        rate = self.cfg.kv_events_drop_rate
+        if rate <= 0:
+            return events
+        types = self.cfg.kv_events_drop_types
+        kept = [e for e in events if (types and type(e).__name__ not in types) or self._drop_rng.random() >= rate]
+        self.events_lost += len(events) - len(kept)
+        return kept
 
     async def stop_events(self) -> None:
         for pub in self.publishers:
@@ -483,6 +502,7 @@ async def admin_state(request: web.Request) -> web.Response:
             "topic": p.topic.decode(),
             "next_seq": p.seq,
             "mode": p.mode,
+            "events_lost": sim.events_lost,
         }
         for p in sim.publishers
     ]

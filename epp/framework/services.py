@@ -40,6 +40,13 @@ class KVCacheIndex(Protocol):
 
     def speculate(self, keys: Sequence[int], pod: str, ttl: float) -> None: ...
 
+    def report_delivered(
+        self, pod: str, keys: Sequence[int], predicted_blocks: int, delivered_tokens: int, block_size: int, prompt: int
+    ) -> None:
+        """The closed loop: `pod` served a request whose `keys` the index matched for `predicted_blocks` there, and
+        the engine reported `delivered_tokens` cached of `prompt`. Repairs the pod's entries when they are wrong."""
+        ...
+
 
 class Services(Protocol):
     """Factories for the shared services, configured from the asking plugin's parameters."""

@@ -29,6 +29,7 @@ from epp.framework import (
     PluginContext,
     PrefixCacheMatchInfo,
     SchedulingResult,
+    Usage,
 )
 
 TOKEN_PRODUCER = "token-producer"
@@ -140,3 +141,24 @@ class PrecisePrefixCacheProducer(Plugin):
             if ep.hostport not in seen:
                 seen.add(ep.hostport)
                 self.index.speculate(info.keys, ep.hostport, self.speculative_ttl)
+
+    def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
+        """The closed loop on delivered hits: tell the index what the engine delivered against what it predicted."""
+        info = request.data.get(self.match_key)
+        if info is None or endpoint is None or usage is None or not usage.cached_tokens_reported:
+            return
+        decision = request.data.get(DISAGG_DECISION)
+        if decision is not None and decision.prefill is not None:
+            return  # P/D: the decode pod's cached tokens came over the KV transfer, not from its own cache
+        prompt = usage.prompt_tokens
+        if prompt <= 0:
+            tokens = request.data.get(TOKENIZED_PROMPT)
+            prompt = len(tokens.token_ids) if tokens is not None else 0
+        self.index.report_delivered(
+            endpoint.hostport,
+            info.keys,
+            info.blocks.get(endpoint.hostport, 0),
+            usage.cached_tokens,
+            info.block_size,
+            prompt,
+        )
