@@ -59,7 +59,7 @@ class PayloadTooLarge(RequestError):
 
 DESTINATION_KEY = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE = "envoy.lb"
-SCORES_METADATA_KEY = "x-gateway-destination-endpoint-scores"  # envoy.lb: {ip:port: score}, --emit-endpoint-scores
+SCORES_KEY = "x-gateway-destination-endpoint-scores"  # envoy.lb metadata with --emit-endpoint-scores
 SERVED_METADATA_KEY = "x-gateway-destination-endpoint-served"  # envoy.lb metadata: the endpoint that served
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
@@ -423,8 +423,7 @@ class RequestStream:
         if self.s.emit_endpoint_scores and result is not None:
             primary = result.profile_results.get(result.primary_profile)
             if primary is not None and primary.candidates:
-                # The router's format: every endpoint the primary profile scored, by address, with its score.
-                lb[SCORES_METADATA_KEY] = {ep.hostport: score for ep, score in primary.candidates}
+                lb[SCORES_KEY] = {ep.hostport: score for ep, score in primary.candidates}
         return {DESTINATION_NAMESPACE: lb}
 
     # -- response path ----------------------------------------------------------------------------------------
