@@ -74,6 +74,7 @@ class SchedulerProfile:
             t0 = time.perf_counter()
             result = self.picker.pick(state, request, scored)
             timer("Picker", self.picker, time.perf_counter() - t0)
+        result.candidates = scored
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "profile %s request %s: scores %s → %s",

@@ -50,6 +50,7 @@ class PayloadTooLarge(RequestError):
 
 DESTINATION_KEY = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE = "envoy.lb"
+SCORES_KEY = "x-gateway-destination-endpoint-scores"  # envoy.lb metadata with --emit-endpoint-scores
 SERVED_METADATA_KEY = "x-gateway-destination-endpoint-served"  # envoy.lb metadata: the endpoint that served
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
@@ -407,6 +408,11 @@ class RequestStream:
         assert self.decision is not None
         lb: dict[str, Any] = dict(self.decision.metadata)
         lb[DESTINATION_KEY] = self.decision.destination
+        result = self.decision.result
+        if self.s.emit_endpoint_scores and result is not None:
+            primary = result.profile_results.get(result.primary_profile)
+            if primary is not None and primary.candidates:
+                lb[SCORES_KEY] = {ep.hostport: score for ep, score in primary.candidates}
         return {DESTINATION_NAMESPACE: lb}
 
     # -- response path ----------------------------------------------------------------------------------------

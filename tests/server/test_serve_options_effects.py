@@ -119,3 +119,37 @@ async def test_health_checking_on_the_ext_proc_port(enabled: bool) -> None:
                 assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
         finally:
             await ch.close()
+
+
+@pytest.mark.parametrize("emit", [True, False])
+async def test_emit_endpoint_scores(emit: bool) -> None:
+    """llm-d-router's --emit-endpoint-scores: every scored candidate's weighted total in envoy.lb metadata."""
+    from epp.wiring import build_runtime
+
+    config = parse_config("endpoints: [{address: 10.0.0.1, port: 8000}, {address: 10.0.0.2, port: 8000}]\n")
+    runtime = build_runtime(config)
+    registry = CollectorRegistry()
+    opts = ServeOptions(bind_address="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0,
+                        emit_endpoint_scores=emit)  # fmt: skip
+    srv = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
+    await srv.start()
+    try:
+        while not runtime.datastore.synced:
+            await asyncio.sleep(0.01)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.ports['grpc']}") as ch:
+            call = pb_grpc.ExternalProcessorStub(ch).Process()
+            first, _ = await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 2)
+            call.cancel()
+        lb = first.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+        assert lb[DEST].string_value in ("10.0.0.1:8000", "10.0.0.2:8000")
+        if emit:
+            scores = {
+                k: v.number_value for k, v in lb["x-gateway-destination-endpoint-scores"].struct_value.fields.items()
+            }
+            assert set(scores) == {"10.0.0.1:8000", "10.0.0.2:8000"}
+            assert all(isinstance(v, float) and v >= 0 for v in scores.values())
+            assert scores[lb[DEST].string_value] == max(scores.values())  # the pick has the best score
+        else:
+            assert "x-gateway-destination-endpoint-scores" not in lb
+    finally:
+        await srv.stop()
