@@ -56,6 +56,9 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 BODY_CHUNK_LIMIT = 62_000  # GIE's BodyByteLimit: Envoy takes at most 64 KiB per streamed chunk
 DEFAULT_MAX_BODY_BYTES = 128 * 1024 * 1024  # a gathered request body beyond this is refused with 413
+# All request bodies being gathered at once, across streams: past it a body is refused with 503 (parsing multiplies
+# a body several times over, so this bounds the EPP's peak memory, not just the raw bytes).
+DEFAULT_MAX_INFLIGHT_BODY_BYTES = 256 * 1024 * 1024
 
 _Mode = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
@@ -159,6 +162,7 @@ class ServerState:
         response_body_mode: int = FULL_DUPLEX,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         parsers: ParserRegistry | None = None,
+        max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
     ) -> None:
         self.director = director
         self.parsers = parsers if parsers is not None else default_parsers()
@@ -168,6 +172,8 @@ class ServerState:
         self.request_body_mode = request_body_mode
         self.response_body_mode = response_body_mode
         self.max_body_bytes = max_body_bytes
+        self.max_inflight_body_bytes = max_inflight_body_bytes
+        self.inflight_body_bytes = 0  # held by streams gathering (or parsing) a request body
         self.active_streams = 0
         self._bodyless_next = 0
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
@@ -191,6 +197,7 @@ class RequestStream:
         "_body_size",
         "_chunks",
         "_error_format",
+        "_held",
         "_resp_json",
         "_restore_length",
         "_rewriter",
@@ -220,6 +227,7 @@ class RequestStream:
         self.subset: list[str] | None = None
         self._body: list[bytes] = []
         self._body_size = 0
+        self._held = 0  # bytes of this stream's body counted in ServerState.inflight_body_bytes
         self._error_format = "openai"  # the API's error shape, known once a parser is chosen
         self.request: InferenceRequest | None = None
         self.decision: RoutingDecision | None = None
@@ -324,18 +332,37 @@ class RequestStream:
             return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
         chunk = body.body
         if chunk:
+            s = self.s
+            if s.inflight_body_bytes + len(chunk) > s.max_inflight_body_bytes:
+                self._body = []
+                self._release_body()
+                raise ServiceUnavailable("too many request body bytes in flight; retry later")
+            s.inflight_body_bytes += len(chunk)
+            self._held += len(chunk)
             self._body.append(chunk)
             self._body_size += len(chunk)
-            if self._body_size > self.s.max_body_bytes:
+            if self._body_size > s.max_body_bytes:
                 self._body = []
-                raise PayloadTooLarge(f"request body exceeds {self.s.max_body_bytes} bytes")
+                self._release_body()
+                raise PayloadTooLarge(f"request body exceeds {s.max_body_bytes} bytes")
         if not body.end_of_stream:
             return []
-        return await self._decide(end_of_stream=True)
+        try:
+            return await self._decide(end_of_stream=True)
+        finally:
+            self._release_body()
+
+    def _release_body(self) -> None:
+        """Give this stream's body bytes back to the global in-flight budget (idempotent)."""
+        self.s.inflight_body_bytes -= self._held
+        self._held = 0
 
     async def _request_trailers(self) -> list[pb.ProcessingResponse]:
         """Trailers end a body that had no end_of_stream: decide now, the body chunks stay without EOS."""
-        out = await self._decide(end_of_stream=False) if self.state < _BODY_DONE else []
+        try:
+            out = await self._decide(end_of_stream=False) if self.state < _BODY_DONE else []
+        finally:
+            self._release_body()
         out.append(pb.ProcessingResponse(request_trailers=pb.TrailersResponse()))
         return out
 
@@ -537,6 +564,7 @@ class RequestStream:
 
     def complete(self) -> None:
         """Record usage and tell the director, exactly once per routed request (also on early stream end)."""
+        self._release_body()
         self.state = _COMPLETE
         if self._span is not None:
             self._end_span()

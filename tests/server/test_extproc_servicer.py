@@ -648,6 +648,42 @@ async def test_passthrough_forwards_any_body_unchanged(epp: Harness) -> None:
     call.cancel()
 
 
+async def test_global_inflight_body_budget(epp: Harness) -> None:
+    """Bodies being gathered across all streams are bounded: past the budget a request gets a JSON 503, and the
+    bytes come back when a body is decided, refused or its stream dies."""
+    state = epp.server.state
+    state.max_inflight_body_bytes = 1000
+    a = epp.stub.Process()
+    await a.write(headers_msg())
+    await a.write(body_msg(b'{"model":"m","prompt":"' + b"x" * 700, False))
+    for _ in range(100):
+        if state.inflight_body_bytes:
+            break
+        await asyncio.sleep(0.01)
+    assert state.inflight_body_bytes == 723
+    b = epp.stub.Process()
+    (resp,) = await exchange(b, [headers_msg(), body_msg(b'{"model":"m","prompt":"' + b"y" * 300 + b'"}', True)], 1)
+    assert resp.immediate_response.status.code == 503
+    assert "too many request body bytes in flight" in json.loads(resp.immediate_response.body)["error"]["message"]
+    b.cancel()
+    rs = await exchange(a, [body_msg(b'"}', True)], 2)  # a finishes: decided, its bytes released
+    assert not rs[0].HasField("immediate_response") and state.inflight_body_bytes == 0
+    a.cancel()
+    c = epp.stub.Process()  # a stream that dies mid-body gives its bytes back too
+    await c.write(headers_msg())
+    await c.write(body_msg(b"x" * 900, False))
+    for _ in range(100):
+        if state.inflight_body_bytes:
+            break
+        await asyncio.sleep(0.01)
+    c.cancel()
+    for _ in range(100):
+        if not state.inflight_body_bytes:
+            break
+        await asyncio.sleep(0.01)
+    assert state.inflight_body_bytes == 0
+
+
 async def test_reported_attributes_go_to_envoy_with_the_last_body_message(epp: Harness) -> None:
     """request-attribute-reporter writes RESPONSE_METADATA at completion; the stream's last message carries it."""
     from epp.plugins.requestcontrol.request_attribute_reporter import RequestAttributeReporter
