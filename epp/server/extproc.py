@@ -29,7 +29,16 @@ from envoy.type.v3 import http_status_pb2
 
 from epp.framework.attributes import RESPONSE_METADATA
 from epp.framework.context import EndpointView
-from epp.framework.errors import BadRequest, InternalError, RequestError, ServiceUnavailable, TooManyRequests
+from epp.framework.errors import (
+    DROPPED_EVICTED,
+    DROPPED_NO_ENDPOINTS,
+    DROPPED_REASON_HEADER,
+    BadRequest,
+    InternalError,
+    RequestError,
+    ServiceUnavailable,
+    TooManyRequests,
+)
 from epp.framework.keys import DISAGG_HEADERS
 from epp.framework.parsing import NoParser, ParserRegistry, request_path
 from epp.framework.types import InferenceRequest, Usage
@@ -116,11 +125,12 @@ _GRPC_STATUS = {400: 3, 404: 12, 413: 8, 429: 8, 500: 13, 503: 14}
 
 def immediate(err: RequestError, error_format: str = "openai") -> pb.ProcessingResponse:
     """An ImmediateResponse in the API's error shape: OpenAI-style JSON, Anthropic's JSON, or a gRPC status."""
+    dropped = [_set(DROPPED_REASON_HEADER, err.dropped_reason)] if err.dropped_reason else []
     if error_format == "grpc":
         return pb.ProcessingResponse(
             immediate_response=pb.ImmediateResponse(
                 status=http_status_pb2.HttpStatus(code=err.status),
-                headers=pb.HeaderMutation(remove_headers=[DESTINATION_KEY]),
+                headers=pb.HeaderMutation(set_headers=dropped, remove_headers=[DESTINATION_KEY]),
                 grpc_status=pb.GrpcStatus(status=_GRPC_STATUS.get(err.status, 2)),
                 body=err.message.encode(),
                 details=f"epp_{err.code}",
@@ -129,7 +139,7 @@ def immediate(err: RequestError, error_format: str = "openai") -> pb.ProcessingR
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=err.status),
-            headers=pb.HeaderMutation(set_headers=[_JSON_CT], remove_headers=[DESTINATION_KEY]),
+            headers=pb.HeaderMutation(set_headers=[_JSON_CT, *dropped], remove_headers=[DESTINATION_KEY]),
             body=err.body(error_format),
             details=f"epp_{err.code}",
         )
@@ -162,10 +172,12 @@ class ServerState:
         response_body_mode: int = FULL_DUPLEX,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         parsers: ParserRegistry | None = None,
+        emit_endpoint_scores: bool = False,
         max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
     ) -> None:
         self.director = director
         self.parsers = parsers if parsers is not None else default_parsers()
+        self.emit_endpoint_scores = emit_endpoint_scores
         self.datastore = datastore
         self.metrics = metrics
         self.model_rewrites = dict(model_rewrites or {})
@@ -177,14 +189,13 @@ class ServerState:
         self.active_streams = 0
         self._bodyless_next = 0
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
-        self.emit_endpoint_scores = False  # --emit-endpoint-scores
         self.tracing: Any = None  # epp.server.tracing.Tracing with --tracing (spans per request)
 
     def pick_bodyless(self, subset: list[str] | None) -> RoutingDecision:
         """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
         candidates = locate_candidates(self.datastore.endpoints(), subset)
         if not candidates:
-            raise ServiceUnavailable("no ready endpoints in the pool")
+            raise ServiceUnavailable("no ready endpoints in the pool", dropped_reason=DROPPED_NO_ENDPOINTS)
         self._bodyless_next += 1
         return RoutingDecision(endpoints=[candidates[self._bodyless_next % len(candidates)]])
 
@@ -387,7 +398,7 @@ class RequestStream:
         else:
             decision = await self.s.director.handle_request(request)
         if not decision.endpoints:
-            raise ServiceUnavailable("failed to find target endpoint")
+            raise ServiceUnavailable("failed to find target endpoint", dropped_reason=DROPPED_NO_ENDPOINTS)
         self.decision = decision
         self.model_routed = True
         self.state = _BODY_DONE
@@ -560,7 +571,8 @@ class RequestStream:
         """Flow control revoked this in-flight request: end it with a 429 (the director hears completion)."""
         log.info("request %s evicted by flow control", self.request.request_id if self.request else "?")
         self.complete()
-        return immediate(TooManyRequests("request evicted by flow control"), self._error_format)
+        evicted = TooManyRequests("request evicted by flow control", dropped_reason=DROPPED_EVICTED)
+        return immediate(evicted, self._error_format)
 
     def complete(self) -> None:
         """Record usage and tell the director, exactly once per routed request (also on early stream end)."""
