@@ -28,9 +28,11 @@ from typing import Any
 
 from e2e.bench import bench_routing as suite
 from e2e.bench import report
+from e2e.bench.bench_routing import SERVED_HEADER, reset_caches, warm_up
 from e2e.bench.loadgen import Result
 from e2e.strategies import LLMD, OURS, available_strategies
 
+__all__ = ["SERVED_HEADER", "main", "reset_caches", "warm_up"]  # the last three are used by other benchmarks
 DEFAULT_STRATEGIES = ["random", "approximate", "precise", LLMD, OURS]
 
 

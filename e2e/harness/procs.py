@@ -145,8 +145,9 @@ class EppProcess(_Process):
             "--grpc-port", str(self.ports.grpc), "--grpc-health-port", str(self.ports.health),
             "--metrics-port", str(self.ports.metrics), "--log-level", log_level,
             # The anchors' defaults serve ext_proc over TLS and guard /metrics with Kubernetes RBAC; the kit's Envoy
-            # talks plaintext and its scrapes carry no token, unless a test passes other flags (later flags win).
-            *(["--secure-serving=false", "--metrics-endpoint-auth=false"] if kit_defaults else []),
+            # talks plaintext, its scrapes carry no token and no trace collector runs, unless a test passes other flags
+            # (later flags win).
+            *(["--secure-serving=false", "--metrics-endpoint-auth=false", "--tracing=false"] if kit_defaults else []),
             *(extra_args or []),
         ]  # fmt: skip
         env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -62,6 +62,8 @@ class SimConfig:
     failure_status: int = 500
     startup_delay: float = 0.0  # /health answers 503 (and requests 503) this long after start
     crash_after: float = 0.0  # > 0: the process exits with code 1 this many seconds after start
+    kv_events_drop_rate: float = 0.0  # 0..1: share of KV events silently lost before numbering (no seq gap)
+    kv_events_drop_types: list[str] = field(default_factory=list)  # only these event types (default: all)
     kv_events_mode: str = "on"  # initial publisher mode: on | off (drop events) | lossy (buffer, do not send)
     seed: int = 0
 
@@ -140,6 +142,14 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     a("--failure-status", type=int, default=d.failure_status)
     a("--startup-delay", type=float, default=d.startup_delay, help="seconds of 503 after start")
     a("--crash-after", type=float, default=d.crash_after, help="seconds until the process exits with code 1")
+    a("--kv-events-drop-rate", type=float, default=d.kv_events_drop_rate, help="0..1, events silently lost")
+    a(
+        "--kv-events-drop-types",
+        nargs="*",
+        default=[],
+        choices=["BlockStored", "BlockRemoved", "AllBlocksCleared"],
+        help="lose only these event types (BlockRemoved: evictions the engine never announces)",
+    )
     a("--kv-events-mode", choices=["on", "off", "lossy"], default=d.kv_events_mode)
     a("--seed", type=int, default=d.seed)
     ns = p.parse_args(argv)

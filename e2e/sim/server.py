@@ -14,13 +14,16 @@ import os
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from aiohttp import web
 
+from e2e.sim.apis import add_api_routes
 from e2e.sim.config import SimConfig
 from e2e.sim.engine import Engine, EngineError, SimRequest
+from e2e.sim.events import KVEvent
 from e2e.sim.kvcache import LoraRef
 from e2e.sim.metrics import SimMetrics
 from e2e.sim.publisher import EventPublisher
@@ -33,6 +36,7 @@ RUNTIME_SETTABLE = {
     "prefill_overhead", "prefill_time_per_token", "inter_token_latency", "time_factor_under_load",
     "failure_rate", "failure_status", "max_num_seqs", "prefill_tokens_per_second",
     "kv_transfer_overhead", "kv_transfer_time_per_block", "prefill_interference", "num_gpu_blocks",
+    "kv_events_drop_rate",
 }  # fmt: skip
 
 APP_KEY: web.AppKey[Simulator] = web.AppKey("simulator")
@@ -75,6 +79,8 @@ class Simulator:
         self.started = time.monotonic()
         self.ready_at = self.started + cfg.startup_delay
         self.rng = random.Random(cfg.seed)
+        self._drop_rng = random.Random(cfg.seed + 1)
+        self.events_lost = 0  # --kv-events-drop-rate
         self.created = int(time.time())
 
     @property
@@ -112,8 +118,22 @@ class Simulator:
             )
             pub.mode = self.cfg.kv_events_mode
             pub.start()
-            engine.on_events(pub.publish)
+            engine.on_events(self._lossy(pub))
             self.publishers.append(pub)
+
+    def _lossy(self, pub: EventPublisher) -> Callable[[list[KVEvent]], None]:
+        return lambda events: pub.publish(self._lose(events))
+
+    def _lose(self, events: list[KVEvent]) -> list[KVEvent]:
+        """--kv-events-drop-rate: silently lose that share of the events before they are numbered and buffered
+        (an engine that never announces them): no sequence gap, nothing a replay could recover."""
+        rate = self.cfg.kv_events_drop_rate
+        if rate <= 0:
+            return events
+        types = self.cfg.kv_events_drop_types
+        kept = [e for e in events if (types and type(e).__name__ not in types) or self._drop_rng.random() >= rate]
+        self.events_lost += len(events) - len(kept)
+        return kept
 
     async def stop_events(self) -> None:
         for pub in self.publishers:
@@ -209,12 +229,14 @@ async def _prompt(sim: Simulator, body: dict[str, Any], chat: bool) -> list[int]
     return prompts[0]
 
 
-async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+async def _generate(request: web.Request, chat: bool, body: dict[str, Any] | None = None) -> web.StreamResponse:
+    """`body`: a request of another API already converted to a chat or completions body (e2e.sim.apis)."""
     sim = request.app[APP_KEY]
     fail = sim.maybe_fail()
     if fail is not None:
         return fail
-    body = await _json(request)
+    if body is None:
+        body = await _json(request)
     model = body.get("model", sim.cfg.model_name)
     if not isinstance(model, str):
         raise EngineError(400, "`model` must be a string.")
@@ -483,6 +505,7 @@ async def admin_state(request: web.Request) -> web.Response:
             "topic": p.topic.decode(),
             "next_seq": p.seq,
             "mode": p.mode,
+            "events_lost": sim.events_lost,
         }
         for p in sim.publishers
     ]
@@ -515,7 +538,9 @@ async def admin_config(request: web.Request) -> web.Response:
             raise EngineError(400, f"`{key}` must be a number.")
         if key == "num_gpu_blocks":  # the KV capacity: only while no block is in use, and the cache is cleared
             if value <= 0 or any(e.kv.used_blocks for e in sim.engines):
-                raise EngineError(409, "`num_gpu_blocks` must be positive and can only change while the engine is idle.")
+                raise EngineError(
+                    409, "`num_gpu_blocks` must be positive and can only change while the engine is idle."
+                )
             for e in sim.engines:
                 e.kv.reset()
                 e.kv.num_blocks = int(value)
@@ -573,6 +598,7 @@ def build_app(sim: Simulator, manage_events: bool = True) -> web.Application:
     r = app.router
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/chat/completions", chat_completions)
+    add_api_routes(r)  # /v1/messages, /v1/responses, /inference/v1/generate (e2e.sim.apis)
     r.add_post("/v1/completions/render", render_completion)
     r.add_post("/v1/chat/completions/render", render_chat)
     r.add_get("/v1/models", models)

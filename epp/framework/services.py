@@ -23,6 +23,7 @@ class Tokenizer(Protocol):
         prompt: str | list[Any] | None = None,
         messages: list[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Any] | None = None,
     ) -> list[int]: ...
 
 
@@ -38,6 +39,13 @@ class KVCacheIndex(Protocol):
     async def match(self, keys: Sequence[int], pods: Iterable[str] | None = None) -> Mapping[str, PrefixMatch]: ...
 
     def speculate(self, keys: Sequence[int], pod: str, ttl: float) -> None: ...
+
+    def report_delivered(
+        self, pod: str, keys: Sequence[int], predicted_blocks: int, delivered_tokens: int, block_size: int, prompt: int
+    ) -> None:
+        """The closed loop: `pod` served a request whose `keys` the index matched for `predicted_blocks` there, and
+        the engine reported `delivered_tokens` cached of `prompt`. Repairs the pod's entries when they are wrong."""
+        ...
 
 
 class Services(Protocol):

@@ -124,6 +124,9 @@ class ProfileResult:
 
     targets: list[Endpoint]
     scores: dict[str, float] = field(default_factory=dict)  # endpoint name -> weighted score
+    # Every endpoint the profile scored (after its filters) with its weighted total: the anchor's ScoredCandidates
+    # (filled by the profile, not the picker; read for --emit-endpoint-scores).
+    candidates: list[tuple[Endpoint, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

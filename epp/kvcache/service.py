@@ -3,6 +3,7 @@ parameters (`tokenProcessorConfig`, `indexerConfig`, `kvEventsConfig`). Plugins 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from epp.framework.params import Params
 from epp.framework.types import Endpoint, PrefixMatch
 from epp.kvcache.config import PoolConfig
+from epp.kvcache.feedback import DeliveredHits, FeedbackConfig
 from epp.kvcache.index import DEFAULT_ENGINE_RUN_SIZE, Index, MemoryIndex
 from epp.kvcache.ingest import EventApplier
 from epp.kvcache.pool import EventPool
@@ -30,6 +32,7 @@ class KVCacheSettings:
     redis_address: str | None = None
     pool: PoolConfig = field(default_factory=PoolConfig)
     events_enabled: bool = True
+    feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
 
     @classmethod
     def from_params(cls, p: Params) -> KVCacheSettings:
@@ -69,6 +72,7 @@ class KVCacheSettings:
             redis_address=addr,
             pool=PoolConfig.from_params(kec),
             events_enabled=kec.bool("enabled", True),
+            feedback=FeedbackConfig.from_params(p.section("deliveredHitsConfig")),
         )
 
 
@@ -91,6 +95,8 @@ class KVCacheService:
         self.index = index
         self.applier = EventApplier(index, self.tokens, self.block_sizes)
         self.pool = EventPool(self.applier, settings.pool)
+        self.feedback = DeliveredHits(settings.feedback, self.resync_pod, self.speculate)
+        self._flushes: set[asyncio.Task[None]] = set()
 
     def block_size_for(self, model: str, endpoints: Sequence[Endpoint] = ()) -> int | None:
         """Configured, else learned from events, else from a scraped `cache_config_info` block size."""
@@ -121,3 +127,18 @@ class KVCacheService:
 
     def speculate(self, keys: Sequence[int], pod: str, ttl: float) -> None:
         self.index.add_speculative(keys, pod, ttl)
+
+    def report_delivered(
+        self, pod: str, keys: Sequence[int], predicted_blocks: int, delivered_tokens: int, block_size: int, prompt: int
+    ) -> None:
+        self.feedback.report(pod, keys, predicted_blocks, delivered_tokens, block_size, prompt)
+
+    def resync_pod(self, pod: str) -> None:
+        """The pod's entries are wrong: clear them (its next events and delivered hits rebuild them)."""
+        self.applier.clear_pod(pod)
+        try:
+            task = asyncio.get_running_loop().create_task(self.index.flush())  # Redis: push the clear
+        except RuntimeError:  # no loop (tests calling it directly): the next flush carries it
+            return
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)

@@ -30,6 +30,7 @@ from epp.framework import (
     Usage,
 )
 from epp.framework.attributes import AGENT_ID
+from epp.framework.errors import DROPPED_NO_ENDPOINTS, DROPPED_SATURATED
 from epp.framework.labels import MODEL_LABELS
 from epp.framework.logthrottle import LogThrottle
 from epp.requestcontrol.flowcontrol import FlowController
@@ -65,6 +66,9 @@ class SchedulingDirector:
         self.flow_controller = flow_controller
         self.producer_budget = producer_budget
         self._producers = list(pipeline.producers)
+        # A producer that waits on purpose (burst-prefix-cache-producer's window) extends the budget to its own.
+        waits = [float(getattr(p, "produce_timeout", 0.0) or 0.0) for p in self._producers]
+        self.producer_budget = max([producer_budget, *waits])
         self._pre_request = list(pipeline.pre_request)
         self._received = list(pipeline.response_received)
         self._complete = list(pipeline.response_complete)
@@ -92,18 +96,22 @@ class SchedulingDirector:
 
         candidates = healthy_candidates(locate_candidates(self.view.endpoints(), request.subset))
         if not candidates:
-            raise ServiceUnavailable("failed to find candidate endpoints for serving the request")
+            raise ServiceUnavailable(
+                "failed to find candidate endpoints for serving the request", dropped_reason=DROPPED_NO_ENDPOINTS
+            )
         for screener in self._screeners:  # a screener raises ServiceUnavailable to fail closed
             candidates = list(screener.screen(request, candidates))
             if not candidates:
-                raise ServiceUnavailable(f"no candidate endpoints left after {screener.name}")
+                raise ServiceUnavailable(
+                    f"no candidate endpoints left after {screener.name}", dropped_reason=DROPPED_NO_ENDPOINTS
+                )
 
         # Stage-aware: saturation over the pods every request needs (P/D: decode pods, not the prefill pool).
         admitted = candidates if self._admission_scope is None else self._admission_endpoints(request, candidates)
         if self.flow_controller is not None:
             await self.flow_controller.enqueue_and_wait(request, admitted)
         elif request.sheddable and self.detector.saturation(admitted) >= 1.0:
-            raise TooManyRequests("system saturated, sheddable request dropped")
+            raise TooManyRequests("system saturated, sheddable request dropped", dropped_reason=DROPPED_SATURATED)
 
         if self._producers:
             await self._prepare(request, candidates)
@@ -121,7 +129,7 @@ class SchedulingDirector:
             result = self.scheduler.schedule(request, candidates)
         except SchedulingFailed as e:
             SCHEDULER_ATTEMPTS.labels("failure", MODEL_LABELS.label(request.target_model), "", "", "").inc()
-            raise TooManyRequests(f"failed to find target endpoint: {e}") from None
+            raise TooManyRequests(f"failed to find target endpoint: {e}", dropped_reason=DROPPED_SATURATED) from None
         primary = result.targets[0]
         SCHEDULER_ATTEMPTS.labels(
             "success", MODEL_LABELS.label(request.target_model), primary.pod_name, primary.namespace, str(primary.port)
@@ -141,6 +149,9 @@ class SchedulingDirector:
                 ",".join(ep.hostport for ep in result.targets),
             )
         decision = RoutingDecision(endpoints=list(result.targets), result=result)
+        evictor = self.flow_controller.evictor if self.flow_controller is not None else None
+        if evictor is not None:
+            decision.evicted = evictor.track(request.request_id, request.priority)
         if headers_out:
             decision.headers.update(headers_out)
         return decision
@@ -229,6 +240,8 @@ class SchedulingDirector:
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None:
+        if self.flow_controller is not None and self.flow_controller.evictor is not None:
+            self.flow_controller.evictor.untrack(request.request_id)
         endpoint = self._endpoint_for(decision)
         for hook in self._complete:
             try:

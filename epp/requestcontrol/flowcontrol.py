@@ -27,8 +27,10 @@ from epp.framework import (
     TooManyRequests,
     UsageLimitPolicy,
 )
+from epp.framework.errors import DROPPED_SATURATED, DROPPED_TTL_EXPIRED
 from epp.framework.labels import FAIRNESS_LABELS, MODEL_LABELS
 from epp.requestcontrol import flowcontrol_metrics as m
+from epp.requestcontrol.eviction import Evictor
 from epp.requestcontrol.flowcontrol_spec import DEFAULT_PRIORITY_BAND_MAX_BYTES, FlowControlSpec, PriorityBandSpec
 
 log = logging.getLogger(__name__)
@@ -146,6 +148,7 @@ class FlowController:
         *,
         plugins: Mapping[str, Plugin] | None = None,
         poll_interval: float = 0.005,
+        evictor: Evictor | None = None,
     ) -> None:
         self.spec = spec
         self.detector = detector
@@ -158,6 +161,8 @@ class FlowController:
         self._ceilings: Callable[[float, list[int]], list[float]] | None = ceilings if callable(ceilings) else None
         self.pool = pool_name
         self.poll_interval = poll_interval
+        # flowControl.enableEviction: held dispatch revokes in-flight sheddable requests (epp.requestcontrol.eviction)
+        self.evictor = evictor
         self._bands: dict[int, _Band] = {}
         self._order: list[int] = []  # band priorities, highest first
         self._templates = {b.priority: b for b in spec.priority_bands}
@@ -210,7 +215,7 @@ class FlowController:
             or (band.max_bytes is not None and band.bytes + size > band.max_bytes)
         ):
             m.FC_QUEUE_DURATION.labels(*self._labels(request), "RejectedCapacity").observe(0)
-            raise TooManyRequests("flow control queue is at capacity")
+            raise TooManyRequests("flow control queue is at capacity", dropped_reason=DROPPED_SATURATED)
         loop = asyncio.get_running_loop()
         item = _Item(request, candidates, size, time.monotonic(), loop.create_future(), band)
         band.add(item)
@@ -227,7 +232,7 @@ class FlowController:
                 await item.future
         except TimeoutError:
             outcome = "EvictedTTL"
-            raise ServiceUnavailable("request timed out in queue") from None
+            raise ServiceUnavailable("request timed out in queue", dropped_reason=DROPPED_TTL_EXPIRED) from None
         except asyncio.CancelledError:
             outcome = "EvictedContextCancelled"
             raise
@@ -273,7 +278,10 @@ class FlowController:
                     break
                 sat = self.detector.saturation(item.candidates)
                 m.FC_POOL_SATURATION.labels(self.pool).set(sat)
-                if sat >= self._ceiling(sat, item.band.priority):
+                ceiling = self._ceiling(sat, item.band.priority)
+                if sat >= ceiling:
+                    if self.evictor is not None:
+                        self.evictor.reclaim(sat, ceiling, item.band.priority)
                     await asyncio.sleep(self.poll_interval)  # held: wait for fresher metrics
                     continue
                 item.band.pop_head(item)

@@ -7,6 +7,7 @@ raises a `RequestError` (400/429/503...); the response hooks report what came ba
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -29,6 +30,8 @@ class RoutingDecision:
     result: SchedulingResult | None = None
     # The endpoint that actually served the request, once the response reports it.
     served: Endpoint | None = None
+    # Set when flow control evicts this in-flight request (enableEviction): the server then ends the stream.
+    evicted: asyncio.Event | None = None
 
     @property
     def destination(self) -> str:

@@ -14,6 +14,7 @@ exactly once, also when the stream dies early. Every failure becomes an Immediat
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -28,7 +29,16 @@ from envoy.type.v3 import http_status_pb2
 
 from epp.framework.attributes import RESPONSE_METADATA
 from epp.framework.context import EndpointView
-from epp.framework.errors import BadRequest, InternalError, RequestError, ServiceUnavailable
+from epp.framework.errors import (
+    DROPPED_EVICTED,
+    DROPPED_NO_ENDPOINTS,
+    DROPPED_REASON_HEADER,
+    BadRequest,
+    InternalError,
+    RequestError,
+    ServiceUnavailable,
+    TooManyRequests,
+)
 from epp.framework.keys import DISAGG_HEADERS
 from epp.framework.parsing import NoParser, ParserRegistry, request_path
 from epp.framework.types import InferenceRequest, Usage
@@ -49,11 +59,15 @@ class PayloadTooLarge(RequestError):
 
 DESTINATION_KEY = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE = "envoy.lb"
+SCORES_KEY = "x-gateway-destination-endpoint-scores"  # envoy.lb metadata with --emit-endpoint-scores
 SERVED_METADATA_KEY = "x-gateway-destination-endpoint-served"  # envoy.lb metadata: the endpoint that served
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 BODY_CHUNK_LIMIT = 62_000  # GIE's BodyByteLimit: Envoy takes at most 64 KiB per streamed chunk
 DEFAULT_MAX_BODY_BYTES = 128 * 1024 * 1024  # a gathered request body beyond this is refused with 413
+# All request bodies being gathered at once, across streams: past it a body is refused with 503 (parsing multiplies
+# a body several times over, so this bounds the EPP's peak memory, not just the raw bytes).
+DEFAULT_MAX_INFLIGHT_BODY_BYTES = 256 * 1024 * 1024
 
 _Mode = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
@@ -111,11 +125,12 @@ _GRPC_STATUS = {400: 3, 404: 12, 413: 8, 429: 8, 500: 13, 503: 14}
 
 def immediate(err: RequestError, error_format: str = "openai") -> pb.ProcessingResponse:
     """An ImmediateResponse in the API's error shape: OpenAI-style JSON, Anthropic's JSON, or a gRPC status."""
+    dropped = [_set(DROPPED_REASON_HEADER, err.dropped_reason)] if err.dropped_reason else []
     if error_format == "grpc":
         return pb.ProcessingResponse(
             immediate_response=pb.ImmediateResponse(
                 status=http_status_pb2.HttpStatus(code=err.status),
-                headers=pb.HeaderMutation(remove_headers=[DESTINATION_KEY]),
+                headers=pb.HeaderMutation(set_headers=dropped, remove_headers=[DESTINATION_KEY]),
                 grpc_status=pb.GrpcStatus(status=_GRPC_STATUS.get(err.status, 2)),
                 body=err.message.encode(),
                 details=f"epp_{err.code}",
@@ -124,7 +139,7 @@ def immediate(err: RequestError, error_format: str = "openai") -> pb.ProcessingR
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=err.status),
-            headers=pb.HeaderMutation(set_headers=[_JSON_CT], remove_headers=[DESTINATION_KEY]),
+            headers=pb.HeaderMutation(set_headers=[_JSON_CT, *dropped], remove_headers=[DESTINATION_KEY]),
             body=err.body(error_format),
             details=f"epp_{err.code}",
         )
@@ -157,24 +172,30 @@ class ServerState:
         response_body_mode: int = FULL_DUPLEX,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         parsers: ParserRegistry | None = None,
+        emit_endpoint_scores: bool = False,
+        max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
     ) -> None:
         self.director = director
         self.parsers = parsers if parsers is not None else default_parsers()
+        self.emit_endpoint_scores = emit_endpoint_scores
         self.datastore = datastore
         self.metrics = metrics
         self.model_rewrites = dict(model_rewrites or {})
         self.request_body_mode = request_body_mode
         self.response_body_mode = response_body_mode
         self.max_body_bytes = max_body_bytes
+        self.max_inflight_body_bytes = max_inflight_body_bytes
+        self.inflight_body_bytes = 0  # held by streams gathering (or parsing) a request body
         self.active_streams = 0
         self._bodyless_next = 0
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
+        self.tracing: Any = None  # epp.server.tracing.Tracing with --tracing (spans per request)
 
     def pick_bodyless(self, subset: list[str] | None) -> RoutingDecision:
         """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
         candidates = locate_candidates(self.datastore.endpoints(), subset)
         if not candidates:
-            raise ServiceUnavailable("no ready endpoints in the pool")
+            raise ServiceUnavailable("no ready endpoints in the pool", dropped_reason=DROPPED_NO_ENDPOINTS)
         self._bodyless_next += 1
         return RoutingDecision(endpoints=[candidates[self._bodyless_next % len(candidates)]])
 
@@ -187,10 +208,12 @@ class RequestStream:
         "_body_size",
         "_chunks",
         "_error_format",
+        "_held",
         "_resp_json",
         "_restore_length",
         "_rewriter",
         "_skip_response",
+        "_span",
         "_sse",
         "decision",
         "headers",
@@ -215,6 +238,7 @@ class RequestStream:
         self.subset: list[str] | None = None
         self._body: list[bytes] = []
         self._body_size = 0
+        self._held = 0  # bytes of this stream's body counted in ServerState.inflight_body_bytes
         self._error_format = "openai"  # the API's error shape, known once a parser is chosen
         self.request: InferenceRequest | None = None
         self.decision: RoutingDecision | None = None
@@ -224,6 +248,7 @@ class RequestStream:
         self.response_size = 0
         self._chunks = 0  # response body messages seen
         self._rewriter: ModelNameRewriter | None = None
+        self._span: Any = None  # the request's gateway.request span (--tracing)
         self._restore_length = False  # content-length dropped at response headers (body rewritten)
         self._sse: SSEUsageReader | None = None
         self._skip_response = False  # the parser's SkipResponseProcessing: no usage read from the response
@@ -260,7 +285,21 @@ class RequestStream:
             return self.request.request_id
         return self.headers.get("x-request-id", "?")
 
+    def _end_span(self, error: str | None = None) -> None:
+        span, self._span = self._span, None
+        req, decision = self.request, self.decision
+        attributes = {
+            "gen_ai.request.model": req.model if req is not None else None,
+            "gen_ai.request.target_model": req.target_model if req is not None else None,
+            "x-request-id": self.headers.get("x-request-id"),
+            "x-gateway-destination-endpoint": decision.destination if decision is not None else None,
+            "http.response.status_code": self.status or None,
+        }
+        self.s.tracing.finish(span, attributes, error)
+
     def _reject(self, err: RequestError) -> pb.ProcessingResponse:
+        if self._span is not None:
+            self._end_span(f"{err.status} {err.code}")
         req = self.request
         level = logging.WARNING if err.status >= 500 else logging.INFO
         log.log(level, "request %s rejected with %d: %s", self._request_id(), err.status, err.message)
@@ -277,6 +316,8 @@ class RequestStream:
             self.request_mode = pc.request_body_mode
             self.response_mode = pc.response_body_mode
         self.headers = _headers(msg.request_headers)
+        if self.s.tracing is not None and self._span is None:
+            self._span = self.s.tracing.start_request(self.headers)
         if msg.HasField("metadata_context"):
             self.subset = _subset_hint(msg.metadata_context) if self.s.honor_subset_hint else None
         self.started = time.monotonic()
@@ -302,18 +343,37 @@ class RequestStream:
             return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
         chunk = body.body
         if chunk:
+            s = self.s
+            if s.inflight_body_bytes + len(chunk) > s.max_inflight_body_bytes:
+                self._body = []
+                self._release_body()
+                raise ServiceUnavailable("too many request body bytes in flight; retry later")
+            s.inflight_body_bytes += len(chunk)
+            self._held += len(chunk)
             self._body.append(chunk)
             self._body_size += len(chunk)
-            if self._body_size > self.s.max_body_bytes:
+            if self._body_size > s.max_body_bytes:
                 self._body = []
-                raise PayloadTooLarge(f"request body exceeds {self.s.max_body_bytes} bytes")
+                self._release_body()
+                raise PayloadTooLarge(f"request body exceeds {s.max_body_bytes} bytes")
         if not body.end_of_stream:
             return []
-        return await self._decide(end_of_stream=True)
+        try:
+            return await self._decide(end_of_stream=True)
+        finally:
+            self._release_body()
+
+    def _release_body(self) -> None:
+        """Give this stream's body bytes back to the global in-flight budget (idempotent)."""
+        self.s.inflight_body_bytes -= self._held
+        self._held = 0
 
     async def _request_trailers(self) -> list[pb.ProcessingResponse]:
         """Trailers end a body that had no end_of_stream: decide now, the body chunks stay without EOS."""
-        out = await self._decide(end_of_stream=False) if self.state < _BODY_DONE else []
+        try:
+            out = await self._decide(end_of_stream=False) if self.state < _BODY_DONE else []
+        finally:
+            self._release_body()
         out.append(pb.ProcessingResponse(request_trailers=pb.TrailersResponse()))
         return out
 
@@ -332,9 +392,13 @@ class RequestStream:
             self._skip_response = True
         request.subset = self.subset
         self.request = request
-        decision = await self.s.director.handle_request(request)
+        if self._span is not None:
+            with self.s.tracing.orchestration(self._span):
+                decision = await self.s.director.handle_request(request)
+        else:
+            decision = await self.s.director.handle_request(request)
         if not decision.endpoints:
-            raise ServiceUnavailable("failed to find target endpoint")
+            raise ServiceUnavailable("failed to find target endpoint", dropped_reason=DROPPED_NO_ENDPOINTS)
         self.decision = decision
         self.model_routed = True
         self.state = _BODY_DONE
@@ -370,6 +434,9 @@ class RequestStream:
             set_headers.append(_set("content-length", str(content_length)))
         for k, v in self.decision.headers.items():
             set_headers.append(_set(k, v))
+        if self._span is not None:  # the trace continues upstream
+            for k, v in self.s.tracing.inject(self._span).items():
+                set_headers.append(_set(k, v))
         # A client-sent prefiller/encoder header never reaches the model server's sidecar: ours or none.
         remove = [h for h in DISAGG_HEADERS if h not in self.decision.headers]
         mutation = pb.HeaderMutation(set_headers=set_headers, remove_headers=remove)
@@ -379,6 +446,11 @@ class RequestStream:
         assert self.decision is not None
         lb: dict[str, Any] = dict(self.decision.metadata)
         lb[DESTINATION_KEY] = self.decision.destination
+        result = self.decision.result
+        if self.s.emit_endpoint_scores and result is not None:
+            primary = result.profile_results.get(result.primary_profile)
+            if primary is not None and primary.candidates:
+                lb[SCORES_KEY] = {ep.hostport: score for ep, score in primary.candidates}
         return {DESTINATION_NAMESPACE: lb}
 
     # -- response path ----------------------------------------------------------------------------------------
@@ -489,9 +561,25 @@ class RequestStream:
             resp.dynamic_metadata.update(reported)
         return [resp]
 
+    @property
+    def eviction(self) -> asyncio.Event | None:
+        """The decision's eviction event while the response is still under way (flowControl.enableEviction)."""
+        d = self.decision
+        return d.evicted if d is not None and self.state != _COMPLETE else None
+
+    def evict(self) -> pb.ProcessingResponse:
+        """Flow control revoked this in-flight request: end it with a 429 (the director hears completion)."""
+        log.info("request %s evicted by flow control", self.request.request_id if self.request else "?")
+        self.complete()
+        evicted = TooManyRequests("request evicted by flow control", dropped_reason=DROPPED_EVICTED)
+        return immediate(evicted, self._error_format)
+
     def complete(self) -> None:
         """Record usage and tell the director, exactly once per routed request (also on early stream end)."""
+        self._release_body()
         self.state = _COMPLETE
+        if self._span is not None:
+            self._end_span()
         if not self.model_routed:
             return
         self.model_routed = False
@@ -521,6 +609,28 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
+    async def _evictable(self, stream: RequestStream, read: Any, write: Any) -> None:
+        """The rest of a stream flow control may evict: each read races the eviction event. Evicted before the
+        response is complete → an ImmediateResponse 429, which makes Envoy reset the upstream request."""
+        event = stream.eviction
+        assert event is not None
+        evicted = asyncio.ensure_future(event.wait())
+        try:
+            while True:
+                reading = asyncio.ensure_future(read())
+                await asyncio.wait((reading, evicted), return_when=asyncio.FIRST_COMPLETED)
+                if evicted.done() and not reading.done() and stream.state != _COMPLETE:
+                    reading.cancel()
+                    await write(stream.evict())
+                    return
+                msg = await reading
+                if msg is grpc.aio.EOF:
+                    return
+                for resp in await stream.handle(msg):
+                    await write(resp)
+        finally:
+            evicted.cancel()
+
     async def Process(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         """Read/write on the context rather than an async generator: measurably fewer hops per message."""
         stream = RequestStream(self.state)
@@ -533,6 +643,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                     break
                 for resp in await stream.handle(msg):
                     await write(resp)
+                if stream.eviction is not None:  # flow-control eviction: watch for it alongside the stream
+                    await self._evictable(stream, read, write)
+                    break
         finally:
             self.state.active_streams -= 1
             stream.complete()

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from epp.framework.labels import DEFAULT_MAX_MODEL_LABELS, configure_label_budgets
-from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, ExtProcServicer, ServerState
+from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES, ExtProcServicer, ServerState
 from epp.server.health import Health
 from epp.server.metrics import REGISTRY, RequestMetrics, request_metrics
 from epp.server.metrics_http import MetricsHTTP
@@ -64,6 +64,7 @@ class ServeOptions:
     metrics_port: int = 9090
     drain_timeout: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES
     reuse_port: bool = False
     # TLS on the ext_proc port: a dir with tls.crt/tls.key, or secure_serving=True for a self-signed pair.
     cert_path: str | None = None
@@ -81,6 +82,10 @@ class ServeOptions:
     metrics_cert_dir: str | None = None
     metrics_client_ca_file: str | None = None
     leader_election: LeaderElectionConfig | None = None
+    enable_grpc_stream_metrics: bool = False
+    tracing: bool = False  # --tracing: OpenTelemetry spans over OTLP (epp.server.tracing)
+    # --emit-endpoint-scores: the scheduler's per-endpoint scores in envoy.lb metadata (ServerState carries it).
+    emit_endpoint_scores: bool = False
     # Distinct client-chosen model names (and fairness ids) that become metric labels; the rest are `__other__`.
     max_model_labels: int = DEFAULT_MAX_MODEL_LABELS
 
@@ -104,6 +109,7 @@ class ServeOptions:
             metrics_port=opts.metrics_port,
             drain_timeout=opts.drain_timeout,
             max_body_bytes=opts.max_request_body_bytes,
+            max_inflight_body_bytes=opts.max_inflight_body_bytes,
             reuse_port=opts.worker_index >= 0,
             cert_path=opts.cert_path or None,
             secure_serving=opts.secure_serving,
@@ -119,6 +125,9 @@ class ServeOptions:
             metrics_client_ca_file=opts.metrics_client_ca_file or None,
             leader_election=leader,
             max_model_labels=opts.metrics_max_model_labels,
+            enable_grpc_stream_metrics=opts.enable_grpc_stream_metrics,
+            tracing=opts.tracing,
+            emit_endpoint_scores=opts.emit_endpoint_scores,
         )
 
 
@@ -144,9 +153,22 @@ class EppServer:
             self.metrics,
             model_rewrites=runtime.config.model_rewrites,
             max_body_bytes=options.max_body_bytes,
+            max_inflight_body_bytes=options.max_inflight_body_bytes,
             parsers=runtime.pipeline.parser_registry if runtime.pipeline is not None else None,
         )
         self.state.honor_subset_hint = options.honor_subset_hint
+        self.state.emit_endpoint_scores = options.emit_endpoint_scores
+        self.tracing: Any = None
+        if options.tracing:
+            from epp.server.tracing import Tracing
+
+            self.tracing = Tracing()
+            self.state.tracing = self.tracing
+        self._servicer = ExtProcServicer(self.state)
+        if options.enable_grpc_stream_metrics:
+            from epp.server.stream_metrics import MeteredExtProcServicer, StreamMetrics
+
+            self._servicer = MeteredExtProcServicer(self.state, StreamMetrics(registry))
         grpc_opts = _grpc_options(options.reuse_port, options.grpc_max_recv_bytes, options.grpc_max_send_bytes)
         self._grpc = grpc.aio.server(options=grpc_opts)
         self._health_grpc = grpc.aio.server(options=_grpc_options(options.reuse_port))
@@ -199,7 +221,7 @@ class EppServer:
 
     async def start(self) -> None:
         opts = self.options
-        pb_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(self.state), self._grpc)
+        pb_grpc.add_ExternalProcessorServicer_to_server(self._servicer, self._grpc)
         if opts.health_checking:
             health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._health_grpc)
@@ -309,6 +331,9 @@ class EppServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self._close_kube()
+        if self.tracing is not None:  # flush what is batched, without hanging on an unreachable collector
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown), 5)
         log.info("stopped")
 
     async def _close_kube(self) -> None:

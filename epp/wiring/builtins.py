@@ -40,8 +40,10 @@ from epp.plugins.flowcontrol.edf_ordering_policy import EDFOrderingPolicy
 from epp.plugins.flowcontrol.fcfs_ordering_policy import FCFSOrderingPolicy
 from epp.plugins.flowcontrol.global_strict_fairness_policy import GlobalStrictFairnessPolicy
 from epp.plugins.flowcontrol.priority_holdback_policy import PriorityHoldbackPolicy
+from epp.plugins.flowcontrol.priority_then_time_eviction_order_policy import PriorityThenTimeEvictionOrderPolicy
 from epp.plugins.flowcontrol.program_aware_fairness import ProgramAwareFairness
 from epp.plugins.flowcontrol.round_robin_fairness_policy import RoundRobinFairnessPolicy
+from epp.plugins.flowcontrol.sheddable_eviction_filter import SheddableEvictionFilter
 from epp.plugins.flowcontrol.slo_deadline_ordering_policy import SLODeadlineOrderingPolicy
 from epp.plugins.flowcontrol.soft_reflective_ceiling_policy import SoftReflectiveCeilingPolicy
 from epp.plugins.flowcontrol.static_usage_limit_policy import StaticUsageLimitPolicy
@@ -58,6 +60,7 @@ from epp.plugins.pickers.round_robin_picker import RoundRobinPicker
 from epp.plugins.pickers.weighted_random_picker import WeightedRandomPicker
 from epp.plugins.prerequest.disagg_headers_handler import DisaggHeadersHandler
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
+from epp.plugins.producers.burst_prefix_cache_producer import BurstPrefixCacheProducer
 from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
 from epp.plugins.producers.p2p_source_producer import P2PSourceProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
@@ -134,6 +137,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     DisaggHeadersHandler,
     # data producers
     ApproxPrefixCacheProducer,
+    BurstPrefixCacheProducer,
     InFlightLoadProducer,
     PrecisePrefixCacheProducer,
     PredictedLatencyProducer,
@@ -192,6 +196,8 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     ModelsDataExtractor,
     P2PSourceProducer,
     DisaggregatedSetRolloutScreener,
+    SheddableEvictionFilter,
+    PriorityThenTimeEvictionOrderPolicy,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )

@@ -16,7 +16,10 @@ from epp.discovery.static import StaticEndpointSource
 from epp.framework import EndpointView, PluginContext
 from epp.framework.context import BackgroundTask
 from epp.framework.types import Endpoint
+from epp.plugins.flowcontrol.priority_then_time_eviction_order_policy import PriorityThenTimeEvictionOrderPolicy
+from epp.plugins.flowcontrol.sheddable_eviction_filter import SheddableEvictionFilter
 from epp.requestcontrol.director import SchedulingDirector
+from epp.requestcontrol.eviction import Evictor
 from epp.requestcontrol.flowcontrol import FlowController
 from epp.requestcontrol.flowcontrol_spec import FlowControlSpec
 from epp.requestcontrol.pipeline import Pipeline
@@ -54,6 +57,20 @@ def static_endpoints(config: EppConfig) -> list[Endpoint]:
     ]
 
 
+def build_evictor(config: EppConfig, pipeline: Pipeline) -> Evictor:
+    """flowControl.enableEviction: the sheddable filter and priority-then-time ordering (configured instances of
+    those types, else their defaults), paced by how soon the saturation signal shows freed capacity."""
+    plugins = pipeline.plugins.values()
+    flt = next((p for p in plugins if isinstance(p, SheddableEvictionFilter)), SheddableEvictionFilter())
+    order = next((p for p in plugins if isinstance(p, PriorityThenTimeEvictionOrderPolicy)), None)
+    order = order or PriorityThenTimeEvictionOrderPolicy()
+    if getattr(pipeline.saturation_detector, "type_name", "") == "concurrency-detector":
+        grace = 0.01  # its counters drop when the stream ends: no scrape to wait for
+    else:  # a scraped signal: the next fresh scrape after the engine reclaimed the KV (llm-d's derivation)
+        grace = config.refresh_metrics_interval + config.metrics_staleness_threshold + 0.25
+    return Evictor(flt.eligible, order.victim_key, grace)
+
+
 def plugin_context(endpoints: EndpointView, pool_name: str = "default") -> PluginContext:
     """A PluginContext with the EPP's real services (KV-block index, tokenizers)."""
     background: list[BackgroundTask] = []
@@ -83,11 +100,13 @@ def build_runtime(config: EppConfig, *, sources: list[EndpointSource] | None = N
         sources = [cast(EndpointSource, discovery)]
     flow = None
     if config.gate("flowControl"):
+        spec = config.flow_control or FlowControlSpec()
         flow = FlowController(
-            config.flow_control or FlowControlSpec(),
+            spec,
             pipeline.saturation_detector,
             config.pool_name,
             plugins=pipeline.plugins,
+            evictor=build_evictor(config, pipeline) if spec.enable_eviction else None,
         )
     director = SchedulingDirector(datastore, pipeline, objectives, flow_controller=flow)
     scraper: MetricsScraper | None = build_scraper(config, pipeline.plugins, datastore)

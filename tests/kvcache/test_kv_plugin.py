@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -14,7 +15,15 @@ import yaml
 
 from epp.config import parse_config
 from epp.datalayer.datastore import Datastore
-from epp.framework import TOKENIZED_PROMPT, CycleState, Endpoint, InferenceRequest, ProfileResult, SchedulingResult
+from epp.framework import (
+    TOKENIZED_PROMPT,
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    ProfileResult,
+    SchedulingResult,
+    Usage,
+)
 from epp.kvcache.events import decode_batch
 from epp.kvcache.service import KVCacheService
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
@@ -237,3 +246,56 @@ def test_token_producer_llmd_style_vllm_backend() -> None:
     tok = tokenizer_from_params(Params("t", {"vllm": {"url": "http://10.0.0.5:8000", "timeout": "3s"}}))
     assert isinstance(tok.backend, HTTPBackend)
     assert tok.backend.url == "http://10.0.0.5:8000/tokenize" and tok.backend.timeout == 3.0
+
+
+async def test_delivered_hits_loop_reports_only_what_the_engine_reported(vllm_kv: Any) -> None:
+    plugin, rig = make({**PARAMS, "speculativeIndexing": False, "deliveredHitsConfig": {"window": 4}})
+    req = chat_request(LONG)
+    await rig.prepare(req, EPS)
+    toks = tokens(req)
+    store_tokens(vllm_kv, rig.svc, EPS[1].hostport, toks, len(toks) // BS, 7000)  # the index: pod1 has it all
+    reports: list[tuple[str, int, int]] = []
+    real = rig.svc.report_delivered
+
+    def spy(pod: str, keys: Sequence[int], pred: int, deliv: int, bs: int, prompt: int) -> None:
+        reports.append((pod, pred, deliv))
+        real(pod, keys, pred, deliv, bs, prompt)
+
+    rig.svc.report_delivered = spy  # type: ignore[method-assign,assignment]
+    for i in range(4):
+        r = chat_request(LONG, f"q{i}")
+        await rig.prepare(r, EPS)
+        plugin.response_complete(r, EPS[1], None)  # no usage (stream without include_usage): nothing to compare
+        plugin.response_complete(r, EPS[1], Usage(prompt_tokens=len(toks)))  # cached_tokens never reported
+        plugin.response_complete(
+            r, EPS[1], Usage(prompt_tokens=len(toks), cached_tokens=0, cached_tokens_reported=True)
+        )
+    assert reports == [(EPS[1].hostport, len(toks) // BS, 0)] * 4
+    # four requests in a row got nothing of the predicted prefix: pod1's entries are cleared
+    again = chat_request(LONG, "after")
+    await rig.prepare(again, EPS)
+    assert plugin.score(CycleState(), again, EPS) == [0.0, 0.0, 0.0]
+
+
+async def test_delivered_hits_loop_ignores_hits_predicted_from_our_own_speculation() -> None:
+    plugin, rig = make({**PARAMS, "speculativeTTL": "2s", "deliveredHitsConfig": {"window": 2}})
+    reports: list[str] = []
+    real = rig.svc.report_delivered
+
+    def spy(pod: str, keys: Sequence[int], pred: int, deliv: int, bs: int, prompt: int) -> None:
+        reports.append(pod)
+        real(pod, keys, pred, deliv, bs, prompt)
+
+    rig.svc.report_delivered = spy  # type: ignore[method-assign,assignment]
+    first = chat_request(LONG, "burst-0")
+    await rig.prepare(first, EPS)
+    plugin.pre_request(first, SchedulingResult({"default": ProfileResult([EPS[2]])}, "default"))
+    n = len(tokens(first))
+    for i in range(1, 4):  # the rest of the burst: the index's hit on pod2 is our speculation, the engine has none
+        r = chat_request(LONG, f"burst-{i}")
+        await rig.prepare(r, EPS)
+        assert plugin.score(CycleState(), r, EPS) == [0.0, 0.0, 1.0]
+        plugin.response_complete(r, EPS[2], Usage(prompt_tokens=n, cached_tokens=0, cached_tokens_reported=True))
+    assert reports == []  # not counted against pod2: no resync from a burst
+    plugin.response_complete(first, EPS[2], Usage(prompt_tokens=n, cached_tokens=0, cached_tokens_reported=True))
+    assert reports == [EPS[2].hostport]  # the first request's own match was not speculative

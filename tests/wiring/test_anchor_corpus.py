@@ -135,3 +135,53 @@ def test_corpus_count(caplog: pytest.LogCaptureFixture) -> None:
     # the floor rises as catalog plugins land (docs/compatibility.md has the current count)
     assert len(loaded) >= len(LOADING)
     print(f"corpus: {len(loaded)}/{len(real)} real configs load")
+
+
+def _plugin(p: Pipeline, name: str) -> Any:
+    return p.plugins[name]
+
+
+# Parameters in effect, on the built objects, for a few anchors (the builder already rejects unread parameters).
+SPOT_CHECKS: dict[str, Any] = {
+    # GIE's --config-text example: the scorer's producer parameters reach the producer added for it
+    "gie__site-src__guides__epp-configuration__config-text__3_embedded.yaml": lambda p: (
+        _plugin(p, "approx-prefix-cache-producer").block_size_tokens == 5
+        and _plugin(p, "approx-prefix-cache-producer").max_blocks == 256
+        and _plugin(p, "approx-prefix-cache-producer").index.capacity == 31250
+        and [(ws.scorer.name, ws.weight) for ws in p.scheduler.profiles["default"].scorers]
+        == [("prefix-cache-scorer", 50.0)]
+    ),
+    # flowControl.saturationDetector (the new field) picks the detector; the admitter runs with its defaults
+    "llm-d-router__deploy__config__probabilistic-admitter-epp-config.yaml": lambda p: (
+        p.saturation_detector.name == "utilization-detector"
+        and _plugin(p, "utilization-detector").queue_threshold == 999999999
+        and _plugin(p, "probabilistic-admitter").power == 5.0
+        and _plugin(p, "probabilistic-admitter") in p.admitters
+    ),
+    "llm-d-router__deploy__config__dp-epp-config.yaml": lambda p: (
+        p.scheduler.handler.name == "data-parallel-profile-handler" and p.scheduler.handler.primary_port == 8000
+    ),
+    "llm-d-router__deploy__config__pd-topology-epp-config.yaml": lambda p: (
+        _plugin(p, "topology-affinity-filter").floor == 0  # minAffinity: host
+        and [ws.scorer.name for ws in p.scheduler.profiles["prefill"].scorers][-1] == "topology-affinity-scorer"
+    ),
+    # requestHandler.parsers selects the router's parser chain
+    "llm-d-router__config__charts__routerlib__templates___config__payload-agnostic.yaml": lambda p: (
+        [x.name for x in p.parsers] == ["passthrough-parser"]
+    ),
+    "llm-d-router__deploy__config__soft-reflective-ceiling-epp-config.yaml": lambda p: (
+        _plugin(p, "soft-reflective-ceiling-policy").ceilings(0.2, [1, 0]) == [1.0, float("inf")]
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPOT_CHECKS))
+def test_parameters_in_effect(name: str) -> None:
+    assert SPOT_CHECKS[name](_build(name)), name
+
+
+def test_every_exception_is_documented_with_its_reason() -> None:
+    doc = (Path(__file__).parent.parent.parent / "docs" / "compatibility.md").read_text()
+    for name, row in EXCEPTIONS.items():
+        assert f"`{name}`" in doc, f"docs/compatibility.md does not list {name}"
+        assert row["reason"].replace("|", "/") in doc, f"docs/compatibility.md lacks the reason for {name}"

@@ -7,25 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Self
 
-from epp.framework import (
-    CycleState,
-    Endpoint,
-    InferenceRequest,
-    Params,
-    Plugin,
-    PluginContext,
-    Response,
-    SchedulingResult,
-)
-from epp.plugins.scorers._session import SessionBinding
+from epp.framework import CycleState, Endpoint, InferenceRequest, Params, PluginContext
+from epp.plugins.scorers._session import SessionAffinityPlugin, SessionBinding
 
 
-class SessionAffinityFilter(Plugin):
+class SessionAffinityFilter(SessionAffinityPlugin):
     type_name = "session-affinity-filter"
-
-    def __init__(self, name: str | None = None, binding: SessionBinding | None = None) -> None:
-        super().__init__(name)
-        self.binding = binding or SessionBinding(self.name)
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
@@ -38,11 +25,3 @@ class SessionAffinityFilter(Plugin):
             if pinned:
                 return pinned[:1]
         return list(endpoints)
-
-    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        self.binding.record(request, result)
-
-    def response_received(self, request: InferenceRequest, response: Response, endpoint: Endpoint | None) -> None:
-        token = self.binding.response_token(request, endpoint)
-        if token is not None:
-            response.set_headers[self.binding.header] = token

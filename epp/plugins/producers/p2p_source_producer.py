@@ -19,7 +19,6 @@ from typing import Any, Self
 from epp.framework import (
     KV_CACHE_SOURCE_HEADER,
     PREFIX_CACHE_MATCH_INFO,
-    UPSTREAM_HEADERS,
     DataKey,
     Endpoint,
     InferenceRequest,
@@ -29,6 +28,7 @@ from epp.framework import (
     PrefixCacheMatchInfo,
     SchedulingResult,
 )
+from epp.plugins.profiles._disagg import upstream_headers
 
 DEFAULT_PRODUCER = "approx-prefix-cache-producer"
 
@@ -111,8 +111,5 @@ class P2PSourceProducer(Plugin):
             return
         if best.cached_tokens - self._cached(request.data.get(self.key), pod) < self.min_delta:
             return
-        headers = request.data.get(UPSTREAM_HEADERS)
-        if headers is None:
-            headers = {}
-            request.data.put(UPSTREAM_HEADERS, headers)
+        headers = upstream_headers(request)
         headers[KV_CACHE_SOURCE_HEADER] = best.hostport

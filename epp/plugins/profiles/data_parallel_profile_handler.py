@@ -12,7 +12,6 @@ from typing import Any, ClassVar, Self
 
 from epp.framework import (
     DATA_PARALLEL_HEADER,
-    UPSTREAM_HEADERS,
     CycleState,
     Endpoint,
     InferenceRequest,
@@ -22,6 +21,7 @@ from epp.framework import (
     ProfileResult,
     SchedulingResult,
 )
+from epp.plugins.profiles._disagg import upstream_headers
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,7 @@ class DataParallelProfileHandler(Plugin):
         result = results.get(name)
         if result is None or not result.targets:
             return SchedulingResult(profile_results={}, primary_profile=name)
-        headers = request.data.get(UPSTREAM_HEADERS)
-        if headers is None:
-            headers = {}
-            request.data.put(UPSTREAM_HEADERS, headers)
+        headers = upstream_headers(request)
         headers[DATA_PARALLEL_HEADER] = result.targets[0].hostport
         moved = ProfileResult([self._primary(ep) for ep in result.targets], dict(result.scores))
         return SchedulingResult(profile_results={name: moved}, primary_profile=name)

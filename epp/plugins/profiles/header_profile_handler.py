@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from epp.framework import CycleState, InferenceRequest, Params, Plugin, PluginContext, ProfileResult, SchedulingResult
+from epp.plugins.profiles.single_profile_handler import one_profile_result
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,4 @@ class HeaderProfileHandler(Plugin):
     def process_results(
         self, state: CycleState, request: InferenceRequest, results: Mapping[str, ProfileResult | None]
     ) -> SchedulingResult:
-        name = next(iter(results), "")
-        result = results.get(name)
-        return SchedulingResult(profile_results={name: result} if result is not None else {}, primary_profile=name)
+        return one_profile_result(results)

@@ -29,6 +29,11 @@ class SingleProfileHandler(Plugin):
     def process_results(
         self, state: CycleState, request: InferenceRequest, results: Mapping[str, ProfileResult | None]
     ) -> SchedulingResult:
-        name = next(iter(results), "")
-        result = results.get(name)
-        return SchedulingResult(profile_results={name: result} if result is not None else {}, primary_profile=name)
+        return one_profile_result(results)
+
+
+def one_profile_result(results: Mapping[str, ProfileResult | None]) -> SchedulingResult:
+    """The result of the one profile that ran (none: an empty result, which fails the request)."""
+    name = next(iter(results), "")
+    result = results.get(name)
+    return SchedulingResult(profile_results={name: result} if result is not None else {}, primary_profile=name)

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from epp.framework import DataKey, Endpoint, InferenceRequest, Params, SchedulingResult
+from epp.framework import DataKey, Endpoint, InferenceRequest, Params, Plugin, Response, SchedulingResult
 from epp.framework.attributes import AGENT_ID, SESSION_ID
 
 SESSION_TOKEN_HEADER = "x-session-token"
@@ -158,3 +158,20 @@ class SessionBinding:
             if now - first[1] <= self.ttl:
                 break
             self._sessions.popitem(last=False)
+
+
+class SessionAffinityPlugin(Plugin):
+    """What session-affinity-filter and -scorer share: the binding, recorded after the pick (PreRequest) and the
+    token sent back with the response (ResponseReceived)."""
+
+    def __init__(self, name: str | None = None, binding: SessionBinding | None = None) -> None:
+        super().__init__(name)
+        self.binding = binding or SessionBinding(self.name)
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        self.binding.record(request, result)
+
+    def response_received(self, request: InferenceRequest, response: Response, endpoint: Endpoint | None) -> None:
+        token = self.binding.response_token(request, endpoint)
+        if token is not None:
+            response.set_headers[self.binding.header] = token

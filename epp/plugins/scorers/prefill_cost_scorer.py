@@ -12,7 +12,8 @@ queue, which drains at `prefillTokensPerSecond` (the engine's prefill throughput
 the cached prefix plus decode load) with the prefill charge decayed by the estimated prefill time rather than held
 until completion. `decodeWeight` 1 (Dynamo's) counts the KV the running requests hold: with much less, sessions
 that share a system prompt pile onto the pod that caches it and evict each other (on the suite's multi-turn
-workload, 0.3 gave TTFT p90 3.9 s and 1.0 gave 1.7 s). `uncachedWeight` > 1 charges a recompute more than a wait of the same length: the tokens a pod
+workload, 0.3 gave TTFT p90 3.9 s and 1.0 gave 1.7 s). `uncachedWeight` > 1 charges a recompute more than a wait
+of the same length: the tokens a pod
 computes again delay every request queued behind them, not only this one (with 1 the pick is greedy for this
 request's TTFT and, under a burst, spreads a prefix over pods that all compute it). The score is min-max
 normalized and inverted (lowest cost = 1).

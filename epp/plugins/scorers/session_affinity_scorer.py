@@ -8,27 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Self
 
-from epp.framework import (
-    CycleState,
-    Endpoint,
-    InferenceRequest,
-    Params,
-    Plugin,
-    PluginContext,
-    Response,
-    SchedulingResult,
-)
-from epp.plugins.scorers._session import SessionBinding, encode_session_token
+from epp.framework import CycleState, Endpoint, InferenceRequest, Params, PluginContext
+from epp.plugins.scorers._session import SessionAffinityPlugin, SessionBinding, encode_session_token
 
 __all__ = ["SessionAffinityScorer", "encode_session_token"]
 
 
-class SessionAffinityScorer(Plugin):
+class SessionAffinityScorer(SessionAffinityPlugin):
     type_name = "session-affinity-scorer"
-
-    def __init__(self, name: str | None = None, binding: SessionBinding | None = None) -> None:
-        super().__init__(name)
-        self.binding = binding or SessionBinding(self.name)
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
@@ -43,12 +30,3 @@ class SessionAffinityScorer(Plugin):
         if bound is None:
             return [0.0] * len(endpoints)
         return [1.0 if SessionBinding.matches(bound, ep) else 0.0 for ep in endpoints]
-
-    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        self.binding.record(request, result)
-
-    def response_received(self, request: InferenceRequest, response: Response, endpoint: Endpoint | None) -> None:
-        """Echo the pod that served the request (or `profileName`'s pick) in the header the client sends back."""
-        token = self.binding.response_token(request, endpoint)
-        if token is not None:
-            response.set_headers[self.binding.header] = token

@@ -1,0 +1,80 @@
+"""The closed loop on delivered hits (epp/kvcache/feedback.py) through the KV service the plugins see."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from epp.framework import Params, PluginConfigError
+from epp.kvcache.feedback import DeliveredHits, FeedbackConfig, FeedbackMetrics
+from epp.kvcache.service import KVCacheService, KVCacheSettings
+
+KEYS = list(range(1000, 1010))  # a 10-block prompt (160 tokens at block size 16)
+
+
+def service(**cfg: float) -> tuple[KVCacheService, FeedbackMetrics, CollectorRegistry]:
+    reg = CollectorRegistry()
+    svc = KVCacheService(KVCacheSettings(block_size=16))
+    m = FeedbackMetrics(reg)
+    svc.feedback = DeliveredHits(FeedbackConfig(**cfg), svc.resync_pod, svc.speculate, m)  # type: ignore[arg-type]
+    return svc, m, reg
+
+
+def value(reg: CollectorRegistry, name: str, pod: str) -> float:
+    return reg.get_sample_value(name, {"pod": pod}) or 0.0
+
+
+async def blocks(svc: KVCacheService, pod: str) -> int:
+    m = (await svc.match(KEYS, [pod])).get(pod)
+    return m.blocks if m else 0
+
+
+async def test_stale_entries_are_detected_and_cleared_within_the_window() -> None:
+    svc, _, reg = service(window=8, max_shortfall=0.5)
+    svc.index.add(None, KEYS, "a:80", 0)  # the index believes pod a holds all 10 blocks
+    svc.index.add(None, KEYS[:4], "b:80", 0)
+    assert await blocks(svc, "a:80") == 10
+    for i in range(7):  # the engine delivers 2 of the predicted blocks: not yet a full window
+        svc.report_delivered("a:80", KEYS, 10, 32, 16, 160)
+        assert await blocks(svc, "a:80") == 10, i
+    svc.report_delivered("a:80", KEYS, 10, 32, 16, 160)  # the 8th: shortfall 80% > 50% → cleared
+    assert await blocks(svc, "a:80") == 0
+    assert await blocks(svc, "b:80") == 4  # the other pod is untouched
+    assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 1
+    # at most (160 - 1) // 16 = 9 blocks can hit (the engine computes the last token): 8 x 9 x 16 predicted
+    assert value(reg, "kv_cache_delivered_hits_predicted_tokens_total", "a:80") == 8 * 9 * 16
+    assert value(reg, "kv_cache_delivered_hits_delivered_tokens_total", "a:80") == 8 * 32
+    assert value(reg, "kv_cache_delivered_hits_regret_tokens_total", "a:80") == 8 * (9 * 16 - 32)
+
+
+async def test_a_small_or_short_lived_shortfall_does_not_resync() -> None:
+    svc, _, reg = service(window=8, max_shortfall=0.5)
+    svc.index.add(None, KEYS, "a:80", 0)
+    for i in range(40):  # mostly delivered, one miss in four (a burst's speculative entries, a racing eviction)
+        svc.report_delivered("a:80", KEYS, 9, 0 if i % 4 == 0 else 144, 16, 160)
+    assert await blocks(svc, "a:80") == 10
+    assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 0
+    # requests the index predicted nothing for do not count against the pod
+    for _ in range(20):
+        svc.report_delivered("c:80", KEYS, 0, 0, 16, 160)
+    assert value(reg, "kv_cache_delivered_hits_resyncs_total", "c:80") == 0
+
+
+async def test_delivered_blocks_the_index_missed_are_confirmed() -> None:
+    svc, _, reg = service(confirm_ttl=30.0)
+    svc.index.add(None, KEYS[:2], "a:80", 0)
+    svc.report_delivered("a:80", KEYS, 2, 96, 16, 160)  # the engine had 6 blocks: 4 BlockStored events were lost
+    assert await blocks(svc, "a:80") == 6
+    assert value(reg, "kv_cache_delivered_hits_confirmed_blocks_total", "a:80") == 4
+    off, _, _ = service(enabled=False)
+    off.report_delivered("a:80", KEYS, 0, 96, 16, 160)
+    assert await blocks(off, "a:80") == 0
+
+
+def test_delivered_hits_config_from_the_producer_parameters() -> None:
+    s = KVCacheSettings.from_params(
+        Params("p", {"deliveredHitsConfig": {"window": 32, "maxShortfall": 0.8, "confirmTTL": "2m"}})
+    )
+    assert s.feedback == FeedbackConfig(enabled=True, window=32, max_shortfall=0.8, confirm_ttl=120.0)
+    with pytest.raises(PluginConfigError, match="maxShortfall"):
+        KVCacheSettings.from_params(Params("p", {"deliveredHitsConfig": {"maxShortfall": 0}}))
