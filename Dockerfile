@@ -12,9 +12,25 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY epp ./epp
+# Slimming (docs/deploy.md has the sizes): transformers is only used for tokenizers, so its ~400 model packages
+# lose their model code (modeling_*, modular_*, convert_*, image/video/feature processors; `auto` stays whole):
+# AutoTokenizer needs only configs and tokenizers. No tests, no pip/setuptools, no Xet downloader (the hub falls
+# back to plain HTTP), no command-line extras of transformers/huggingface_hub (typer, rich, pygments, pydantic).
+# No precompiled bytecode either (~100 MB): it is written once per pod under /cache (PYTHONPYCACHEPREFIX below).
+# The import check fails the build if any of this ever cuts too deep.
 RUN pip install --no-compile . \
-    && python -m compileall -q -j 0 /opt/venv/lib \
-    && find /opt/venv -name '*.pyi' -delete
+    && pip uninstall -q -y hf-xet setuptools typer rich pygments shellingham markdown-it-py mdurl pydantic \
+         pydantic-core annotated-types typing-inspection \
+    && find /opt/venv/lib/python3.11/site-packages/transformers/models -type f ! -path '*/models/auto/*' \
+         \( -name 'modeling_*.py' -o -name 'modular_*.py' -o -name 'convert_*.py' -o -name 'image_processing_*.py' \
+            -o -name 'video_processing_*.py' -o -name 'feature_extraction_*.py' \) -delete \
+    && find /opt/venv -depth -type d \( -name tests -o -name test \) -path '*/site-packages/*' -exec rm -rf {} + \
+    && find /opt/venv -name '*.pyi' -delete \
+    && python -c "from transformers import AutoTokenizer, PreTrainedTokenizerFast; \
+from transformers.convert_slow_tokenizer import TikTokenConverter; \
+from transformers.models.qwen2 import Qwen2TokenizerFast; import epp.cli, epp.server.runner" \
+    && pip uninstall -q -y pip \
+    && find /opt/venv -depth -name __pycache__ -type d -exec rm -rf {} +
 
 # ---- runtime: slim base, non-root, read-only-root friendly (caches go to /cache, an emptyDir in the chart) ----
 FROM ${PYTHON_IMAGE}
@@ -28,7 +44,7 @@ RUN groupadd --system --gid 10001 epp \
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONPYCACHEPREFIX=/cache/pycache \
     PYEPP_CACHE=/cache/pyepp \
     HF_HOME=/cache/huggingface \
     XDG_CACHE_HOME=/cache

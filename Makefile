@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # vLLM's own KV-event structs and publisher are used for interop tests; installed without its deps (no torch).
 VLLM_VERSION ?= 0.34.0
 
-.PHONY: setup system-deps test unit e2e lint demo bench bench-routing inference-perf-venv clean
+.PHONY: setup system-deps test unit e2e lint demo bench bench-routing inference-perf-venv clean image image-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -40,6 +40,16 @@ e2e: setup
 
 demo: setup
 	$(PY) -m e2e.demo
+
+# The container image without a Docker engine: debootstrap (bookworm + Python 3.11) and buildah, as root
+# (scripts/image.sh; IMAGE_TAG=... to name it). `image-check` runs it: `epp serve` from the image as uid 10001,
+# gRPC health, /metrics, one request through Envoy to a simulator (e2e/image_check.py).
+IMAGE_TAG ?= localhost/pyepp:dev
+image:
+	IMAGE_TAG=$(IMAGE_TAG) bash scripts/image.sh
+
+image-check: setup image
+	$(PY) -m e2e.image_check --image $(IMAGE_TAG)
 
 # Benchmarks (not part of `make test`): see docs/benchmarks.md for what each prints.
 bench: setup

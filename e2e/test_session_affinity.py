@@ -24,7 +24,8 @@ def _config(backends: list[Backend]) -> str:
 
 
 def test_session_token_returned_and_followed(stack_factory: Callable[..., Stack]) -> None:
-    s = stack_factory(backends=3, config=_config)
+    # session-affinity-scorer is an Alpha type in llm-d-router v0.10: it needs the flag there and here
+    s = stack_factory(backends=3, config=_config, epp_args=["--allow-experimental-plugins"])
     body = {"model": "m1", "prompt": "hello"}
     first = post_json(s.url + "/v1/completions", body)
     assert first.status == 200

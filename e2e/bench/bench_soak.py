@@ -1,8 +1,11 @@
 """Memory growth under a long run: the EPP (precise chain, KV events from 4 simulators) serves a stream of
 ever-new prompts (a new shared prefix every few requests, so the KV index keeps receiving new blocks) and
-its RSS is sampled from its own /metrics (`process_resident_memory_bytes`).
+its RSS is sampled from its own /metrics (`process_resident_memory_bytes`), and so is the size of that page.
+`--hostile-models N` also sends N requests per window with a never-seen model name each (a client probing for
+label cardinality): RSS and the /metrics page must stay flat all the same (names past the bound count as
+`__other__`).
 
-    python -m e2e.bench.bench_soak --minutes 3 --rate 20
+    python -m e2e.bench.bench_soak --minutes 3 --rate 20 [--hostile-models 200]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ def scrape(url: str) -> dict[str, float]:
     text = request(url).body.decode()
     blocks = "kv_cache_events_blocks_total"
     return {
+        "metrics_bytes": float(len(text)),
         "process_resident_memory_bytes": metric_value(text, "process_resident_memory_bytes"),
         "blocks_stored": metric_value(text, blocks, {"op": "stored"}, default=0.0),
         "blocks_removed": metric_value(text, blocks, {"op": "removed"}, default=0.0),
@@ -39,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=20.0)
     p.add_argument("--window", type=float, default=20.0, help="seconds per workload window (fresh prefixes each)")
     p.add_argument("--json", help="write the samples here")
+    p.add_argument("--hostile-models", type=int, default=0, help="requests per window with a new model name each")
     ns = p.parse_args(argv)
     samples = []
     sim_args = ["--prefill-time-per-token", "0.00005", "--inter-token-latency", "0.002", "--num-gpu-blocks", "4096",
@@ -60,11 +65,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results, _ = asyncio.run(loadgen.run(stack.url, w.requests, served_header="x-inference-pod"))
                 total += len(results)
                 failed = sum(1 for r in results if r.status != 200)
+                for i in range(ns.hostile_models):
+                    body = {"model": f"probe-{window}-{i}-\ud800", "prompt": "x", "max_tokens": 1}
+                    request(stack.url + "/v1/completions", "POST", json.dumps(body).encode(),
+                            {"content-type": "application/json"})  # fmt: skip
                 m = scrape(stack.epp.metrics_url)
                 sample = {"t": round(time.monotonic() - start, 1), "requests": total, "failed": failed, **m}
                 samples.append(sample)
                 rss = m.get("process_resident_memory_bytes", 0) / 2**20
                 print(f"t={sample['t']:>6}s requests={total:>6} failed={failed} rss={rss:7.1f} MiB "
+                      f"/metrics={m['metrics_bytes'] / 1024:7.1f} KiB "
                       f"blocks stored={m.get('blocks_stored', 0):.0f} removed={m.get('blocks_removed', 0):.0f}",
                       flush=True)  # fmt: skip
                 window += 1

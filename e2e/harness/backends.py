@@ -1,7 +1,7 @@
 """Tiny aiohttp model-server stand-ins that report what reached them (for routing tests, not for scheduling).
 
 Each backend answers every path. The JSON reply carries `backend` (its name), `path`, `method`, `headers` it
-received, `body_len`, and `received_model`, in an OpenAI-like shape with `usage`
+received, `body_len`, `body_sha256`, and `received_model`, in an OpenAI-like shape with `usage`
 (prompt_tokens=11, completion_tokens=max_tokens or 7, cached_tokens=3). With `"stream": true` it answers SSE:
 `n` chunks (n = max_tokens or 3) each naming the model, then a usage chunk when
 `stream_options.include_usage` is true, then `data: [DONE]`. `BackendPool` runs them on a background thread.
@@ -10,6 +10,7 @@ received, `body_len`, and `received_model`, in an OpenAI-like shape with `usage`
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ def make_app(name: str) -> web.Application:
             "method": request.method,
             "headers": {k.lower(): v for k, v in request.headers.items()},
             "body_len": len(raw),
+            "body_sha256": hashlib.sha256(raw).hexdigest(),
             "received_model": model,  # not "model": that key is rewritten back on the way out
         }
         max_tokens = body.get("max_tokens")

@@ -7,6 +7,12 @@ Shape (GIE's test/testdata/envoy.yaml): listener → HCM → [set_metadata (subs
     opts = EnvoyOptions(listener_port=..., admin_port=..., ext_proc_port=..., request_body_mode="BUFFERED")
     write_bootstrap(path, opts)
 
+Failure handling (the same choices as config/envoy-bootstrap.yaml, see docs/hardening.md): ext_proc fails closed
+(`failure_mode_allow: false`, `status_on_error: 503`), the ext_proc cluster's circuit breakers are sized to the EPP
+(`ext_proc_max_streams`), and every local reply Envoy generates itself (EPP down or overloaded, upstream connect
+failure, timeouts, 413) gets an OpenAI-style JSON body; the EPP's own ImmediateResponses (details `epp_*`) already
+have one and pass unchanged.
+
 `subset_listeners` adds one listener per entry whose requests carry the `envoy.lb.subset_hint` filter metadata
 (`x-gateway-destination-endpoint-subset: [..]`), injected by Envoy's set_metadata filter and forwarded to the EPP
 through `metadata_options.forwarding_namespaces.untyped`.
@@ -21,8 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import betterproto2
+from envoy_data_plane.envoy.config.accesslog.v3 import AccessLogFilter, ExtensionFilter
 from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources
 from envoy_data_plane.envoy.config.cluster.v3 import (
+    CircuitBreakers,
+    CircuitBreakersThresholds,
     Cluster,
     ClusterDiscoveryType,
     ClusterLbPolicy,
@@ -34,6 +43,7 @@ from envoy_data_plane.envoy.config.core.v3 import (
     GrpcServiceEnvoyGrpc,
     Http2ProtocolOptions,
     SocketAddress,
+    SubstitutionFormatString,
     TransportSocket,
 )
 from envoy_data_plane.envoy.config.endpoint.v3 import (
@@ -44,6 +54,7 @@ from envoy_data_plane.envoy.config.endpoint.v3 import (
 )
 from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
 from envoy_data_plane.envoy.config.route.v3 import Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost
+from envoy_data_plane.envoy.extensions.access_loggers.filters.cel.v3 import ExpressionFilter
 from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
     ExternalProcessor,
     MetadataOptions,
@@ -58,6 +69,8 @@ from envoy_data_plane.envoy.extensions.filters.http.set_metadata.v3 import Metad
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     HttpConnectionManager,
     HttpFilter,
+    LocalReplyConfig,
+    ResponseMapper,
 )
 from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
     CertificateValidationContext,
@@ -68,6 +81,7 @@ from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
     HttpProtocolOptions,
     HttpProtocolOptionsExplicitHttpConfig,
 )
+from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 from envoy_data_plane.google.protobuf import Any as PbAny
 from envoy_data_plane.google.protobuf import Struct
 
@@ -101,6 +115,10 @@ class EnvoyOptions:
     direct_port: int | None = None
     # more EPP replicas (ports on ext_proc_host) in the ext_proc cluster, which round-robins streams over them
     extra_ext_proc_ports: list[int] = field(default_factory=list)
+    # ext_proc streams (= requests in flight through the EPP) per EPP replica before Envoy sheds with a JSON 503
+    ext_proc_max_streams: int = 10_000
+    # OpenAI-style JSON bodies on Envoy's own local replies (False: Envoy's plain-text defaults)
+    json_local_replies: bool = True
 
 
 def _addr(host: str, port: int) -> Address:
@@ -132,6 +150,10 @@ def ext_proc_filter(opts: EnvoyOptions) -> ExternalProcessor:
             response_trailer_mode=send if resp_mode == duplex else skip,
         ),
         message_timeout=_duration(opts.message_timeout_s),
+        # Fail closed: without the EPP there is no destination header, and the original-destination cluster could
+        # only fail later with a less telling error. Envoy answers 503 (JSON, see local_reply_config) instead of 500.
+        failure_mode_allow=False,
+        status_on_error=HttpStatus(code=StatusCode.ServiceUnavailable),
         metadata_options=MetadataOptions(
             forwarding_namespaces=MetadataOptionsMetadataNamespaces(untyped=[SUBSET_NAMESPACE, "envoy.lb"])
         ),
@@ -157,11 +179,42 @@ def _hcm(opts: EnvoyOptions, subset: list[str] | None, ext_proc: bool = True) ->
     )
     return HttpConnectionManager(
         stat_prefix="inference_gateway",
+        local_reply_config=local_reply_config() if opts.json_local_replies else None,
+        request_headers_timeout=_duration(10),
         route_config=RouteConfiguration(
             name="local_route", virtual_hosts=[VirtualHost(name="backend", domains=["*"], routes=[route])]
         ),
         http_filters=filters,
     )
+
+
+def _cel(expression: str) -> AccessLogFilter:
+    return AccessLogFilter(
+        extension_filter=ExtensionFilter(
+            name="envoy.access_loggers.extension_filters.cel",
+            typed_config=_any(ExpressionFilter(expression=expression)),
+        )
+    )
+
+
+def _json_error(message: str, kind: str) -> SubstitutionFormatString:
+    body = Struct.from_dict({"error": {"message": message, "type": kind, "code": "%RESPONSE_CODE%"}})
+    return SubstitutionFormatString(json_format=body, content_type="application/json")
+
+
+def local_reply_config() -> LocalReplyConfig:
+    """Envoy's own local replies in the OpenAI error shape; the EPP's ImmediateResponses (details `epp_*`) are
+    already JSON and are left alone. ext_proc failures (EPP down, overloaded: circuit breaker, message timeout)
+    say so; other local replies (upstream connect failure, timeouts, 413...) carry Envoy's text and details."""
+    ext_proc = ResponseMapper(
+        filter=_cel("response.code_details.startsWith('ext_proc')"),
+        body_format_override=_json_error("the endpoint picker is unavailable or overloaded", "ServiceUnavailable"),
+    )
+    other = ResponseMapper(
+        filter=_cel("!response.code_details.startsWith('epp_')"),
+        body_format_override=_json_error("%LOCAL_REPLY_BODY%", "%RESPONSE_CODE_DETAILS%"),
+    )
+    return LocalReplyConfig(mappers=[ext_proc, other])
 
 
 def _listener(name: str, opts: EnvoyOptions, port: int, subset: list[str] | None, ext_proc: bool = True) -> Listener:
@@ -186,6 +239,17 @@ def build_bootstrap(opts: EnvoyOptions) -> Bootstrap:
         type=ClusterDiscoveryType.STATIC,
         connect_timeout=_duration(5),
         typed_extension_protocol_options={"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _any(h2)},
+        # Each request is one ext_proc stream: Envoy's default (1,024 requests) would turn load above that into
+        # ext_proc errors. Sized to what the EPP replicas hold; past it Envoy answers 503 with a JSON body.
+        circuit_breakers=CircuitBreakers(
+            thresholds=[
+                CircuitBreakersThresholds(
+                    max_requests=opts.ext_proc_max_streams * (1 + len(opts.extra_ext_proc_ports)),
+                    max_pending_requests=opts.ext_proc_max_streams,
+                    max_connections=1024,
+                )
+            ]
+        ),
         load_assignment=ClusterLoadAssignment(
             cluster_name=EXT_PROC_CLUSTER,
             endpoints=[

@@ -31,7 +31,7 @@ class SidecarProcess(_Process):
     def hostport(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def wait_ready(self, timeout: float = 20.0) -> None:
+    def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.running():

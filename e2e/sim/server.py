@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from e2e.sim.apis import add_api_routes
 from e2e.sim.config import SimConfig
 from e2e.sim.engine import Engine, EngineError, SimRequest
 from e2e.sim.events import KVEvent
@@ -228,12 +229,14 @@ async def _prompt(sim: Simulator, body: dict[str, Any], chat: bool) -> list[int]
     return prompts[0]
 
 
-async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+async def _generate(request: web.Request, chat: bool, body: dict[str, Any] | None = None) -> web.StreamResponse:
+    """`body`: a request of another API already converted to a chat or completions body (e2e.sim.apis)."""
     sim = request.app[APP_KEY]
     fail = sim.maybe_fail()
     if fail is not None:
         return fail
-    body = await _json(request)
+    if body is None:
+        body = await _json(request)
     model = body.get("model", sim.cfg.model_name)
     if not isinstance(model, str):
         raise EngineError(400, "`model` must be a string.")
@@ -587,6 +590,7 @@ def build_app(sim: Simulator, manage_events: bool = True) -> web.Application:
     r = app.router
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/chat/completions", chat_completions)
+    add_api_routes(r)  # /v1/messages, /v1/responses, /inference/v1/generate (e2e.sim.apis)
     r.add_post("/v1/completions/render", render_completion)
     r.add_post("/v1/chat/completions/render", render_chat)
     r.add_get("/v1/models", models)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,9 @@ class KubernetesDiscoveryConfig:
     namespace: str = "default"
     pool_name: str | None = None
     pool_group: str = DEFAULT_POOL_GROUP
-    endpoint_selector: dict[str, str] | None = None  # standalone mode
+    endpoint_selector: dict[str, str] | None = None  # standalone mode (equality selector)
+    # standalone mode with a set-based / existence selector (`env in (a,b),!canary`), sent to the API as is
+    endpoint_selector_expr: str | None = None
     target_ports: list[int] = field(default_factory=list)  # standalone mode
     model_server_metrics_port: int | None = None
     kubeconfig: str | None = None
@@ -50,9 +53,10 @@ class KubernetesDiscoveryConfig:
     watch_timeout: float = 300.0
 
     def __post_init__(self) -> None:
-        if bool(self.pool_name) == bool(self.endpoint_selector):
+        standalone = bool(self.endpoint_selector) or bool(self.endpoint_selector_expr)
+        if bool(self.pool_name) == standalone:
             raise KubernetesArgsError("exactly one of --pool-name and --endpoint-selector must be set")
-        if self.endpoint_selector is not None:
+        if standalone:
             if not 1 <= len(self.target_ports) <= MAX_TARGET_PORTS:
                 raise KubernetesArgsError(f"--endpoint-target-ports needs 1 to {MAX_TARGET_PORTS} ports")
             _check_ports(self.target_ports, "--endpoint-target-ports")
@@ -68,6 +72,84 @@ def _check_ports(ports: Sequence[int], where: str) -> None:
 
 def selector_string(match_labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
+
+
+_LABEL_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_SET_REQ = re.compile(r"\s*(\S+?)\s+(in|notin)\s*\((.*)\)\s*")
+
+
+def _split_requirements(text: str) -> list[str]:
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def label_selector(text: str) -> tuple[dict[str, str] | None, str]:
+    """Kubernetes label selector syntax (labels.Parse, as llm-d-router v0.10's --endpoint-selector): equality
+    (`k=v`, `k==v`, `k!=v`), set-based (`k in (a,b)`, `k notin (a)`) and existence (`k`, `!k`). Returns the equality
+    selector as a dict when that is all it is, else None, plus the normalized selector string."""
+    reqs: list[str] = []
+    equal: dict[str, str] = {}
+    only_equality = True
+
+    def key_ok(key: str) -> str:
+        if not _LABEL_KEY.fullmatch(key) or len(key.rpartition("/")[2]) > 63:
+            raise KubernetesArgsError(f"--endpoint-selector: invalid label key {key!r}")
+        return key
+
+    def value_ok(value: str) -> str:
+        if not _LABEL_VALUE.fullmatch(value) or len(value) > 63:
+            raise KubernetesArgsError(f"--endpoint-selector: invalid label value {value!r}")
+        return value
+
+    for raw in _split_requirements(text):
+        part = raw.strip()
+        if not part:
+            if text.strip():
+                raise KubernetesArgsError(f"--endpoint-selector: empty requirement in {text!r}")
+            continue
+        m = _SET_REQ.fullmatch(part)
+        if m:
+            values = [value_ok(v.strip()) for v in m.group(3).split(",")]
+            if not any(values):
+                raise KubernetesArgsError(f"--endpoint-selector: {part!r} needs at least one value")
+            reqs.append(f"{key_ok(m.group(1))} {m.group(2)} ({','.join(values)})")
+            only_equality = False
+        elif "!=" in part:
+            key, _, value = part.partition("!=")
+            reqs.append(f"{key_ok(key.strip())}!={value_ok(value.strip())}")
+            only_equality = False
+        elif "=" in part:
+            key, _, value = part.partition("==") if "==" in part else part.partition("=")
+            key, value = key_ok(key.strip()), value_ok(value.strip())
+            reqs.append(f"{key}={value}")
+            equal[key] = value
+        elif part.startswith("!"):
+            reqs.append(f"!{key_ok(part[1:].strip())}")
+            only_equality = False
+        else:
+            if any(c in part for c in "() "):
+                raise KubernetesArgsError(f"--endpoint-selector: cannot parse {part!r}")
+            reqs.append(key_ok(part))
+            only_equality = False
+    if not reqs:
+        raise KubernetesArgsError("--endpoint-selector: empty selector")
+    return (equal if only_equality else None), ",".join(reqs)
 
 
 def parse_selector(text: str) -> dict[str, str]:
@@ -96,6 +178,7 @@ def parse_ports(text: str) -> list[int]:
 class PoolSpec:
     match_labels: dict[str, str]
     target_ports: list[int]
+    selector: str = ""  # a set-based selector (standalone mode); else the match_labels are the selector
 
 
 def pool_spec(pool: dict[str, Any]) -> PoolSpec | None:
@@ -215,8 +298,9 @@ class KubernetesEndpointSource:
                     self.objective_informer = self._informer(INFERENCE_OBJECTIVES, handler)
                     tasks.append(asyncio.create_task(self.objective_informer.run(), name="k8s-objective-informer"))
             else:
-                assert self.config.endpoint_selector is not None
-                self._apply_pool(PoolSpec(dict(self.config.endpoint_selector), list(self.config.target_ports)))
+                labels = dict(self.config.endpoint_selector or {})
+                ports = list(self.config.target_ports)
+                self._apply_pool(PoolSpec(labels, ports, selector=self.config.endpoint_selector_expr or ""))
             await asyncio.gather(*tasks) if tasks else await asyncio.Event().wait()
         finally:
             for t in tasks:
@@ -273,7 +357,9 @@ class KubernetesEndpointSource:
             self._pods = PodEndpoints(self._datastore, spec.target_ports, self.config.model_server_metrics_port)
         self._pods.target_ports = list(spec.target_ports)
         self._pod_handler = _PodHandler(self, self._pods)
-        self.pod_informer = self._informer(PODS, self._pod_handler, label_selector=selector_string(spec.match_labels))
+        self.pod_informer = self._informer(
+            PODS, self._pod_handler, label_selector=spec.selector or selector_string(spec.match_labels)
+        )
         self.pod_informer_starts += 1
         self._pod_task = asyncio.create_task(self.pod_informer.run(), name="k8s-pod-informer")
 
@@ -327,6 +413,11 @@ def kubernetes_config_from_args(args: argparse.Namespace) -> KubernetesDiscovery
         if getattr(args, "endpoint_target_ports", None):
             raise KubernetesArgsError("--endpoint-target-ports needs --endpoint-selector")
         return None
+    equality: dict[str, str] | None = None
+    expr: str | None = None
+    if selector:
+        equality, normalized = label_selector(selector)
+        expr = None if equality is not None else normalized
     ports_text = getattr(args, "endpoint_target_ports", None)
     if pool_name and ports_text:
         raise KubernetesArgsError("--endpoint-target-ports is only for --endpoint-selector (the pool has targetPorts)")
@@ -334,7 +425,8 @@ def kubernetes_config_from_args(args: argparse.Namespace) -> KubernetesDiscovery
         namespace=args.pool_namespace,
         pool_name=pool_name or None,
         pool_group=args.pool_group,
-        endpoint_selector=parse_selector(selector) if selector else None,
+        endpoint_selector=equality,
+        endpoint_selector_expr=expr,
         target_ports=parse_ports(ports_text) if ports_text else [],
         model_server_metrics_port=args.model_server_metrics_port,
         kubeconfig=args.kubeconfig,

@@ -11,9 +11,14 @@ class RequestError(Exception):
     status: int = 500
     code: str = "Internal"
 
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, code: str | None = None, dropped_reason: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
+        # The router's typed reason for a request dropped before (or evicted after) dispatch, sent to the client
+        # as `x-llm-d-request-dropped-reason` (one of the DROPPED_* values).
+        self.dropped_reason = dropped_reason
         if status is not None:
             self.status = status
         if code is not None:
@@ -36,6 +41,15 @@ class RequestError(Exception):
             }
         ).encode()
 
+
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+# The router's RequestDroppedReason values (pkg/common/error/error.go).
+DROPPED_SATURATED = "rejected-saturated"
+DROPPED_NO_ENDPOINTS = "rejected-no-endpoints"
+DROPPED_TTL_EXPIRED = "rejected-ttl-expired"
+DROPPED_CONTEXT_CANCELLED = "rejected-context-cancelled"
+DROPPED_SHUTTING_DOWN = "rejected-shutting-down"
+DROPPED_EVICTED = "evicted"
 
 # Anthropic's error.type per HTTP status (as vLLM's /v1/messages answers: translate_error_type).
 _ANTHROPIC_ERROR_TYPES = {

@@ -23,6 +23,7 @@ class Tokenizer(Protocol):
         prompt: str | list[Any] | None = None,
         messages: list[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Any] | None = None,
     ) -> list[int]: ...
 
 

@@ -11,15 +11,70 @@ attention are skipped (they do not imply prefix residency), and so are their rem
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+from epp.framework.logthrottle import LogThrottle
 from epp.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from epp.kvcache.index import Index, tier_index
 from epp.kvcache.tokens import BlockSizes, TokenProcessor
 
 log = logging.getLogger(__name__)
+_throttle = LogThrottle()
+# Blocks applied between two yields to the event loop: one engine batch can carry 100k+ blocks (a long prompt's
+# prefill, a CPU-offload sweep), ~0.6 s of work at 131,072 blocks, which requests must not wait behind.
+SLICE_BLOCKS = 1024
+
+
+def slice_batch(batch: EventBatch, max_blocks: int = SLICE_BLOCKS) -> Iterator[EventBatch]:
+    """`batch` as consecutive batches of at most ~`max_blocks` blocks each, same result when applied in order.
+
+    A BlockStored is cut on engine-block boundaries, each piece chained to the previous one by its last engine
+    hash (which the previous piece's apply has mapped), so the request keys come out as for the whole event;
+    stores whose tokens are not exactly block_size per hash, and everything else, are not cut.
+    """
+    out: list[Any] = []
+    n = 0
+    for ev in batch.events:
+        if isinstance(ev, BlockStored) and len(ev.block_hashes) > max_blocks and _cuttable(ev):
+            bs = ev.block_size
+            for i in range(0, len(ev.block_hashes), max_blocks):
+                j = i + max_blocks
+                piece = replace(
+                    ev,
+                    block_hashes=ev.block_hashes[i:j],
+                    parent=ev.parent if i == 0 else ev.block_hashes[i - 1],
+                    token_ids=ev.token_ids[i * bs : j * bs] if ev.token_ids else ev.token_ids,
+                    extra_keys=ev.extra_keys[i:j] if ev.extra_keys else ev.extra_keys,
+                )
+                if out:
+                    yield replace(batch, events=out, unknown=0)
+                    out, n = [], 0
+                out.append(piece)
+                n = len(piece.block_hashes)
+            continue
+        if isinstance(ev, BlockRemoved) and len(ev.block_hashes) > max_blocks:
+            for i in range(0, len(ev.block_hashes), max_blocks):
+                if out:
+                    yield replace(batch, events=out, unknown=0)
+                    out, n = [], 0
+                out.append(replace(ev, block_hashes=ev.block_hashes[i : i + max_blocks]))
+                n = max_blocks
+            continue
+        size = len(ev.block_hashes) if isinstance(ev, BlockStored | BlockRemoved) else 1
+        if out and n + size > max_blocks:
+            yield replace(batch, events=out, unknown=0)
+            out, n = [], 0
+        out.append(ev)
+        n += size
+    yield replace(batch, events=out)  # the last piece carries the batch's count of unknown events
+
+
+def _cuttable(ev: BlockStored) -> bool:
+    tokens = ev.token_ids
+    return not tokens or (ev.block_size > 0 and len(tokens) == ev.block_size * len(ev.block_hashes))
+
 
 FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 
@@ -100,7 +155,10 @@ class EventApplier:
                 self._apply_one(pod, model, ev, st)
             except (TypeError, ValueError, OverflowError) as e:
                 st.bad_events += 1
-                log.warning("KV events: skipping a bad %s from %s: %s", type(ev).__name__, pod, e)
+                _throttle.log(
+                    log, logging.WARNING, "bad_event", "KV events: skipping a bad %s from %s: %s",
+                    type(ev).__name__, pod, e,
+                )  # fmt: skip
         return st
 
     def _apply_one(self, pod: str, model: str, ev: object, st: ApplyStats) -> None:

@@ -48,6 +48,8 @@ class BatchSink(Protocol):
 
     def apply(self, pod: str, model: str, batch: EventBatch) -> None: ...
 
+    async def apply_sliced(self, pod: str, model: str, batch: EventBatch) -> None: ...
+
     def clear_pod(self, pod: str) -> None: ...
 
     async def flush(self) -> None: ...
@@ -168,7 +170,7 @@ class Replayer:
                     if self.seq.check(pod, r, s, live=False) is Verdict.DUPLICATE:
                         continue
                     if batch is not None:
-                        self.sink.apply(pod, model, batch)
+                        await self.sink.apply_sliced(pod, model, batch)
                     self.seq.applied(pod, r, s, crc)
                     got += 1
                     if got % 64 == 0:

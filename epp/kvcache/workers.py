@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from epp.framework.logthrottle import LogThrottle
 from epp.kvcache.config import PoolConfig
 from epp.kvcache.events import DecodeError, EventBatch, decode_batch, parse_topic
-from epp.kvcache.ingest import ApplyStats, EventApplier
+from epp.kvcache.ingest import ApplyStats, EventApplier, slice_batch
 from epp.kvcache.metrics import PoolMetrics
 from epp.kvcache.replay import Checkpoint, Replayer
 from epp.kvcache.sequencing import SequenceTracker, Verdict
@@ -236,7 +236,7 @@ class ShardedWorkers:
                 await self.flush()
                 return
         if batch is not None:
-            self.apply(pod, model, batch)
+            await self.apply_sliced(pod, model, batch)
         self.seq.applied(pod, rank, seq, zlib.crc32(payload))
         await self.flush()
 
@@ -288,6 +288,15 @@ class ShardedWorkers:
             m.skipped.labels("unknown_event").inc(batch.unknown)
         if self.on_applied is not None:
             self.on_applied(pod, st)
+
+    async def apply_sliced(self, pod: str, model: str, batch: EventBatch) -> None:
+        """Apply a batch in slices of at most SLICE_BLOCKS blocks, yielding to the event loop between them."""
+        first = True
+        for part in slice_batch(batch):
+            if not first:
+                await asyncio.sleep(0)
+            first = False
+            self.apply(pod, model, part)
 
     def clear_pod(self, pod: str) -> None:
         self.applier.clear_pod(pod)

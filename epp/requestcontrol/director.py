@@ -30,6 +30,7 @@ from epp.framework import (
     Usage,
 )
 from epp.framework.attributes import AGENT_ID
+from epp.framework.errors import DROPPED_NO_ENDPOINTS, DROPPED_SATURATED
 from epp.framework.labels import MODEL_LABELS
 from epp.framework.logthrottle import LogThrottle
 from epp.requestcontrol.flowcontrol import FlowController
@@ -96,18 +97,22 @@ class SchedulingDirector:
         if not candidates and fc is not None and fc.spec.no_endpoint_request_ttl:
             candidates = await self._await_candidates(request, fc.spec.no_endpoint_request_ttl)
         if not candidates:
-            raise ServiceUnavailable("failed to find candidate endpoints for serving the request")
+            raise ServiceUnavailable(
+                "failed to find candidate endpoints for serving the request", dropped_reason=DROPPED_NO_ENDPOINTS
+            )
         for screener in self._screeners:  # a screener raises ServiceUnavailable to fail closed
             candidates = list(screener.screen(request, candidates))
             if not candidates:
-                raise ServiceUnavailable(f"no candidate endpoints left after {screener.name}")
+                raise ServiceUnavailable(
+                    f"no candidate endpoints left after {screener.name}", dropped_reason=DROPPED_NO_ENDPOINTS
+                )
 
         # Stage-aware: saturation over the pods every request needs (P/D: decode pods, not the prefill pool).
         admitted = candidates if self._admission_scope is None else self._admission_endpoints(request, candidates)
         if self.flow_controller is not None:
             await self.flow_controller.enqueue_and_wait(request, admitted)
         elif request.sheddable and self.detector.saturation(admitted) >= 1.0:
-            raise TooManyRequests("system saturated, sheddable request dropped")
+            raise TooManyRequests("system saturated, sheddable request dropped", dropped_reason=DROPPED_SATURATED)
 
         if self._producers:
             await self._prepare(request, candidates)
@@ -125,7 +130,7 @@ class SchedulingDirector:
             result = self.scheduler.schedule(request, candidates)
         except SchedulingFailed as e:
             SCHEDULER_ATTEMPTS.labels("failure", MODEL_LABELS.label(request.target_model), "", "", "").inc()
-            raise TooManyRequests(f"failed to find target endpoint: {e}") from None
+            raise TooManyRequests(f"failed to find target endpoint: {e}", dropped_reason=DROPPED_SATURATED) from None
         primary = result.targets[0]
         SCHEDULER_ATTEMPTS.labels(
             "success", MODEL_LABELS.label(request.target_model), primary.pod_name, primary.namespace, str(primary.port)

@@ -27,6 +27,7 @@ from epp.framework import (
     TooManyRequests,
     UsageLimitPolicy,
 )
+from epp.framework.errors import DROPPED_SATURATED, DROPPED_TTL_EXPIRED
 from epp.framework.labels import FAIRNESS_LABELS, MODEL_LABELS
 from epp.requestcontrol import flowcontrol_metrics as m
 from epp.requestcontrol.eviction import Evictor
@@ -214,7 +215,7 @@ class FlowController:
             or (band.max_bytes is not None and band.bytes + size > band.max_bytes)
         ):
             m.FC_QUEUE_DURATION.labels(*self._labels(request), "RejectedCapacity").observe(0)
-            raise TooManyRequests("flow control queue is at capacity")
+            raise TooManyRequests("flow control queue is at capacity", dropped_reason=DROPPED_SATURATED)
         loop = asyncio.get_running_loop()
         item = _Item(request, candidates, size, time.monotonic(), loop.create_future(), band)
         band.add(item)
@@ -231,7 +232,7 @@ class FlowController:
                 await item.future
         except TimeoutError:
             outcome = "EvictedTTL"
-            raise ServiceUnavailable("request timed out in queue") from None
+            raise ServiceUnavailable("request timed out in queue", dropped_reason=DROPPED_TTL_EXPIRED) from None
         except asyncio.CancelledError:
             outcome = "EvictedContextCancelled"
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -10,6 +11,10 @@ from dataclasses import dataclass
 from epp.framework import CycleState, Endpoint, Filter, InferenceRequest, Picker, ProfileResult, Scorer
 
 log = logging.getLogger(__name__)
+
+# The share of picks logged at DEBUG with every scorer's score per endpoint (the explain line). Sampled so that
+# DEBUG logging stays affordable under load; 1.0 logs every pick.
+PICK_LOG_SAMPLE = 0.01
 
 # Called with (extension_point, plugin, seconds) when a cycle is sampled for per-plugin timing.
 PluginTimer = Callable[[str, object, float], None]
@@ -54,6 +59,9 @@ class SchedulerProfile:
                 return None
         n = len(endpoints)
         totals = [0.0] * n
+        explain: dict[str, Sequence[float]] | None = None
+        if log.isEnabledFor(logging.DEBUG) and random.random() < PICK_LOG_SAMPLE:
+            explain = {}
         for scorer, weight in self._pairs:
             if timer is None:
                 scores = scorer.score(state, request, endpoints)
@@ -63,6 +71,8 @@ class SchedulerProfile:
                 timer("Scorer", scorer, time.perf_counter() - t0)
             if len(scores) != n:
                 raise ValueError(f"scorer {scorer.name} returned {len(scores)} scores for {n} endpoints")
+            if explain is not None:
+                explain[f"{scorer.name}*{weight:g}"] = scores
             totals = [
                 t + (0.0 if s <= 0.0 else weight if s >= 1.0 else s * weight)
                 for t, s in zip(totals, scores, strict=True)
@@ -75,12 +85,16 @@ class SchedulerProfile:
             result = self.picker.pick(state, request, scored)
             timer("Picker", self.picker, time.perf_counter() - t0)
         result.candidates = scored
-        if log.isEnabledFor(logging.DEBUG):
+        if explain is not None:
+            per_endpoint = {
+                ep.hostport: {**{k: round(float(v[i]), 4) for k, v in explain.items()}, "total": round(t, 4)}
+                for i, (ep, t) in enumerate(scored)
+            }
             log.debug(
-                "profile %s request %s: scores %s → %s",
-                self.name,
+                "pick request=%s profile=%s picked=%s scores=%s",
                 request.request_id,
-                {ep.name: round(s, 4) for ep, s in scored},
-                [ep.name for ep in result.targets],
+                self.name,
+                ",".join(ep.hostport for ep in result.targets),
+                per_endpoint,
             )
         return result

@@ -29,7 +29,16 @@ from envoy.type.v3 import http_status_pb2
 
 from epp.framework.attributes import RESPONSE_METADATA
 from epp.framework.context import EndpointView
-from epp.framework.errors import BadRequest, InternalError, RequestError, ServiceUnavailable, TooManyRequests
+from epp.framework.errors import (
+    DROPPED_EVICTED,
+    DROPPED_NO_ENDPOINTS,
+    DROPPED_REASON_HEADER,
+    BadRequest,
+    InternalError,
+    RequestError,
+    ServiceUnavailable,
+    TooManyRequests,
+)
 from epp.framework.keys import DISAGG_HEADERS
 from epp.framework.parsing import NoParser, ParserRegistry, request_path
 from epp.framework.types import InferenceRequest, Usage
@@ -56,6 +65,9 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 BODY_CHUNK_LIMIT = 62_000  # GIE's BodyByteLimit: Envoy takes at most 64 KiB per streamed chunk
 DEFAULT_MAX_BODY_BYTES = 128 * 1024 * 1024  # a gathered request body beyond this is refused with 413
+# All request bodies being gathered at once, across streams: past it a body is refused with 503 (parsing multiplies
+# a body several times over, so this bounds the EPP's peak memory, not just the raw bytes).
+DEFAULT_MAX_INFLIGHT_BODY_BYTES = 256 * 1024 * 1024
 
 _Mode = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
@@ -113,11 +125,12 @@ _GRPC_STATUS = {400: 3, 404: 12, 413: 8, 429: 8, 500: 13, 503: 14}
 
 def immediate(err: RequestError, error_format: str = "openai") -> pb.ProcessingResponse:
     """An ImmediateResponse in the API's error shape: OpenAI-style JSON, Anthropic's JSON, or a gRPC status."""
+    dropped = [_set(DROPPED_REASON_HEADER, err.dropped_reason)] if err.dropped_reason else []
     if error_format == "grpc":
         return pb.ProcessingResponse(
             immediate_response=pb.ImmediateResponse(
                 status=http_status_pb2.HttpStatus(code=err.status),
-                headers=pb.HeaderMutation(remove_headers=[DESTINATION_KEY]),
+                headers=pb.HeaderMutation(set_headers=dropped, remove_headers=[DESTINATION_KEY]),
                 grpc_status=pb.GrpcStatus(status=_GRPC_STATUS.get(err.status, 2)),
                 body=err.message.encode(),
                 details=f"epp_{err.code}",
@@ -126,7 +139,7 @@ def immediate(err: RequestError, error_format: str = "openai") -> pb.ProcessingR
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=err.status),
-            headers=pb.HeaderMutation(set_headers=[_JSON_CT], remove_headers=[DESTINATION_KEY]),
+            headers=pb.HeaderMutation(set_headers=[_JSON_CT, *dropped], remove_headers=[DESTINATION_KEY]),
             body=err.body(error_format),
             details=f"epp_{err.code}",
         )
@@ -159,26 +172,30 @@ class ServerState:
         response_body_mode: int = FULL_DUPLEX,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         parsers: ParserRegistry | None = None,
+        emit_endpoint_scores: bool = False,
+        max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
     ) -> None:
         self.director = director
         self.parsers = parsers if parsers is not None else default_parsers()
+        self.emit_endpoint_scores = emit_endpoint_scores
         self.datastore = datastore
         self.metrics = metrics
         self.model_rewrites = dict(model_rewrites or {})
         self.request_body_mode = request_body_mode
         self.response_body_mode = response_body_mode
         self.max_body_bytes = max_body_bytes
+        self.max_inflight_body_bytes = max_inflight_body_bytes
+        self.inflight_body_bytes = 0  # held by streams gathering (or parsing) a request body
         self.active_streams = 0
         self._bodyless_next = 0
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
-        self.emit_endpoint_scores = False  # --emit-endpoint-scores
         self.tracing: Any = None  # epp.server.tracing.Tracing with --tracing (spans per request)
 
     def pick_bodyless(self, subset: list[str] | None) -> RoutingDecision:
         """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
         candidates = locate_candidates(self.datastore.endpoints(), subset)
         if not candidates:
-            raise ServiceUnavailable("no ready endpoints in the pool")
+            raise ServiceUnavailable("no ready endpoints in the pool", dropped_reason=DROPPED_NO_ENDPOINTS)
         self._bodyless_next += 1
         return RoutingDecision(endpoints=[candidates[self._bodyless_next % len(candidates)]])
 
@@ -191,6 +208,7 @@ class RequestStream:
         "_body_size",
         "_chunks",
         "_error_format",
+        "_held",
         "_resp_json",
         "_restore_length",
         "_rewriter",
@@ -220,6 +238,7 @@ class RequestStream:
         self.subset: list[str] | None = None
         self._body: list[bytes] = []
         self._body_size = 0
+        self._held = 0  # bytes of this stream's body counted in ServerState.inflight_body_bytes
         self._error_format = "openai"  # the API's error shape, known once a parser is chosen
         self.request: InferenceRequest | None = None
         self.decision: RoutingDecision | None = None
@@ -324,18 +343,37 @@ class RequestStream:
             return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
         chunk = body.body
         if chunk:
+            s = self.s
+            if s.inflight_body_bytes + len(chunk) > s.max_inflight_body_bytes:
+                self._body = []
+                self._release_body()
+                raise ServiceUnavailable("too many request body bytes in flight; retry later")
+            s.inflight_body_bytes += len(chunk)
+            self._held += len(chunk)
             self._body.append(chunk)
             self._body_size += len(chunk)
-            if self._body_size > self.s.max_body_bytes:
+            if self._body_size > s.max_body_bytes:
                 self._body = []
-                raise PayloadTooLarge(f"request body exceeds {self.s.max_body_bytes} bytes")
+                self._release_body()
+                raise PayloadTooLarge(f"request body exceeds {s.max_body_bytes} bytes")
         if not body.end_of_stream:
             return []
-        return await self._decide(end_of_stream=True)
+        try:
+            return await self._decide(end_of_stream=True)
+        finally:
+            self._release_body()
+
+    def _release_body(self) -> None:
+        """Give this stream's body bytes back to the global in-flight budget (idempotent)."""
+        self.s.inflight_body_bytes -= self._held
+        self._held = 0
 
     async def _request_trailers(self) -> list[pb.ProcessingResponse]:
         """Trailers end a body that had no end_of_stream: decide now, the body chunks stay without EOS."""
-        out = await self._decide(end_of_stream=False) if self.state < _BODY_DONE else []
+        try:
+            out = await self._decide(end_of_stream=False) if self.state < _BODY_DONE else []
+        finally:
+            self._release_body()
         out.append(pb.ProcessingResponse(request_trailers=pb.TrailersResponse()))
         return out
 
@@ -360,7 +398,7 @@ class RequestStream:
         else:
             decision = await self.s.director.handle_request(request)
         if not decision.endpoints:
-            raise ServiceUnavailable("failed to find target endpoint")
+            raise ServiceUnavailable("failed to find target endpoint", dropped_reason=DROPPED_NO_ENDPOINTS)
         self.decision = decision
         self.model_routed = True
         self.state = _BODY_DONE
@@ -533,10 +571,12 @@ class RequestStream:
         """Flow control revoked this in-flight request: end it with a 429 (the director hears completion)."""
         log.info("request %s evicted by flow control", self.request.request_id if self.request else "?")
         self.complete()
-        return immediate(TooManyRequests("request evicted by flow control"), self._error_format)
+        evicted = TooManyRequests("request evicted by flow control", dropped_reason=DROPPED_EVICTED)
+        return immediate(evicted, self._error_format)
 
     def complete(self) -> None:
         """Record usage and tell the director, exactly once per routed request (also on early stream end)."""
+        self._release_body()
         self.state = _COMPLETE
         if self._span is not None:
             self._end_span()

@@ -139,6 +139,7 @@ class Options:
     # pyepp's own
     bind_address: str = "0.0.0.0"
     max_request_body_bytes: int = 128 * 1024 * 1024
+    max_inflight_body_bytes: int = 256 * 1024 * 1024
     metrics_max_model_labels: int = 100
     endpoint_stale_after: float = 1.0
     endpoint_max_scrape_failures: int = 2
@@ -338,6 +339,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("allow-experimental-plugins", "bool", "Allows loading of experimental Alpha plugins."),
     Flag("bind-address", "string", "Address the ext_proc, health and metrics listeners bind (pyepp)."),
     Flag("max-request-body-bytes", "int", "Larger request bodies get a 413 (pyepp)."),
+    Flag("max-inflight-body-bytes", "int",
+         "Request body bytes all streams may hold at once; past it a request gets a 503 (pyepp)."),
     Flag("metrics-max-model-labels", "int",
          "Distinct model names (and fairness ids) that become metric labels; the rest count as __other__ (pyepp)."),
     Flag("endpoint-stale-after", "duration",

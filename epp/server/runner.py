@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from epp.framework.labels import DEFAULT_MAX_MODEL_LABELS, configure_label_budgets
-from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, ExtProcServicer, ServerState
+from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES, ExtProcServicer, ServerState
 from epp.server.health import Health
 from epp.server.metrics import REGISTRY, RequestMetrics, request_metrics
 from epp.server.metrics_http import MetricsHTTP
@@ -64,6 +64,7 @@ class ServeOptions:
     metrics_port: int = 9090
     drain_timeout: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES
     reuse_port: bool = False
     # TLS on the ext_proc port: a dir with tls.crt/tls.key, or secure_serving=True for a self-signed pair.
     cert_path: str | None = None
@@ -108,6 +109,7 @@ class ServeOptions:
             metrics_port=opts.metrics_port,
             drain_timeout=opts.drain_timeout,
             max_body_bytes=opts.max_request_body_bytes,
+            max_inflight_body_bytes=opts.max_inflight_body_bytes,
             reuse_port=opts.worker_index >= 0,
             cert_path=opts.cert_path or None,
             secure_serving=opts.secure_serving,
@@ -151,6 +153,7 @@ class EppServer:
             self.metrics,
             model_rewrites=runtime.config.model_rewrites,
             max_body_bytes=options.max_body_bytes,
+            max_inflight_body_bytes=options.max_inflight_body_bytes,
             parsers=runtime.pipeline.parser_registry if runtime.pipeline is not None else None,
         )
         self.state.honor_subset_hint = options.honor_subset_hint

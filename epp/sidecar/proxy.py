@@ -122,8 +122,16 @@ class SidecarProxy:
                 if k.lower() not in _HOP:
                     resp.headers.add(k, v)
             await resp.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await resp.write(chunk)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await resp.write(chunk)
+            except (aiohttp.ClientError, TimeoutError) as e:
+                # The engine broke off mid-response: end ours too (the client sees a truncated body, not a hang).
+                log.warning("local model server broke off the response to %s: %s", request.path, e)
+                self.metrics.rejected.labels("local_broken_stream").inc()
+                if request.transport is not None:
+                    request.transport.close()
+                return resp
             await resp.write_eof()
             return resp
 
@@ -197,7 +205,7 @@ class SidecarProxy:
         """Run the prefill on `target`; the body the local decode gets (PrefillFailed: decode locally)."""
         c = self.config
         payload = json.dumps(self.prefill_body(parsed)).encode()
-        headers = _forward_headers(request)
+        headers = {k: v for k, v in _forward_headers(request).items() if k.lower() != "accept-encoding"}
         headers["x-request-id"] = rid
         headers["content-type"] = "application/json"
         url = f"{c.prefiller_scheme}://{target}{request.path_qs}"

@@ -1,13 +1,19 @@
-"""A PromptTokenizer from a plugin's parameters: `tokenizer: {type: hf|vllm, models, dir, url, cacheSize, ...}`,
-llm-d's `vllm: {url, timeout}`, or the same keys at the top level. Without a model map or directory the bundled
-Qwen2.5 tokenizer is used."""
+"""A PromptTokenizer from a plugin's parameters: `tokenizer: {type: hf|vllm|tokenize, models, dir, url, cacheSize,
+chatTemplate, ...}`, llm-d's `vllm: {url, timeout}`, or the same keys at the top level.
+
+`vllm` (llm-d's backend) asks the model server's render API (`/v1/chat/completions/render`,
+`/v1/completions/render`); `tokenize` its `/tokenize`; `hf` loads local tokenizers (`chatTemplate` replaces their
+template, as vLLM's --chat-template). Without a model map or directory the bundled Qwen2.5 tokenizer is used."""
 
 from __future__ import annotations
 
-from epp.framework.params import Params
-from epp.tokenization.prompt import HFBackend, HTTPBackend, PromptTokenizer
+from pathlib import Path
 
-_HTTP_TYPES = ("vllm", "http", "server")
+from epp.framework.params import Params
+from epp.tokenization.prompt import HFBackend, HTTPBackend, PromptTokenizer, RenderBackend
+
+_RENDER_TYPES = ("vllm", "render")
+_HTTP_TYPES = ("tokenize", "http", "server")
 _LOCAL_TYPES = ("hf", "local")
 
 
@@ -16,13 +22,22 @@ def tokenizer_from_params(params: Params) -> PromptTokenizer:
     vllm = cfg.section("vllm")
     default_type = "vllm" if vllm.raw else "hf"
     kind = cfg.str("type", default_type).lower()
-    if kind not in (*_LOCAL_TYPES, *_HTTP_TYPES):
-        raise cfg.fail("type", "must be hf (a local tokenizer) or vllm (the model server's /tokenize)")
+    if kind not in (*_LOCAL_TYPES, *_HTTP_TYPES, *_RENDER_TYPES):
+        raise cfg.fail(
+            "type", "must be hf (a local tokenizer), vllm (the model server's render API) or tokenize (its /tokenize)"
+        )
     size = cfg.int("cacheSize", 1024, min=1)
-    if kind in _HTTP_TYPES:
+    if kind in (*_HTTP_TYPES, *_RENDER_TYPES):
         url = cfg.optional_str("url") or vllm.optional_str("url") or "http://localhost:8000"
         timeout = cfg.duration("timeout", vllm.duration("timeout", 5.0))
-        return PromptTokenizer(HTTPBackend(url, timeout), size)
+        remote = RenderBackend(url, timeout) if kind in _RENDER_TYPES else HTTPBackend(url, timeout)
+        return PromptTokenizer(remote, size)
+    template = cfg.optional_str("chatTemplate")
+    if template is not None and "{" not in template:  # a file, as vLLM's --chat-template accepts
+        try:
+            template = Path(template).read_text()
+        except OSError as e:
+            raise cfg.fail("chatTemplate", f"cannot read the template file: {e.strerror}") from None
     models = cfg.mapping("models") if cfg.has("models") else cfg.mapping("modelTokenizerMap")
     default_dir = cfg.optional_str("dir")
     if not models and not default_dir:
@@ -30,4 +45,5 @@ def tokenizer_from_params(params: Params) -> PromptTokenizer:
 
         default_dir = str(qwen25_tokenizer_dir())
     dirs = {str(k): str(v) for k, v in models.items()}
-    return PromptTokenizer(HFBackend(dirs, default_dir, cfg.int("offloadChars", 4096, min=0)), size)
+    backend = HFBackend(dirs, default_dir, cfg.int("offloadChars", 4096, min=0), chat_template=template)
+    return PromptTokenizer(backend, size)

@@ -15,35 +15,25 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from epp.framework.errors import TokenizationError
+from epp.tokenization.chat import content_format, conversation, has_media, tool_dicts
 
 log = logging.getLogger(__name__)
 
 __all__ = ["HFBackend", "HTTPBackend", "PromptTokenizer", "TokenizationError"]
 
 
-def _flatten_content(content: Any) -> Any:
-    """Text parts joined with newlines, as vLLM does for string-content chat templates."""
-    if isinstance(content, list):
-        texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") in ("text", None)]
-        return "\n".join(t for t in texts if isinstance(t, str))
-    return content
-
-
-def normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m:
-            raise TokenizationError(f"messages[{i}] must be an object with a role")
-        d = dict(m)
-        d["content"] = _flatten_content(d.get("content")) if d.get("content") is not None else ""
-        out.append(d)
-    return out
-
-
 class Backend(Protocol):
+    renders_media: bool  # True when the backend expands multimodal parts (the engine's own renderer)
+
     async def completion(self, model: str, prompt: str) -> list[int]: ...
 
-    async def chat(self, model: str, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> list[int]: ...
+    async def chat(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]: ...
 
     async def warm(self) -> None: ...
 
@@ -51,6 +41,8 @@ class Backend(Protocol):
 class HFBackend:
     """transformers AutoTokenizer per model, loaded from a local directory (offline; one load per directory
     per process, shared by every backend)."""
+
+    renders_media = False
 
     _loaded: dict[str, Any] = {}
     _load_lock = threading.Lock()
@@ -61,8 +53,11 @@ class HFBackend:
         default_dir: str | Path | None = None,
         offload_chars: int = 4096,
         executor: ThreadPoolExecutor | None = None,
+        chat_template: str | None = None,
     ) -> None:
         self.model_dirs = {k: str(v) for k, v in model_dirs.items()}
+        # vLLM's --chat-template: replaces the tokenizer's own template for every model of this backend
+        self.chat_template = chat_template
         self.default_dir = str(default_dir) if default_dir else None
         self.offload_chars = offload_chars
         self._tok: dict[str, Any] = {}
@@ -125,13 +120,26 @@ class HFBackend:
         ids = await self._run(len(prompt), lambda: tok(prompt, add_special_tokens=True)["input_ids"])
         return list(ids)
 
-    async def chat(self, model: str, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> list[int]:
+    async def chat(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         tok = self.tokenizer(model)
-        size = sum(len(str(m.get("content", ""))) for m in messages)
+        template = self.chat_template or tok.chat_template
+        if not isinstance(template, str):
+            raise TokenizationError(f"the tokenizer for {model!r} has no chat template")
+        convo = conversation(messages, content_format(template))
+        tool_list = tool_dicts(tools)
+        size = sum(len(str(m.get("content", ""))) for m in convo)
 
         def render() -> list[int]:
             # vLLM renders the template to text, then encodes it without adding special tokens
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+            text = tok.apply_chat_template(
+                convo, tools=tool_list, chat_template=template, tokenize=False, add_generation_prompt=True, **kwargs
+            )
             return list(tok(text, add_special_tokens=False)["input_ids"])
 
         try:
@@ -144,6 +152,8 @@ class HFBackend:
 
 class HTTPBackend:
     """The model server's `POST /tokenize` (vLLM): `{"model", "prompt"}` or `{"model", "messages", ...}`."""
+
+    renders_media = False
 
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.url = url.rstrip("/") + "/tokenize"
@@ -170,8 +180,16 @@ class HTTPBackend:
     async def completion(self, model: str, prompt: str) -> list[int]:
         return await self._post({"model": model, "prompt": prompt, "add_special_tokens": True})
 
-    async def chat(self, model: str, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> list[int]:
+    async def chat(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         body: dict[str, Any] = {"model": model, "messages": messages, "add_generation_prompt": True}
+        if tools is not None:
+            body["tools"] = tools
         if kwargs:
             body["chat_template_kwargs"] = dict(kwargs)
         return await self._post(body)
@@ -182,6 +200,60 @@ class HTTPBackend:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+class RenderBackend(HTTPBackend):
+    """vLLM's render API (llm-d's `vllm` tokenizer): `POST /v1/chat/completions/render` and `/v1/completions/render`
+    on `vllm serve` or the GPU-less `vllm launch render`, which return the engine's own token ids (multimodal
+    placeholders included)."""
+
+    renders_media = True
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        super().__init__(url, timeout)
+        self.base = url.rstrip("/")
+
+    async def _render(self, path: str, body: dict[str, Any]) -> Any:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        url = self.base + path
+        try:
+            async with self._session.post(url, json=body) as r:
+                data = await r.json(content_type=None)
+                if r.status != 200:
+                    raise TokenizationError(f"{url}: HTTP {r.status}: {str(data)[:200]}")
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
+            raise TokenizationError(f"{url}: {e or type(e).__name__}") from None
+        return data
+
+    @staticmethod
+    def _ids(data: Any, url: str) -> list[int]:
+        ids = data.get("token_ids") if isinstance(data, dict) else None
+        if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+            raise TokenizationError(f"{url}: the render response has no token_ids")
+        return ids
+
+    async def completion(self, model: str, prompt: str) -> list[int]:
+        data = await self._render("/v1/completions/render", {"model": model, "prompt": prompt})
+        first = data[0] if isinstance(data, list) and data else data
+        return self._ids(first, "/v1/completions/render")
+
+    async def chat(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        body: dict[str, Any] = {"model": model, "messages": messages, "add_generation_prompt": True}
+        if tools is not None:
+            body["tools"] = tools
+        if kwargs:
+            body["chat_template_kwargs"] = dict(kwargs)
+        body["mm_payload"] = "none"  # only the token layout and item hashes, as cache-aware routers ask for
+        return self._ids(await self._render("/v1/chat/completions/render", body), "/v1/chat/completions/render")
 
 
 class PromptTokenizer:
@@ -203,14 +275,18 @@ class PromptTokenizer:
         prompt: Any = None,
         messages: Sequence[Any] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Any] | None = None,
     ) -> list[int]:
         if messages is not None:
-            msgs = normalize_messages(messages)
+            msgs = list(messages)
+            if has_media(msgs) and not self.backend.renders_media:
+                raise TokenizationError("multimodal content needs the model server's renderer (tokenizer type vllm)")
             kw = dict(chat_template_kwargs or {})
-            key = self._key(model, "chat", [msgs, kw])
+            tool_list = list(tools) if tools is not None else None
+            key = self._key(model, "chat", [msgs, kw, tool_list])
             got = self._get(key)
             if got is None:
-                got = await self.backend.chat(model, msgs, kw)
+                got = await self.backend.chat(model, msgs, kw, tool_list)
                 self._put(key, got)
             return got
         if isinstance(prompt, list):
@@ -233,7 +309,7 @@ class PromptTokenizer:
     def _key(model: str, kind: str, content: Any) -> bytes:
         h = hashlib.blake2b(digest_size=16)
         h.update(model.encode() + b"\0" + kind.encode() + b"\0")
-        h.update(content.encode() if isinstance(content, str) else json.dumps(content, sort_keys=True).encode())
+        h.update(content.encode() if isinstance(content, str) else json.dumps(content).encode())  # key order renders
         return h.digest()
 
     def _get(self, key: bytes) -> list[int] | None:

@@ -276,3 +276,46 @@ def test_default_config_builds_with_the_plugin_registry() -> None:
     assert {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer", "max-score-picker"} <= {
         p.get("type") for p in config.raw["plugins"]
     }
+
+
+def test_routing_sidecar_on_decode_pods() -> None:
+    values = {
+        **BASE,
+        "routingSidecar": {"enabled": True, "prefillMaxRetries": 2, "flags": {"enable-prefiller-sampling": "true"}},
+        "decodeServers": {
+            "enabled": True,
+            "replicas": 2,
+            "container": {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": ["--port", "8200"]},
+        },
+    }
+    docs = render(values)
+    core = {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap"}
+    for doc in docs:
+        if doc["kind"] in core:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    decode = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "qwen-pool-decode")
+    pod = decode["spec"]["template"]
+    assert pod["metadata"]["labels"] == {"app": "vllm-qwen", "llm-d.ai/role": "decode"}
+    vllm, sidecar = pod["spec"]["containers"]
+    assert vllm["name"] == "vllm" and sidecar["command"] == ["epp-pd-sidecar"]
+    assert sidecar["image"] == "ghcr.io/pyepp/pyepp:0.1.0"
+    assert sidecar["args"] == [
+        "--port=8000", "--model-server-port=8200", "--kv-connector=nixlv2", "--prefill-max-retries=2",
+        "--prefill-timeout=60s", "--secure-proxy=false", "--enable-ssrf-protection=true",
+        "--inference-pool=llm/qwen-pool", "--pool-group=inference.networking.k8s.io",
+        "--enable-prefiller-sampling=true",
+    ]  # fmt: skip
+    from epp.sidecar.options import parse
+
+    cfg, _ = parse(sidecar["args"])  # the rendered flags are the sidecar's own
+    assert (cfg.inference_pool_name, cfg.prefill_max_retries, cfg.enable_prefiller_sampling) == ("qwen-pool", 2, True)
+    role = next(d for d in by_kind(docs, "Role") if d["metadata"]["name"] == "qwen-pool-decode")
+    assert {v for r in role["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
+    assert pod["spec"]["serviceAccountName"] == "qwen-pool-decode"
+    # Without decodeServers: the container spec to add to decode pods deployed elsewhere.
+    cms = by_kind(render({**BASE, "routingSidecar": {"enabled": True}}), "ConfigMap")
+    container = yaml.safe_load(
+        next(c for c in cms if c["metadata"]["name"] == "qwen-pool-routing-sidecar")["data"]["container.yaml"]
+    )
+    assert container["name"] == "routing-sidecar" and "--kv-connector=nixlv2" in container["args"]
+    assert not [d for d in render() if "decode" in d["metadata"]["name"] or "routing" in d["metadata"]["name"]]

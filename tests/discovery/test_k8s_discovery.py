@@ -19,6 +19,7 @@ from epp.discovery.kubernetes import (
     KubernetesDiscoveryConfig,
     add_kubernetes_args,
     kubernetes_config_from_args,
+    label_selector,
 )
 from epp.discovery.pods import ACTIVE_PORTS_ANNOTATION, pod_endpoints
 from epp.framework import Endpoint
@@ -167,6 +168,35 @@ async def test_standalone_selector_mode(kube: FakeKube, tmp_path: Path) -> None:
     assert kube.list_requests("inferencepools") == []
 
 
+def test_label_selector_syntax() -> None:
+    """llm-d-router v0.10 parses --endpoint-selector with labels.Parse: equality, set-based and existence."""
+    assert label_selector("app=vllm,tier==gpu") == ({"app": "vllm", "tier": "gpu"}, "app=vllm,tier=gpu")
+    assert label_selector("env in (prod, staging),tier!=frontend") == (None, "env in (prod,staging),tier!=frontend")
+    assert label_selector("app=vllm,gpu,!deprecated,example.com/zone notin (a)") == (
+        None,
+        "app=vllm,gpu,!deprecated,example.com/zone notin (a)",
+    )
+    c = kubernetes_config_from_args(
+        _parse(["--endpoint-selector", "app in (vllm,sglang)", "--endpoint-target-ports", "8000"])
+    )
+    assert c is not None and c.endpoint_selector is None and c.endpoint_selector_expr == "app in (vllm,sglang)"
+
+
+async def test_standalone_set_based_selector(kube: FakeKube, tmp_path: Path) -> None:
+    cfg = KubernetesDiscoveryConfig(
+        endpoint_selector_expr="app in (vllm,sglang),!canary",
+        target_ports=[8000],
+        kubeconfig=write_kubeconfig(kube, tmp_path),
+    )
+    kube.create(PODS, pod("a", "10.0.0.1", {"app": "vllm"}))
+    kube.create(PODS, pod("b", "10.0.0.2", {"app": "sglang"}))
+    kube.create(PODS, pod("c", "10.0.0.3", {"app": "vllm", "canary": "1"}))
+    kube.create(PODS, pod("d", "10.0.0.4", {"app": "other"}))
+    async with running_source(cfg) as (_, ds):
+        await eventually(lambda: ds.synced and names(ds) == {"a-rank-0", "b-rank-0"})
+    assert {r.query.get("labelSelector") for r in kube.list_requests("pods")} == {"app in (vllm,sglang),!canary"}
+
+
 async def test_bookmarks_keep_the_resume_point_current(tmp_path: Path) -> None:
     kube = FakeKube(bookmark_interval=0.05)
     await kube.start()
@@ -268,7 +298,10 @@ def test_cli_flags(monkeypatch: pytest.MonkeyPatch) -> None:
         ["--endpoint-selector", "a=b", "--endpoint-target-ports", "1,1"],
         ["--endpoint-selector", "a=b", "--endpoint-target-ports", "70000"],
         ["--endpoint-selector", "a=b", "--endpoint-target-ports", "x"],
-        ["--endpoint-selector", "novalue", "--endpoint-target-ports", "1"],
+        ["--endpoint-selector", "a in b", "--endpoint-target-ports", "1"],
+        ["--endpoint-selector", "=x", "--endpoint-target-ports", "1"],
+        ["--endpoint-selector", "a=b,,c=d", "--endpoint-target-ports", "1"],
+        ["--endpoint-selector", "a in ()", "--endpoint-target-ports", "1"],
         ["--endpoint-target-ports", "1"],
         ["--pool-name", "p", "--endpoint-target-ports", "1"],
     ):

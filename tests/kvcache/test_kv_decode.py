@@ -18,6 +18,7 @@ from epp.kvcache.events import (
     BlockRemoved,
     BlockStored,
     DecodeError,
+    EventBatch,
     decode_batch,
     parse_topic,
 )
@@ -283,3 +284,30 @@ def test_malformed_messages_are_counted_exactly_and_logged_rate_limited(caplog: 
     assert reg.get_sample_value("kv_cache_events_zmq_errors_total", {"kind": "frames"}) == 5000
     assert reg.get_sample_value("kv_cache_events_zmq_errors_total", {"kind": "seq"}) == 5000
     assert len(caplog.records) <= 4  # was one WARNING per message
+
+
+@pytest.mark.parametrize("engine_bs", [4, 8])
+def test_sliced_batches_index_exactly_like_the_whole_batch(engine_bs: int) -> None:
+    """A huge batch is applied in slices (the event loop runs between them); the index ends up the same."""
+    from epp.kvcache.ingest import slice_batch
+
+    n = 50
+    tokens = list(range(1000, 1000 + n * engine_bs))
+    stored = BlockStored(list(range(1, n + 1)), None, tokens, engine_bs, extra_keys=[None] * n)
+    more = BlockStored([900, 901], n, list(range(7, 7 + 2 * engine_bs)), engine_bs)
+    removed = BlockRemoved(list(range(40, 46)))
+    batch = EventBatch(0.0, [stored, more, removed], unknown=2)
+    parts = list(slice_batch(batch, 7))
+    assert len(parts) > 8 and all(sum(len(getattr(e, "block_hashes", ())) for e in p.events) <= 7 for p in parts)
+    assert sum(p.unknown for p in parts) == 2
+    results = []
+    for pieces in ([batch], parts):
+        tp = TokenProcessor(4)
+        idx = MemoryIndex()
+        applier = EventApplier(idx, tp)
+        st = [applier.apply("p", "m", b) for b in pieces]
+        assert sum(s.stored_blocks for s in st) == n + 2 and sum(s.removed_blocks for s in st) == 6
+        whole = idx.lookup_now(tp.block_keys(tokens, "m"))["p"].blocks
+        tail = idx.lookup_now(tp.block_keys(tokens + list(range(7, 7 + 2 * engine_bs)), "m"))["p"].blocks
+        results.append((whole, tail))
+    assert results[0] == results[1] and results[0][0] == 39 * engine_bs // 4  # removal at block 40 cuts the prefix

@@ -275,3 +275,27 @@ async def test_delivered_hits_loop_reports_only_what_the_engine_reported(vllm_kv
     again = chat_request(LONG, "after")
     await rig.prepare(again, EPS)
     assert plugin.score(CycleState(), again, EPS) == [0.0, 0.0, 0.0]
+
+
+async def test_delivered_hits_loop_ignores_hits_predicted_from_our_own_speculation() -> None:
+    plugin, rig = make({**PARAMS, "speculativeTTL": "2s", "deliveredHitsConfig": {"window": 2}})
+    reports: list[str] = []
+    real = rig.svc.report_delivered
+
+    def spy(pod: str, keys: Sequence[int], pred: int, deliv: int, bs: int, prompt: int) -> None:
+        reports.append(pod)
+        real(pod, keys, pred, deliv, bs, prompt)
+
+    rig.svc.report_delivered = spy  # type: ignore[method-assign,assignment]
+    first = chat_request(LONG, "burst-0")
+    await rig.prepare(first, EPS)
+    plugin.pre_request(first, SchedulingResult({"default": ProfileResult([EPS[2]])}, "default"))
+    n = len(tokens(first))
+    for i in range(1, 4):  # the rest of the burst: the index's hit on pod2 is our speculation, the engine has none
+        r = chat_request(LONG, f"burst-{i}")
+        await rig.prepare(r, EPS)
+        assert plugin.score(CycleState(), r, EPS) == [0.0, 0.0, 1.0]
+        plugin.response_complete(r, EPS[2], Usage(prompt_tokens=n, cached_tokens=0, cached_tokens_reported=True))
+    assert reports == []  # not counted against pod2: no resync from a burst
+    plugin.response_complete(first, EPS[2], Usage(prompt_tokens=n, cached_tokens=0, cached_tokens_reported=True))
+    assert reports == [EPS[2].hostport]  # the first request's own match was not speculative

@@ -394,6 +394,8 @@ async def test_chart_config_routes_by_prediction_and_sheds_through_the_director(
         picks.append(decision.endpoints[0].name)
         d.handle_response_complete(r, decision, None)
     assert picks.count("pod-0") >= 15  # weighted-random over scores 1.0 vs 0.01
+    for ep in eps:  # fresh metrics: stale ones would count as saturated and shed the request before the admitter
+        ep.metrics.update_time = time.monotonic()
     shed = request("shed", 1200, headers={"x-llm-d-slo-ttft-ms": "20", "x-gateway-inference-objective": "batch"})
     with pytest.raises(TooManyRequests, match="request cannot be admitted: no valid endpoint"):
         await d.handle_request(shed)

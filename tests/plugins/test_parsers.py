@@ -472,3 +472,22 @@ def test_fuzz_every_parser(parser: Any, path: str, body: bytes) -> None:
         return
     assert isinstance(parsed, ParsedRequest)
     build_request(hdrs(path), parsed, body, {"m": "n"})
+
+
+async def test_pre_tokenized_requests_need_no_tokenizer() -> None:
+    """/inference/v1/generate token ids go to the prefix index as they are: the tokenizer (here a model server
+    that does not exist) is never asked."""
+    from epp.framework import TOKENIZED_PROMPT
+    from epp.plugins.producers.token_producer import TokenProducer
+    from epp.tokenization.prompt import HTTPBackend, PromptTokenizer
+
+    backend = HTTPBackend("http://127.0.0.1:1", timeout=0.2)
+    producer = TokenProducer("tp", PromptTokenizer(backend))
+    req, _ = parse_request(hdrs("/inference/v1/generate"), b'{"token_ids":[5,6,7,8],"model":"m"}')
+    await producer.prepare(req, [])
+    got = req.data.get(TOKENIZED_PROMPT)
+    assert got is not None and got.token_ids == [5, 6, 7, 8]
+    chat, _ = parse_request(hdrs("/v1/chat/completions"), b'{"model":"m","messages":[{"role":"user","content":"x"}]}')
+    await producer.prepare(chat, [])  # this one needs the (unreachable) tokenizer: no token data, no exception
+    assert chat.data.get(TOKENIZED_PROMPT) is None
+    await backend.close()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -14,6 +16,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
@@ -646,6 +649,128 @@ async def test_passthrough_forwards_any_body_unchanged(epp: Harness) -> None:
     assert out[1].request_body.response.body_mutation.streamed_response.body == body
     assert epp.director.requests[-1].api == "passthrough" and epp.director.requests[-1].model == ""
     call.cancel()
+
+
+async def _real_server(text: str, **opts: Any) -> tuple[EppServer, grpc.aio.Channel, pb_grpc.ExternalProcessorStub]:
+    from epp.wiring.runtime import build_runtime
+
+    runtime = build_runtime(parse_config(text))
+    registry = CollectorRegistry()
+    options = ServeOptions(
+        bind_address="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0, drain_timeout=1, **opts
+    )
+    server = EppServer(runtime, options, registry=registry, metrics=RequestMetrics(registry))
+    await server.start()
+    for _ in range(200):
+        if runtime.datastore.synced:
+            break
+        await asyncio.sleep(0.01)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.ports['grpc']}")
+    return server, channel, pb_grpc.ExternalProcessorStub(channel)
+
+
+PICK_CONFIG = """
+endpoints: [{address: 10.9.0.1, port: 8000}, {address: 10.9.0.2, port: 8000}]
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: queue-scorer, weight: 2}, {pluginRef: kv-cache-utilization-scorer, weight: 1}]
+"""
+
+
+async def test_emit_endpoint_scores_and_the_sampled_pick_log(caplog: pytest.LogCaptureFixture) -> None:
+    """--emit-endpoint-scores: envoy.lb `x-gateway-destination-endpoint-scores` = {ip:port: score} for every
+    endpoint the primary profile scored (the router's format); the DEBUG pick line has each scorer's score."""
+    from epp.scheduling import profile
+
+    caplog.set_level(logging.DEBUG, logger="epp.scheduling.profile")
+    old, profile.PICK_LOG_SAMPLE = profile.PICK_LOG_SAMPLE, 1.0
+    body = b'{"model":"m","prompt":"hi"}'
+    try:
+        for emit in (True, False):
+            server, channel, stub = await _real_server(PICK_CONFIG, emit_endpoint_scores=emit)
+            try:
+                call = stub.Process()
+                out = await exchange(call, [headers_msg(), body_msg(body, True)], 2)
+                lb = json_format.MessageToDict(out[0].dynamic_metadata)["envoy.lb"]
+                if emit:
+                    scores = lb["x-gateway-destination-endpoint-scores"]
+                    assert set(scores) == {"10.9.0.1:8000", "10.9.0.2:8000"}
+                    assert all(0.0 <= v <= 3.0 for v in scores.values())
+                    assert lb[DEST] in scores and scores[lb[DEST]] == max(scores.values())
+                else:
+                    assert "x-gateway-destination-endpoint-scores" not in lb
+                call.cancel()
+            finally:
+                await channel.close()
+                await server.stop()
+    finally:
+        profile.PICK_LOG_SAMPLE = old
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pick request=")]
+    assert lines and "queue-scorer*2" in lines[0] and "kv-cache-utilization-scorer*1" in lines[0]
+    assert "10.9.0.1:8000" in lines[0] and "'total':" in lines[0]
+
+
+async def test_typed_drop_reasons_on_503_and_429() -> None:
+    """x-llm-d-request-dropped-reason as the router: no endpoints → 503 rejected-no-endpoints; a sheddable request
+    under saturation → 429 rejected-saturated."""
+    server, channel, stub = await _real_server("endpoints: []\nplugins:\n- type: queue-scorer\n")
+    try:
+        call = stub.Process()
+        (resp,) = await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 1)
+        ir = resp.immediate_response
+        hdrs = {h.header.key: h.header.raw_value for h in ir.headers.set_headers}
+        assert (ir.status.code, hdrs["x-llm-d-request-dropped-reason"]) == (503, b"rejected-no-endpoints")
+        call.cancel()
+    finally:
+        await channel.close()
+        await server.stop()
+    err = TooManyRequests("system saturated, sheddable request dropped", dropped_reason="rejected-saturated")
+    from epp.server.extproc import immediate
+
+    ir = immediate(err, "anthropic").immediate_response
+    assert {h.header.key: h.header.raw_value for h in ir.headers.set_headers}["x-llm-d-request-dropped-reason"] == (
+        b"rejected-saturated"
+    )
+    assert json.loads(ir.body)["error"]["type"] == "rate_limit_error"
+
+
+async def test_global_inflight_body_budget(epp: Harness) -> None:
+    """Bodies being gathered across all streams are bounded: past the budget a request gets a JSON 503, and the
+    bytes come back when a body is decided, refused or its stream dies."""
+    state = epp.server.state
+    state.max_inflight_body_bytes = 1000
+    a = epp.stub.Process()
+    await a.write(headers_msg())
+    await a.write(body_msg(b'{"model":"m","prompt":"' + b"x" * 700, False))
+    for _ in range(100):
+        if state.inflight_body_bytes:
+            break
+        await asyncio.sleep(0.01)
+    assert state.inflight_body_bytes == 723
+    b = epp.stub.Process()
+    (resp,) = await exchange(b, [headers_msg(), body_msg(b'{"model":"m","prompt":"' + b"y" * 300 + b'"}', True)], 1)
+    assert resp.immediate_response.status.code == 503
+    assert "too many request body bytes in flight" in json.loads(resp.immediate_response.body)["error"]["message"]
+    b.cancel()
+    rs = await exchange(a, [body_msg(b'"}', True)], 2)  # a finishes: decided, its bytes released
+    assert not rs[0].HasField("immediate_response") and state.inflight_body_bytes == 0
+    a.cancel()
+    c = epp.stub.Process()  # a stream that dies mid-body gives its bytes back too
+    await c.write(headers_msg())
+    await c.write(body_msg(b"x" * 900, False))
+    for _ in range(100):
+        if state.inflight_body_bytes:
+            break
+        await asyncio.sleep(0.01)
+    c.cancel()
+    for _ in range(100):
+        if not state.inflight_body_bytes:
+            break
+        await asyncio.sleep(0.01)
+    assert state.inflight_body_bytes == 0
 
 
 async def test_reported_attributes_go_to_envoy_with_the_last_body_message(epp: Harness) -> None:

@@ -83,3 +83,12 @@ def test_allowlist_only_prefillers_of_the_pool() -> None:
     assert not a.allowed("169.254.169.254:80")
     assert Allowlist(False).allowed("169.254.169.254:80")
     assert split_host("[fd00::1]:8000") == "fd00::1" and split_host("h:1") == "h"
+
+
+def test_console_script_and_module_entry_point() -> None:
+    import importlib
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, attr = scripts["epp-pd-sidecar"].partition(":")
+    assert getattr(importlib.import_module(module), attr) is main

@@ -100,3 +100,28 @@ async def test_precise_plugin_schedules_the_preload() -> None:
     warms = [b for b in ctx.background if getattr(b, "__name__", "") == "warm"]
     assert len(warms) == 1
     await warms[0]()
+
+
+async def test_render_backend_against_the_simulators_render_api() -> None:
+    """llm-d's `vllm` tokenizer: the model server's /v1/chat/completions/render and /v1/completions/render."""
+    from e2e.sim.launch import start_in_thread
+    from epp.framework import Params
+    from epp.tokenization.factory import tokenizer_from_params
+
+    sim = start_in_thread([], events=False)
+    try:
+        tok = tokenizer_from_params(Params("t", {"vllm": {"url": f"http://127.0.0.1:{sim.http_port}"}}))
+        local = PromptTokenizer(HFBackend({QWEN25_MODEL: qwen25_tokenizer_dir()}))
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]
+        assert await tok.tokenize(QWEN25_MODEL, messages=msgs) == await local.tokenize(QWEN25_MODEL, messages=msgs)
+        assert await tok.tokenize(QWEN25_MODEL, prompt="The quick brown fox") == await local.tokenize(
+            QWEN25_MODEL, prompt="The quick brown fox"
+        )
+        image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}]}]
+        with pytest.raises(TokenizationError, match="multimodal content needs the model server's renderer"):
+            await local.tokenize(QWEN25_MODEL, messages=image)
+        bad = tokenizer_from_params(Params("t", {"vllm": {"url": "http://127.0.0.1:1", "timeout": "200ms"}}))
+        with pytest.raises(TokenizationError, match="/v1/chat/completions/render"):
+            await bad.tokenize(QWEN25_MODEL, messages=msgs)
+    finally:
+        sim.stop()

@@ -116,3 +116,42 @@ dataLayer:
     - pluginRef: core-metrics-extractor
 {{- end }}
 {{- end -}}
+
+{{/* The decode-side routing sidecar container (P/D). */}}
+{{- define "pyepp.routingSidecarContainer" -}}
+{{- $rs := .Values.routingSidecar -}}
+{{- $img := mergeOverwrite (deepCopy .Values.inferenceExtension.image) ($rs.image | default dict) -}}
+name: routing-sidecar
+image: {{ printf "%s/%s:%s" $img.registry $img.repository $img.tag }}
+imagePullPolicy: {{ $img.pullPolicy }}
+command: ["epp-pd-sidecar"]
+args:
+  - --port={{ $rs.port }}
+  - --model-server-port={{ $rs.modelServerPort }}
+  - --kv-connector={{ $rs.kvConnector }}
+  - --prefill-max-retries={{ $rs.prefillMaxRetries }}
+  - --prefill-timeout={{ $rs.prefillTimeout }}
+  - --secure-proxy={{ $rs.secureProxy }}
+  - --enable-ssrf-protection={{ $rs.enableSSRFProtection }}
+  {{- if $rs.enableSSRFProtection }}
+  - --inference-pool={{ .Release.Namespace }}/{{ include "pyepp.poolName" . }}
+  - --pool-group={{ (split "/" .Values.inferencePool.apiVersion)._0 }}
+  {{- end }}
+  {{- range $key, $value := $rs.flags }}
+  - --{{ $key }}={{ $value }}
+  {{- end }}
+ports:
+  - name: sidecar
+    containerPort: {{ $rs.port }}
+    protocol: TCP
+readinessProbe:
+  httpGet:
+    path: /health
+    port: {{ $rs.port }}
+    scheme: {{ if $rs.secureProxy }}HTTPS{{ else }}HTTP{{ end }}
+  periodSeconds: 5
+resources:
+  {{- toYaml $rs.resources | nindent 2 }}
+securityContext:
+  {{- toYaml $rs.securityContext | nindent 2 }}
+{{- end -}}

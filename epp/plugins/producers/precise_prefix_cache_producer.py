@@ -12,6 +12,7 @@ events arrive. The index (one per EPP) is configured from `tokenProcessorConfig`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -57,6 +58,9 @@ class PreciseMatch:
     blocks: dict[str, int] = field(default_factory=dict)
     weighted: dict[str, float] = field(default_factory=dict)
     keys: list[int] = field(default_factory=list)
+    # Pods whose match may rest on this producer's own speculative entries (written for a prompt with the same
+    # first block, still live): their delivered hits say nothing about the index's events.
+    speculated: set[str] = field(default_factory=set)
 
 
 # The full match (block keys included, for the speculative entries), one key per producer instance.
@@ -73,6 +77,7 @@ class PrecisePrefixCacheProducer(Plugin):
         self.speculative_ttl = speculative_ttl
         self.info_key = PREFIX_CACHE_MATCH_INFO.of(self.name)
         self.match_key = PRECISE_MATCH.of(self.name)
+        self._speculated: dict[tuple[str, int], float] = {}  # (pod, first block key) -> expiry (monotonic)
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
@@ -110,12 +115,15 @@ class PrecisePrefixCacheProducer(Plugin):
             return
         matches = await index.match(keys, [ep.hostport for ep in endpoints])
         bs = index.block_size_for(request.target_model, endpoints) or 0
+        now = time.monotonic()
+        spec = self._speculated
         info = PreciseMatch(
             total_blocks=len(keys),
             block_size=bs,
             blocks={k: m.blocks for k, m in matches.items()},
             weighted={k: m.weighted for k, m in matches.items()},
             keys=keys,
+            speculated={k for k in matches if spec.get((k, keys[0]), 0.0) > now} if spec else set(),
         )
         data.put(self.match_key, info)
         data.put(
@@ -141,6 +149,17 @@ class PrecisePrefixCacheProducer(Plugin):
             if ep.hostport not in seen:
                 seen.add(ep.hostport)
                 self.index.speculate(info.keys, ep.hostport, self.speculative_ttl)
+                self._note_speculation(ep.hostport, info.keys[0])
+
+    def _note_speculation(self, pod: str, first_key: int) -> None:
+        now = time.monotonic()
+        spec = self._speculated
+        if len(spec) >= 4096:  # bounded: drop the expired ones, and everything if that is not enough
+            for k in [k for k, exp in spec.items() if exp <= now]:
+                del spec[k]
+            if len(spec) >= 65536:
+                spec.clear()
+        spec[(pod, first_key)] = now + self.speculative_ttl
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
         """The closed loop on delivered hits: tell the index what the engine delivered against what it predicted."""
@@ -150,6 +169,8 @@ class PrecisePrefixCacheProducer(Plugin):
         decision = request.data.get(DISAGG_DECISION)
         if decision is not None and decision.prefill is not None:
             return  # P/D: the decode pod's cached tokens came over the KV transfer, not from its own cache
+        if endpoint.hostport in info.speculated:
+            return  # a burst: the predicted hit may be our own speculation, not yet in the engine's cache
         prompt = usage.prompt_tokens
         if prompt <= 0:
             tokens = request.data.get(TOKENIZED_PROMPT)

@@ -282,14 +282,18 @@ class PredictedLatencyProducer(Plugin):
             load = self.load[endpoint] = _EndpointLoad()
         return load
 
-    def _features(self, ep: Endpoint, uncached: int) -> tuple[Vector, Vector]:
+    def _rows(self, ep: Endpoint, uncached: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The TTFT and TPOT feature rows of `ep` for a request with `uncached` prompt tokens there."""
         load = self.load.get(ep.name)
-        in_flight = len(load.flights) if load else 0
+        in_flight = float(len(load.flights)) if load else 0.0
         prefill_k = (load.prefill_tokens if load else 0) / 1000.0
         kv = ep.metrics.kv_cache_usage_percent
-        x_ttft = np.array([1.0, uncached / 1000.0, prefill_k, in_flight, ep.metrics.waiting_queue_size, kv])
-        x_tpot = np.array([1.0, in_flight, kv, prefill_k])
-        return x_ttft, x_tpot
+        waiting = float(ep.metrics.waiting_queue_size)
+        return (1.0, uncached / 1000.0, prefill_k, in_flight, waiting, kv), (1.0, in_flight, kv, prefill_k)
+
+    def _features(self, ep: Endpoint, uncached: int) -> tuple[Vector, Vector]:
+        x_ttft, x_tpot = self._rows(ep, uncached)
+        return np.array(x_ttft), np.array(x_tpot)
 
     @staticmethod
     def _prompt_tokens(request: InferenceRequest, info: PrefixCacheMatchInfo | None) -> int:
@@ -325,20 +329,29 @@ class PredictedLatencyProducer(Plugin):
             return
         labels = (self.label(request.model), self.label(request.target_model))
         t0 = time.perf_counter()
-        ttft_pred: dict[str, tuple[str, Vector, Vector]] = {}
+        keys: list[str] = []
+        rows_ttft: list[tuple[float, ...]] = []
+        rows_tpot: list[tuple[float, ...]] = []
         for ep in endpoints:
             key = self.ttft.model_for(ep.name)
             if key is None:
                 m.outcomes.labels("cold" if self.ttft.cold() else "unfit").inc()
                 return
-            x_ttft, x_tpot = self._features(ep, max(0, prompt - int(matched.get(ep.name, 0.0))))
-            ttft_pred[ep.name] = (key, x_ttft, x_tpot)
-        ttfts = {name: self.ttft.predict(key, x) for name, (key, x, _) in ttft_pred.items()}
+            keys.append(key)
+            x_ttft, x_tpot = self._rows(ep, max(0, prompt - int(matched.get(ep.name, 0.0))))
+            rows_ttft.append(x_ttft)
+            rows_tpot.append(x_tpot)
+        ttft_list = self.ttft.predict_many(keys, rows_ttft)
         t1 = time.perf_counter()
-        tpots: dict[str, float | None] = {}
-        for name, (_, _, x_tpot) in ttft_pred.items():
-            tkey = self.tpot.model_for(name)
-            tpots[name] = self.tpot.predict(tkey, x_tpot) if tkey is not None else None
+        tkeys = [self.tpot.model_for(ep.name) for ep in endpoints]
+        known = [i for i, k in enumerate(tkeys) if k is not None]
+        tpot_list: list[float | None] = [None] * len(endpoints)
+        if known:
+            got = self.tpot.predict_many([tkeys[i] or "" for i in known], [rows_tpot[i] for i in known])
+            for i, v in zip(known, got, strict=True):
+                tpot_list[i] = v
+        ttfts = {ep.name: ttft_list[i] for i, ep in enumerate(endpoints)}
+        tpots = {ep.name: tpot_list[i] for i, ep in enumerate(endpoints)}
         t2 = time.perf_counter()
         m.ttft_duration.labels(*labels).observe(t1 - t0)
         m.tpot_duration.labels(*labels).observe(t2 - t1)

@@ -54,12 +54,16 @@ class TokenProducer(Plugin):
     async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
         if TOKENIZED_PROMPT in request.data:
             return
+        if request.token_ids is not None:  # pre-tokenized (/inference/v1/generate, SGLang, gRPC): nothing to do
+            request.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(request.token_ids)))
+            return
         try:
             toks = await self.tokenizer.tokenize(
                 self.model_name or request.target_model,
                 prompt=request.prompt if request.messages is None else None,
                 messages=request.messages,
-                chat_template_kwargs=request.body.get("chat_template_kwargs"),
+                chat_template_kwargs=request.chat_template_kwargs,
+                tools=request.tools,
             )
         except TokenizationError as e:
             log.info("request %s: not tokenized, no prefix score: %s", request.request_id, e)

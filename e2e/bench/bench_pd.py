@@ -1,0 +1,256 @@
+"""P/D disaggregation vs aggregated serving, on real Envoy + EPP + simulators, side by side in one run.
+
+P/D: 2 prefill simulators + 2 decode simulators, each decode one behind `epp-pd-sidecar`, EPP with the anchors'
+P/D config (`config/llm-d-pd.yaml`, `nonCachedTokens` swept). Aggregated: 4 simulators (role both), EPP with the
+anchors' approximate-prefix config (`config/llm-d-approx-prefix.yaml`). Same simulator cost model everywhere,
+with prefill interference on (a decode step is slower while prefills run on the same engine, as with chunked
+prefill), and the same open-loop workload: long prompts (a shared system prompt + a unique document) with mixed
+output lengths. Reports TTFT and inter-token latency p50/p90 and output throughput.
+
+    python -m e2e.bench.bench_pd --n 150 --rate 6 --sweep 0,256,1024,2048,4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from e2e.bench.loadgen import percentile
+from e2e.harness.sidecar import SidecarProcess, start_sidecar
+from e2e.harness.stack import start_stack
+from e2e.sim.launch import SimProcess, start_simulators
+from e2e.workloads.text import TextFactory
+from epp.tokenization.qwen import QWEN25_MODEL
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+ROLE = "llm-d.ai/role"
+
+
+@dataclass
+class Sample:
+    status: int
+    ttft: float | None
+    itls: list[float]
+    tokens: int
+    served: str
+
+
+@dataclass
+class Summary:
+    label: str
+    ok: int
+    n: int
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    itl_p50_ms: float
+    itl_p90_ms: float
+    output_tok_s: float
+    disaggregated: int  # requests whose prompt a prefill pod computed
+
+    def row(self) -> str:
+        return (
+            f"| {self.label} | {self.ok}/{self.n} | {self.ttft_p50_ms:.0f} | {self.ttft_p90_ms:.0f} | "
+            f"{self.itl_p50_ms:.1f} | {self.itl_p90_ms:.1f} | {self.output_tok_s:.0f} | {self.disaggregated} |"
+        )
+
+
+def workload(
+    n: int, rate: float, prompt_range: tuple[int, int], outputs: Sequence[int], seed: int
+) -> list[dict[str, Any]]:
+    """n chat requests, Poisson arrivals at `rate`/s; one of 4 shared 500-token system prompts + a unique document,
+    prompt length uniform in `prompt_range`; output length drawn from `outputs`."""
+    text = TextFactory(seed)
+    rng = random.Random(seed)
+    system_len = 500
+    t = 0.0
+    out = []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        system = text.text(("system", i % 4), system_len)
+        doc = text.text(("doc", i), max(1, rng.randint(*prompt_range) - system_len))
+        body = {
+            "model": QWEN25_MODEL,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": doc}],
+            "max_tokens": rng.choice(list(outputs)),
+            "stream": True,
+        }
+        out.append({"arrival": t, "body": body})
+    return out
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Sample:
+    t0 = time.perf_counter()
+    ttft: float | None = None
+    last = 0.0
+    itls: list[float] = []
+    tokens = 0
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body) as resp:
+            served = resp.headers.get("x-inference-port", "")
+            if resp.status != 200:
+                await resp.read()
+                return Sample(resp.status, None, [], 0, served)
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                        continue
+                    data = json.loads(event[6:])
+                    choices = data.get("choices") or []
+                    if not choices or not (choices[0].get("delta") or {}).get("content"):
+                        continue
+                    now = time.perf_counter() - t0
+                    if ttft is None:
+                        ttft = now
+                    else:
+                        itls.append(now - last)
+                    last = now
+                    tokens += 1
+            return Sample(200, ttft, itls, tokens, served)
+    except (aiohttp.ClientError, TimeoutError) as e:
+        print("request failed:", repr(e))
+        return Sample(0, None, [], 0, "")
+
+
+async def drive(url: str, reqs: list[dict[str, Any]]) -> tuple[list[Sample], float]:
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=512)) as s:
+        start = time.perf_counter()
+
+        async def fire(r: dict[str, Any]) -> Sample:
+            await asyncio.sleep(max(0.0, r["arrival"] - (time.perf_counter() - start)))
+            return await _one(s, url, r["body"])
+
+        samples = await asyncio.gather(*(fire(r) for r in reqs))
+        return list(samples), time.perf_counter() - start
+
+
+def metric_sum(urls: Sequence[str], name: str) -> float:
+    total = 0.0
+    for u in urls:
+        with urllib.request.urlopen(u + "/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def summarize(label: str, samples: list[Sample], duration: float, disaggregated: int) -> Summary:
+    ok = [s for s in samples if s.status == 200 and s.ttft is not None]
+    ttfts = [s.ttft for s in ok if s.ttft is not None]
+    itls = [d for s in ok for d in s.itls]
+    return Summary(
+        label=label,
+        ok=len(ok),
+        n=len(samples),
+        ttft_p50_ms=percentile(ttfts, 0.5) * 1000,
+        ttft_p90_ms=percentile(ttfts, 0.9) * 1000,
+        itl_p50_ms=percentile(itls, 0.5) * 1000,
+        itl_p90_ms=percentile(itls, 0.9) * 1000,
+        output_tok_s=sum(s.tokens for s in ok) / duration,
+        disaggregated=disaggregated,
+    )
+
+
+def reset(sims: Sequence[SimProcess]) -> None:
+    for s in sims:
+        urllib.request.urlopen(urllib.request.Request(s.url + "/reset_prefix_cache", method="POST"), timeout=5)
+
+
+def endpoints(prefill: Sequence[SimProcess], sidecars: Sequence[SidecarProcess], both: Sequence[SimProcess]) -> str:
+    lines = ["endpoints:"]
+    for i, s in enumerate(prefill):
+        lines.append(f"  - {{name: prefill-{i}, address: 127.0.0.1, port: {s.http_port}, labels: {{{ROLE}: prefill}}}}")
+    for i, c in enumerate(sidecars):
+        lines.append(f"  - {{name: decode-{i}, address: 127.0.0.1, port: {c.port}, labels: {{{ROLE}: decode}}}}")
+    for i, s in enumerate(both):
+        lines.append(f"  - {{name: pod-{i}, address: 127.0.0.1, port: {s.http_port}, labels: {{{ROLE}: both}}}}")
+    return "\n".join(lines) + "\n"
+
+
+def run_one(workdir: Path, config: str, reqs: list[dict[str, Any]], label: str, prefill_urls: list[str]) -> Summary:
+    stack = start_stack(workdir, backends=[], config=config)
+    try:
+        before = metric_sum(prefill_urls, "sim:remote_decode_requests_total") if prefill_urls else 0.0
+        samples, duration = asyncio.run(drive(stack.url, reqs))
+        after = metric_sum(prefill_urls, "sim:remote_decode_requests_total") if prefill_urls else 0.0
+    finally:
+        stack.close()
+    s = summarize(label, samples, duration, int(after - before))
+    print(s.row(), flush=True)
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=150)
+    p.add_argument("--rate", type=float, default=6.0, help="requests per second (Poisson)")
+    p.add_argument("--prompt-tokens", default="1000,6000", help="prompt length range (tokens), uniform")
+    p.add_argument("--outputs", default="8,32,128", help="output lengths, drawn uniformly")
+    p.add_argument("--sweep", default="0,256,1024,2048,4096", help="nonCachedTokens values for the P/D runs")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-num-seqs", default="64", help="simulator batch slots per pod")
+    p.add_argument("--interference", default="1.0", help="simulator --prefill-interference")
+    p.add_argument("--json", default="", help="write the summaries here")
+    a = p.parse_args(argv)
+    sim_args = [
+        "--model", QWEN25_MODEL, "--block-size", "16", "--num-gpu-blocks", "16384", "--max-num-seqs", a.max_num_seqs,
+        "--prefill-overhead", "0.01", "--prefill-time-per-token", "0.0001", "--inter-token-latency", "0.01",
+        "--time-factor-under-load", "1.5", "--prefill-interference", a.interference,
+        "--kv-transfer-overhead", "0.002", "--kv-transfer-time-per-block", "0.0001",
+    ]  # fmt: skip
+    outputs = [int(x) for x in a.outputs.split(",")]
+    lo, _, hi = a.prompt_tokens.partition(",")
+    reqs = workload(a.n, a.rate, (int(lo), int(hi or lo)), outputs, a.seed)
+    pd_base = (CONFIG_DIR / "llm-d-pd.yaml").read_text()
+    agg_base = (CONFIG_DIR / "llm-d-approx-prefix.yaml").read_text()
+    summaries: list[Summary] = []
+    with tempfile.TemporaryDirectory(prefix="bench-pd-") as tmp:
+        workdir = Path(tmp)
+        print("| setup | ok | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | output tok/s | via prefill pod |")
+        print("|---|---|---|---|---|---|---|---|")
+        roles = ["prefill", "prefill", "decode", "decode", "both", "both", "both", "both"]
+        with start_simulators(
+            8, base_args=sim_args, per_sim_args=lambda i: ["--role", roles[i]], events=False, timeout=300
+        ) as sims:
+            prefill, decode, both = sims[:2], sims[2:4], sims[4:]
+            summaries.append(run_one(workdir, agg_base + endpoints([], [], both), reqs, "aggregated x4", []))
+            sidecars = [start_sidecar(workdir, d.http_port, "--kv-connector", "nixlv2") for d in decode]
+            try:
+                for threshold in [int(x) for x in a.sweep.split(",")]:
+                    reset(sims[:4])
+                    cfg = pd_base.replace("nonCachedTokens: 16", f"nonCachedTokens: {threshold}")
+                    assert f"nonCachedTokens: {threshold}" in cfg
+                    label = f"P/D 2+2, nonCachedTokens {threshold}" + (" (off)" if threshold == 0 else "")
+                    cfg += endpoints(prefill, sidecars, [])
+                    summaries.append(run_one(workdir, cfg, reqs, label, [x.url for x in prefill]))
+            finally:
+                for c in sidecars:
+                    c.stop()
+    if a.json:
+        Path(a.json).write_text(json.dumps([asdict(s) for s in summaries], indent=2))
+    agg = summaries[0]
+    for r in summaries[1:]:
+        print(
+            f"{r.label} vs aggregated: TTFT p50 x{r.ttft_p50_ms / agg.ttft_p50_ms:.2f}, "
+            f"ITL p50 x{r.itl_p50_ms / agg.itl_p50_ms:.2f}, ITL p90 x{r.itl_p90_ms / agg.itl_p90_ms:.2f}, "
+            f"throughput x{r.output_tok_s / agg.output_tok_s:.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
