@@ -14,9 +14,29 @@ from epp.tokenization.qwen import QWEN25_MODEL, load_qwen25_tokenizer, qwen25_to
 from epp.tokenization.segments import SegmentEncoder
 
 TEMPLATES = {p.stem: p.read_text() for p in (Path(__file__).parent / "templates").glob("*.jinja")}
-WORDS = (
-    ["the", "a", "of", "tool", "résumé", "naïve", "東京", "'ll", "'re", "", "\t\n\n", "", "```py\nx", "=", "1\n```", '{"k":', "[1,", "2]}", "<s>", "</s>", "<|im_start|>"]
-)
+WORDS = [
+    "the",
+    "a",
+    "of",
+    "tool",
+    "résumé",
+    "naïve",
+    "東京",
+    "'ll",
+    "'re",
+    "",
+    "\t\n\n",
+    "",
+    "```py\nx",
+    "=",
+    "1\n```",
+    '{"k":',
+    "[1,",
+    "2]}",
+    "<s>",
+    "</s>",
+    "<|im_start|>",
+]
 
 
 @pytest.fixture(scope="module")
