@@ -27,8 +27,15 @@ class ReplicatedStack:
 
 
 def start_replicas(
-    workdir: Path, config: str, replicas: int, *, log_level: str = "warning", ready_timeout: float = 60.0
+    workdir: Path,
+    config: str,
+    replicas: int,
+    *,
+    log_level: str = "warning",
+    ready_timeout: float = 60.0,
+    serving: int | None = None,
 ) -> ReplicatedStack:
+    """`serving` (default: all) of the replicas are in Envoy's cluster; the others run idle beside them."""
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "epp-config.yaml"
     cfg.write_text(config)
@@ -42,7 +49,7 @@ def start_replicas(
             listener_port=ports[-2],
             admin_port=ports[-1],
             ext_proc_port=epps[0].ports.grpc,
-            extra_ext_proc_ports=[e.ports.grpc for e in epps[1:]],
+            extra_ext_proc_ports=[e.ports.grpc for e in epps[1 : serving or replicas]],
         )
         envoy = EnvoyProcess(opts, workdir)
         for e in epps:

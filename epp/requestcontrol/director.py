@@ -66,6 +66,9 @@ class SchedulingDirector:
         self.flow_controller = flow_controller
         self.producer_budget = producer_budget
         self._producers = list(pipeline.producers)
+        # A producer that waits on purpose (burst-prefix-cache-producer's window) extends the budget to its own.
+        waits = [float(getattr(p, "produce_timeout", 0.0) or 0.0) for p in self._producers]
+        self.producer_budget = max([producer_budget, *waits])
         self._pre_request = list(pipeline.pre_request)
         self._received = list(pipeline.response_received)
         self._complete = list(pipeline.response_complete)

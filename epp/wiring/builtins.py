@@ -60,6 +60,7 @@ from epp.plugins.pickers.round_robin_picker import RoundRobinPicker
 from epp.plugins.pickers.weighted_random_picker import WeightedRandomPicker
 from epp.plugins.prerequest.disagg_headers_handler import DisaggHeadersHandler
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
+from epp.plugins.producers.burst_prefix_cache_producer import BurstPrefixCacheProducer
 from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
 from epp.plugins.producers.p2p_source_producer import P2PSourceProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
@@ -136,6 +137,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     DisaggHeadersHandler,
     # data producers
     ApproxPrefixCacheProducer,
+    BurstPrefixCacheProducer,
     InFlightLoadProducer,
     PrecisePrefixCacheProducer,
     PredictedLatencyProducer,

@@ -53,6 +53,7 @@ class RecordingDirector:
     requests: list[InferenceRequest] = field(default_factory=list)
     response_headers: list[tuple[int, str | None]] = field(default_factory=list)
     completed: list[tuple[str, Usage | None]] = field(default_factory=list)
+    chunks: list[tuple[bytes, bool, bool]] = field(default_factory=list)
 
     async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
         self.requests.append(request)
@@ -81,7 +82,7 @@ class RecordingDirector:
     def handle_response_chunk(
         self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
     ) -> None:
-        return None
+        self.chunks.append((data, first, end))
 
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
@@ -240,6 +241,8 @@ async def test_model_rewrite_changes_body_and_content_length(epp: Harness) -> No
     await call.done_writing()
     assert await call.read() is grpc.aio.EOF
     assert epp.director.completed == [("rid-1", Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5))]
+    # every upstream chunk reached the response hooks, as received, the first and the last marked
+    assert epp.director.chunks == [(reply[:cut], True, False), (reply[cut:], False, True)]
 
 
 async def test_rewrite_header_wins_over_config(epp: Harness) -> None:

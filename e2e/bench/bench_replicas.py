@@ -1,0 +1,175 @@
+"""One EPP replica vs two active-active replicas behind one Envoy, on the same workload and simulators.
+
+The routing is llm-d's "sticky until saturated" pipeline with the precise (KV-event) prefix producer:
+prefix-cache-affinity-filter → token-load-scorer, fed by the inflight-load-producer. Both replicas see the same
+KV events; what they do not see without help is each other's in-flight load. Modes, interleaved and repeated:
+
+- `1`: one replica (the reference);
+- `2-shared`: two replicas sharing in-flight load through a real redis-server (redis-cross-replica-syncer,
+  `dataLayer.crossReplicaSyncerPluginRef`, sync every `--sync-interval`);
+- `2-local`: two replicas, each counting only its own requests (`syncCrossReplicaState: false`);
+- `1+idle` (not run by default): two replicas running, only the first in Envoy's cluster: one replica's routing
+  with two replicas' CPU (both ingest every KV event), to tell routing from CPU contention on a small machine.
+
+    python -m e2e.bench.bench_replicas            # ~6 minutes on 2 cores
+    python -m e2e.bench.bench_replicas --quick
+
+Prints per-run rows and the per-mode medians (TTFT p50/p90/p99, KV hit, requests-per-pod CV), and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from e2e.bench import loadgen
+from e2e.demo import SERVED_HEADER, reset_caches, warm_up
+from e2e.harness.redis import redis_server
+from e2e.harness.replicas import start_replicas
+from e2e.sim.launch import SimProcess, start_simulators
+from e2e.strategies import endpoints_yaml
+from e2e.workloads.shared_prefix import shared_prefix
+
+MODES = ("1", "2-shared", "2-local", "1+idle")
+DEFAULT_MODES = ("1", "2-shared", "2-local")
+
+
+def config(sims: Sequence[SimProcess], redis_url: str, mode: str, ns: argparse.Namespace, run: int) -> str:
+    sync = "false" if mode == "2-local" else "true"
+    return f"""\
+plugins:
+- type: precise-prefix-cache-producer
+  parameters: {{tokenProcessorConfig: {{blockSize: {ns.block_size}}}, kvEventsConfig: {{topicFilter: "kv@"}}}}
+- type: inflight-load-producer
+  parameters: {{prefixMatchInfoProducerName: precise-prefix-cache-producer, syncCrossReplicaState: {sync}}}
+- type: prefix-cache-affinity-filter
+  parameters:
+    prefixMatchInfoProducerName: precise-prefix-cache-producer
+    peakPrefillThroughput: {1.0 / ns.prefill_per_token:.0f}
+    maxTTFTPenaltyMs: {ns.max_ttft_penalty_ms}
+- type: token-load-scorer
+- type: redis-cross-replica-syncer
+  name: xr
+  parameters: {{address: "{redis_url}", keyPrefix: "bench:{run}"}}
+schedulingProfiles:
+- name: default
+  plugins: [{{pluginRef: prefix-cache-affinity-filter}}, {{pluginRef: token-load-scorer}}]
+dataLayer: {{crossReplicaSyncerPluginRef: xr, crossReplicaSyncInterval: {ns.sync_interval}}}
+""" + endpoints_yaml(sims)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_replicas", description=__doc__.split("\n\n")[0])
+    a = p.add_argument
+    a("--pods", type=int, default=4)
+    a("--modes", default=",".join(DEFAULT_MODES), help=f"comma list of {', '.join(MODES)}")
+    a("--repeats", type=int, default=3)
+    a("--groups", type=int, default=16)
+    a("--prompts-per-group", type=int, default=8)
+    a("--system-len", type=int, default=1024)
+    a("--question-len", type=int, default=64)
+    a("--output-len", type=int, default=16)
+    a("--rate", type=float, default=20.0)
+    a("--requests", type=int, default=400)
+    a("--seed", type=int, default=1)
+    a("--block-size", type=int, default=16)
+    a("--gpu-blocks", type=int, default=512)
+    a("--max-num-seqs", type=int, default=4)
+    a("--prefill-per-token", type=float, default=0.0005)
+    a("--itl", type=float, default=0.005)
+    a("--load-factor", type=float, default=2.0)
+    a("--max-ttft-penalty-ms", type=float, default=1000.0)
+    a("--sync-interval", default="100ms")
+    a("--quick", action="store_true")
+    a("--workdir", default="", help="keep the EPP and Envoy logs here (default: a temporary directory)")
+    a("--out", default="e2e/out/bench-replicas.json")
+    ns = p.parse_args(argv)
+    if ns.quick:
+        ns.requests, ns.repeats = 150, 1
+    return ns
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = parse_args(argv)
+    modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
+    workload = shared_prefix(
+        num_groups=ns.groups, num_prompts_per_group=ns.prompts_per_group, system_prompt_len=ns.system_len,
+        question_len=ns.question_len, output_len=ns.output_len, rate=ns.rate, num_requests=ns.requests, seed=ns.seed,
+    )  # fmt: skip
+    sim_args = [
+        "--block-size", str(ns.block_size), "--num-gpu-blocks", str(ns.gpu_blocks),
+        "--max-num-seqs", str(ns.max_num_seqs), "--prefill-time-per-token", str(ns.prefill_per_token),
+        "--inter-token-latency", str(ns.itl), "--time-factor-under-load", str(ns.load_factor),
+        "--prefill-overhead", "0.005",
+    ]  # fmt: skip
+    print(f"workload {workload.name}: {len(workload.requests)} requests over {workload.duration:.0f}s")
+    print(f"{ns.pods} simulated pods: {' '.join(sim_args)}")
+    rows: list[dict[str, object]] = []
+    run = 0
+    with (
+        tempfile.TemporaryDirectory(prefix="pyepp-replicas-") as tmp_default,
+        redis_server() as url,
+        start_simulators(ns.pods, base_args=sim_args, per_sim_args=lambda i: ["--seed", str(i)], timeout=300) as sims,
+    ):
+        pods = [f"sim-{s.http_port}" for s in sims]
+        tmp = ns.workdir or tmp_default
+        for rep in range(ns.repeats):
+            for mode in modes:
+                run += 1
+                replicas = 1 if mode == "1" else 2
+                serving = 1 if mode == "1+idle" else replicas
+                workdir = Path(tmp) / f"run{run}"
+                stack = start_replicas(workdir, config(sims, url, mode, ns, run), replicas, serving=serving)
+                try:
+                    for _ in range(2 * serving):  # Envoy round-robins: every replica loads its tokenizer
+                        warm_up(stack.url, str(workload.requests[0].body["model"]))
+                    reset_caches(sims)
+                    time.sleep(0.5)
+                    results, duration = asyncio.run(
+                        loadgen.run(stack.url, workload.requests, served_header=SERVED_HEADER)
+                    )
+                finally:
+                    stack.close()
+                s = loadgen.summarize(mode, results, duration, pods)
+                row = {"mode": mode, "repeat": rep, **s.as_dict()}
+                rows.append(row)
+                print(
+                    f"  {mode:<9} rep {rep}: TTFT p50 {s.ttft_p50 * 1000:7.1f} ms  p90 {s.ttft_p90 * 1000:7.1f} ms"
+                    f"  p99 {s.ttft_p99 * 1000:7.1f} ms  hit {s.kv_hit_rate:.3f}  cv {s.load_cv:.2f}  ok {s.ok}/{s.n}",
+                    flush=True,
+                )
+    print("\nmedians over repeats")
+    print(f"{'mode':<10}{'TTFT p50':>10}{'p90':>10}{'p99':>10}{'KV hit':>9}{'pod CV':>8}{'p90 / 1':>9}")
+    med: dict[str, dict[str, float]] = {}
+    for mode in modes:
+        mine = [r for r in rows if r["mode"] == mode]
+        med[mode] = {
+            k: statistics.median(float(r[k]) for r in mine)  # type: ignore[arg-type]
+            for k in ("ttft_p50", "ttft_p90", "ttft_p99", "kv_hit_rate", "load_cv")
+        }
+    base = med.get("1", {}).get("ttft_p90")
+    for mode, m in med.items():
+        ratio = f"{m['ttft_p90'] / base:9.2f}" if base else f"{'-':>9}"
+        print(
+            f"{mode:<10}{m['ttft_p50'] * 1000:10.1f}{m['ttft_p90'] * 1000:10.1f}{m['ttft_p99'] * 1000:10.1f}"
+            f"{m['kv_hit_rate']:9.3f}{m['load_cv']:8.2f}{ratio}"
+        )
+    out = Path(ns.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(ns), "runs": rows, "medians": med}, indent=1))
+    print(f"\nwrote {out}")
+    failed = sum(int(r["n"]) - int(r["ok"]) for r in rows)  # type: ignore[call-overload]
+    if failed:
+        print(f"{failed} requests failed", file=sys.stderr)
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
