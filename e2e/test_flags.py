@@ -30,11 +30,14 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 EXT_PROC = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
-def config(tmp_path: Path) -> Path:
+def config(tmp_path: Path, text: str = "endpoints: []\n") -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "epp.yaml"
-    cfg.write_text("endpoints: []\n")
+    cfg.write_text(text)
     return cfg
+
+
+LEADER_ONLY = "featureGates: [haPopulateNonLeaderDatastore=false]\nendpoints: []\n"
 
 
 @contextlib.contextmanager
@@ -262,7 +265,7 @@ async def test_leader_election_active_passive(tmp_path: Path) -> None:
     async with fake_kube() as kube:
         kubeconfig = write_kubeconfig(kube, tmp_path)
         args = ["--pool-name=pool", f"--kubeconfig={kubeconfig}", "--ha-enable-leader-election"]
-        a = EppProcess(config(tmp_path), tmp_path, extra_args=args)
+        a = EppProcess(config(tmp_path, LEADER_ONLY), tmp_path, extra_args=args)
         b: EppProcess | None = None
         try:
             await asyncio.to_thread(a.wait_ready, 60)
@@ -270,7 +273,7 @@ async def test_leader_election_active_passive(tmp_path: Path) -> None:
             assert lease["metadata"]["name"] == "epp-default-pool.llm-d.ai"
             holder = lease["spec"]["holderIdentity"]
             assert holder and lease["spec"]["leaseDurationSeconds"] == 15
-            b = EppProcess(config(tmp_path), tmp_path, extra_args=args)
+            b = EppProcess(config(tmp_path, LEADER_ONLY), tmp_path, extra_args=args)
             await asyncio.sleep(3)  # b is up, retries the held lease and stays a standby
             assert b.running() and not await asyncio.to_thread(ready, b)
             assert await asyncio.to_thread(ready, a)
@@ -288,6 +291,25 @@ async def test_leader_election_active_passive(tmp_path: Path) -> None:
             spec = kube.objects(LEASES, "default")[0]["spec"]
             assert spec["holderIdentity"] not in ("", holder) and spec["leaseTransitions"] == 1
             assert len(kube.watch_requests("inferencepools")) > watches_before  # the new leader watches now
+        finally:
+            a.stop()
+            if b is not None:
+                b.stop()
+
+
+async def test_a_standby_populates_its_datastore_by_default(tmp_path: Path) -> None:
+    """featureGates haPopulateNonLeaderDatastore (on by default, as llm-d-router): the standby watches the pool too,
+    but stays not ready."""
+    async with fake_kube() as kube:
+        args = ["--pool-name=pool", f"--kubeconfig={write_kubeconfig(kube, tmp_path)}", "--ha-enable-leader-election"]
+        a = EppProcess(config(tmp_path), tmp_path, extra_args=args)
+        b: EppProcess | None = None
+        try:
+            await asyncio.to_thread(a.wait_ready, 60)
+            watches_before = len(kube.watch_requests("inferencepools"))
+            b = EppProcess(config(tmp_path), tmp_path, extra_args=args)
+            await wait_for(lambda: len(kube.watch_requests("inferencepools")) > watches_before, 20, "standby watch")
+            assert b.running() and not await asyncio.to_thread(ready, b)
         finally:
             a.stop()
             if b is not None:

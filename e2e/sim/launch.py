@@ -167,6 +167,11 @@ def _event_args(
     return args
 
 
+# A simulator imports transformers and loads a tokenizer: ~2 s on an idle box, over a minute on a shared box at
+# load average 25+. Generous, because a start that fails only wastes the run.
+SIM_START_TIMEOUT = 180.0
+
+
 def start_simulator(
     args: Sequence[str] = (),
     *,
@@ -174,7 +179,7 @@ def start_simulator(
     replay: bool = True,
     connect_events: str | None = None,
     wait_healthy: bool = True,
-    timeout: float = 60.0,
+    timeout: float = SIM_START_TIMEOUT,
     env: dict[str, str] | None = None,
     host: str = "127.0.0.1",
     http_port: int = 0,
@@ -259,7 +264,7 @@ def start_simulators(
     replay: bool = True,
     connect_events: str | None = None,
     wait_healthy: bool = True,
-    timeout: float = 60.0,
+    timeout: float = SIM_START_TIMEOUT,
     distinct_hosts: bool = False,
 ) -> Iterator[list[SimProcess]]:
     """Start n simulators (in parallel), yield them, stop them all on exit.

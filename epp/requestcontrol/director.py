@@ -46,6 +46,7 @@ OBJECTIVE_HEADER = "x-gateway-inference-objective"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 LLMD_FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"  # llm-d-router's name
 PRODUCER_BUDGET_SECONDS = 0.4
+NO_ENDPOINT_POLL = 0.05
 
 
 class SchedulingDirector:
@@ -95,6 +96,9 @@ class SchedulingDirector:
             request.fairness_id = fid
 
         candidates = healthy_candidates(locate_candidates(self.view.endpoints(), request.subset))
+        fc = self.flow_controller
+        if not candidates and fc is not None and fc.spec.no_endpoint_request_ttl:
+            candidates = await self._await_candidates(request, fc.spec.no_endpoint_request_ttl)
         if not candidates:
             raise ServiceUnavailable(
                 "failed to find candidate endpoints for serving the request", dropped_reason=DROPPED_NO_ENDPOINTS
@@ -155,6 +159,16 @@ class SchedulingDirector:
         if headers_out:
             decision.headers.update(headers_out)
         return decision
+
+    async def _await_candidates(self, request: InferenceRequest, ttl: float) -> list[Endpoint]:
+        """flowControl.noEndpointRequestTTL: with no endpoint for it yet, a request waits up to `ttl` for one."""
+        deadline = time.monotonic() + ttl
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(NO_ENDPOINT_POLL, max(0.0, deadline - time.monotonic())))
+            candidates = healthy_candidates(locate_candidates(self.view.endpoints(), request.subset))
+            if candidates:
+                return candidates
+        return []
 
     def _admission_endpoints(self, request: InferenceRequest, candidates: list[Endpoint]) -> list[Endpoint]:
         assert self._admission_scope is not None

@@ -259,7 +259,13 @@ class EppServer:
 
             self.elector = LeaderElector(await self._kube(), opts.leader_election)
             self._spawn(self.elector.run(), "leader-election")
-            self._spawn(self._run_when_elected(), "discovery (leader only)")
+            # featureGates haPopulateNonLeaderDatastore (llm-d-router, on by default): a standby keeps its datastore
+            # populated (still not ready), so a request that reaches it is routed; =false: the leader only.
+            if self.runtime.config.gate("haPopulateNonLeaderDatastore"):
+                self._start_sources()
+                self._spawn(self._run_when_elected(start_sources=False), "leadership")
+            else:
+                self._spawn(self._run_when_elected(), "discovery (leader only)")
         else:
             self._start_sources()
         for factory in self.runtime.background:
@@ -271,12 +277,13 @@ class EppServer:
         for source in self.runtime.sources:
             self._spawn(source.run(self.runtime.datastore), f"discovery {type(source).__name__}")
 
-    async def _run_when_elected(self) -> None:
-        """Active-passive: only the leader watches the pool (the Go EPP runs its controllers on the leader only);
-        losing the Lease stops the server."""
+    async def _run_when_elected(self, start_sources: bool = True) -> None:
+        """Active-passive: only the leader is ready (and, with haPopulateNonLeaderDatastore=false, only the leader
+        watches the pool); losing the Lease stops the server."""
         assert self.elector is not None
         await self.elector.elected.wait()
-        self._start_sources()
+        if start_sources:
+            self._start_sources()
         await self.elector.lost.wait()
         if not self._stopping:
             self.leadership_lost.set()

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from epp.framework.errors import TokenizationError
 from epp.tokenization.chat import content_format, conversation, has_media, tool_dicts
+from epp.tokenization.segments import SegmentEncoder
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class HFBackend:
         self.default_dir = str(default_dir) if default_dir else None
         self.offload_chars = offload_chars
         self._tok: dict[str, Any] = {}
+        # Chat prompts are encoded a segment (message) at a time; earlier turns come from its cache.
+        self._seg: dict[str, SegmentEncoder] = {}
         # One thread: a fast tokenizer must not be used from two threads at once ("Already borrowed").
         self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
         self._offloaded = 0
@@ -89,6 +92,12 @@ class HFBackend:
                     raise TokenizationError(f"cannot load tokenizer for {model!r} from {d}: {e}") from None
                 HFBackend._loaded[d] = tok
         return tok
+
+    def _segments(self, model: str, tok: Any) -> SegmentEncoder:
+        enc = self._seg.get(model)
+        if enc is None:
+            enc = self._seg[model] = SegmentEncoder(tok)
+        return enc
 
     async def warm(self) -> None:
         """Load every configured tokenizer on the tokenizer thread at startup (a load takes seconds: importing
@@ -140,7 +149,7 @@ class HFBackend:
             text = tok.apply_chat_template(
                 convo, tools=tool_list, chat_template=template, tokenize=False, add_generation_prompt=True, **kwargs
             )
-            return list(tok(text, add_special_tokens=False)["input_ids"])
+            return self._segments(model, tok).encode(text)
 
         try:
             return list(await self._run(size, render))
