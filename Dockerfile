@@ -19,6 +19,8 @@ COPY epp ./epp
 # No precompiled bytecode either (~100 MB): it is written once per pod under /cache (PYTHONPYCACHEPREFIX below).
 # The import check fails the build if any of this ever cuts too deep.
 RUN pip install --no-compile . \
+    && pip install --no-compile --no-deps --force-reinstall \
+         "opentelemetry-proto==$(python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')" \
     && pip uninstall -q -y hf-xet setuptools typer rich pygments shellingham markdown-it-py mdurl pydantic \
          pydantic-core annotated-types typing-inspection \
     && find /opt/venv/lib/python3.11/site-packages/transformers/models -type f ! -path '*/models/auto/*' \
@@ -28,7 +30,7 @@ RUN pip install --no-compile . \
     && find /opt/venv -name '*.pyi' -delete \
     && python -c "from transformers import AutoTokenizer, PreTrainedTokenizerFast; \
 from transformers.convert_slow_tokenizer import TikTokenConverter; \
-from transformers.models.qwen2 import Qwen2TokenizerFast; import epp.cli, epp.server.runner" \
+from transformers.models.qwen2 import Qwen2TokenizerFast; import epp.cli, epp.server.runner, epp.server.tracing" \
     && pip uninstall -q -y pip \
     && find /opt/venv -depth -name __pycache__ -type d -exec rm -rf {} +
 

@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# xds-protos ships an old copy of opentelemetry's protos over opentelemetry-proto's: put the real ones back.
+	$(PY) -m pip install -q --no-deps --force-reinstall "opentelemetry-proto==$$($(PY) -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	$(PY) -m pip install -q --no-deps 'vllm==$(VLLM_VERSION)'
 	touch $(STAMP)
 

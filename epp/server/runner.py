@@ -160,10 +160,13 @@ class EppServer:
         self.state.emit_endpoint_scores = options.emit_endpoint_scores
         self.tracing: Any = None
         if options.tracing:
-            from epp.server.tracing import Tracing
-
-            self.tracing = Tracing()
-            self.state.tracing = self.tracing
+            try:
+                from epp.server.tracing import Tracing
+            except ImportError as e:  # a broken install must not take routing down with it
+                log.error("--tracing: OpenTelemetry cannot be imported (%s); serving without tracing", e)
+            else:
+                self.tracing = Tracing()
+                self.state.tracing = self.tracing
         self._servicer = ExtProcServicer(self.state)
         if options.enable_grpc_stream_metrics:
             from epp.server.stream_metrics import MeteredExtProcServicer, StreamMetrics
