@@ -159,6 +159,18 @@ class HFBackend:
             raise TokenizationError(f"chat template failed for {model!r}: {e}") from None
 
 
+def _chat_body(
+    model: str, messages: list[dict[str, Any]], kwargs: Mapping[str, Any], tools: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """The chat request a model server's /tokenize and /render endpoints take (vLLM's field names)."""
+    body: dict[str, Any] = {"model": model, "messages": messages, "add_generation_prompt": True}
+    if tools is not None:
+        body["tools"] = tools
+    if kwargs:
+        body["chat_template_kwargs"] = dict(kwargs)
+    return body
+
+
 class HTTPBackend:
     """The model server's `POST /tokenize` (vLLM): `{"model", "prompt"}` or `{"model", "messages", ...}`."""
 
@@ -196,11 +208,7 @@ class HTTPBackend:
         kwargs: Mapping[str, Any],
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        body: dict[str, Any] = {"model": model, "messages": messages, "add_generation_prompt": True}
-        if tools is not None:
-            body["tools"] = tools
-        if kwargs:
-            body["chat_template_kwargs"] = dict(kwargs)
+        body = _chat_body(model, messages, kwargs, tools)
         return await self._post(body)
 
     async def warm(self) -> None:
@@ -256,11 +264,7 @@ class RenderBackend(HTTPBackend):
         kwargs: Mapping[str, Any],
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        body: dict[str, Any] = {"model": model, "messages": messages, "add_generation_prompt": True}
-        if tools is not None:
-            body["tools"] = tools
-        if kwargs:
-            body["chat_template_kwargs"] = dict(kwargs)
+        body = _chat_body(model, messages, kwargs, tools)
         body["mm_payload"] = "none"  # only the token layout and item hashes, as cache-aware routers ask for
         return self._ids(await self._render("/v1/chat/completions/render", body), "/v1/chat/completions/render")
 
