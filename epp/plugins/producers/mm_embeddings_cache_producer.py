@@ -125,8 +125,8 @@ class MMEmbeddingsCacheProducer(Plugin):
         for h, modality in items.items():
             label = modality if modality in _MODALITIES else "other"
             QUERIES.labels(TYPE, self.name, label).inc()
-            for pod, cache in caches.items():
-                if h in cache:
+            for pod, held in caches.items():
+                if h in held:
                     HITS.labels(TYPE, self.name, pod, label).inc()
         total = len(items)
         for ep in endpoints:
