@@ -169,6 +169,27 @@ SPOT_CHECKS: dict[str, Any] = {
     "llm-d-router__config__charts__routerlib__templates___config__payload-agnostic.yaml": lambda p: (
         [x.name for x in p.parsers] == ["passthrough-parser"]
     ),
+    # the affinity filters' TTFT gate reads the predicted-latency-producer's predictions (its typed key)
+    "llm-d-router__config__charts__routerlib__templates___config__default-plugins_latency-predictor.yaml": lambda p: (
+        _plugin(p, "strict-affinity-filter").ttft_key == _plugin(p, "predicted-latency-producer").info_key
+        and _plugin(p, "loose-affinity-filter").ttft_key == _plugin(p, "predicted-latency-producer").info_key
+        and _plugin(p, "strict-affinity-filter").threshold == 0.99
+        and _plugin(p, "loose-affinity-filter").threshold == 0.8
+        and _plugin(p, "strict-affinity-filter").max_penalty == 5000
+        and [f.name for f in p.scheduler.profiles["default"].filters]
+        == ["strict-affinity-filter", "slo-headroom-tier-filter", "loose-affinity-filter"]
+    ),
+    "llm-d__guides__predicted-latency-routing__router__predicted-latency.values.yaml": lambda p: (
+        _plugin(p, "loose-affinity-filter").ttft_key == _plugin(p, "predicted-latency-producer").info_key
+        and _plugin(p, "loose-affinity-filter").source == "latencyPredictor"
+        and _plugin(p, "approx-prefix-cache-producer").max_blocks == 262144 // 16
+    ),
+    # token-producer's estimate backend feeds context-length-aware's token count
+    "llm-d__guides__context-length-aware-pd__router.values.yaml": lambda p: (
+        _plugin(p, "token-producer").estimator is not None
+        and _plugin(p, "token-producer").tokenizer is None
+        and _plugin(p, "context-length-aware").enable_filtering
+    ),
     "llm-d-router__deploy__config__soft-reflective-ceiling-epp-config.yaml": lambda p: (
         _plugin(p, "soft-reflective-ceiling-policy").ceilings(0.2, [1, 0]) == [1.0, float("inf")]
     ),
