@@ -19,7 +19,7 @@ import base64
 import binascii
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -339,15 +339,10 @@ class EstimateBackend:
             return None
         return TokenizedPrompt(pack(raw))
 
-    def _chat(
-        self, body: Mapping[str, Any], messages: list[dict[str, Any]] | None, headers: Mapping[str, str]
-    ) -> _Stream:
-        s = _Stream()
-        tools = body.get("tools")
-        if tools:
-            s.out += _go_json(tools)
-        meta: VideoMeta | None = None
-        for msg in messages if messages is not None else body.get("messages") or []:
+    @staticmethod
+    def _messages(s: _Stream, messages: Any, block: Callable[[dict[str, Any]], None]) -> None:
+        """Each message's role, then its text content or each of its content blocks."""
+        for msg in messages if isinstance(messages, list) else []:
             if not isinstance(msg, dict):
                 continue
             s.text(msg.get("role"))
@@ -355,21 +350,32 @@ class EstimateBackend:
             if isinstance(content, str) and content:
                 s.text(content)
                 continue
-            for block in _blocks(content):
-                kind = block.get("type")
-                if kind == "text":
-                    s.text(block.get("text"))
-                elif kind == "image_url":
-                    url = str(_dict(block.get("image_url")).get("url") or "")
-                    s.asset("image", url, self.image.count(url))
-                elif kind == "video_url":
-                    url = str(_dict(block.get("video_url")).get("url") or "")
-                    meta = meta or video_meta(headers)
-                    s.asset("video", url, self.video.count(meta))
-                elif kind in ("input_audio", "audio_url"):
-                    audio = _dict(block.get("input_audio"))
-                    data = str(audio.get("data") or "") + str(audio.get("format") or "")
-                    s.asset("audio", data, max(1, -(-len(data.encode()) // BYTES_PER_TOKEN)))
+            for b in _blocks(content):
+                block(b)
+
+    def _chat(
+        self, body: Mapping[str, Any], messages: list[dict[str, Any]] | None, headers: Mapping[str, str]
+    ) -> _Stream:
+        s = _Stream()
+        if tools := body.get("tools"):
+            s.out += _go_json(tools)
+
+        def block(b: dict[str, Any]) -> None:
+            kind = b.get("type")
+            if kind == "text":
+                s.text(b.get("text"))
+            elif kind == "image_url":
+                url = str(_dict(b.get("image_url")).get("url") or "")
+                s.asset("image", url, self.image.count(url))
+            elif kind == "video_url":
+                url = str(_dict(b.get("video_url")).get("url") or "")
+                s.asset("video", url, self.video.count(video_meta(headers)))
+            elif kind in ("input_audio", "audio_url"):
+                audio = _dict(b.get("input_audio"))
+                data = str(audio.get("data") or "") + str(audio.get("format") or "")
+                s.asset("audio", data, max(1, -(-len(data.encode()) // BYTES_PER_TOKEN)))
+
+        self._messages(s, messages if messages is not None else body.get("messages"), block)
         return s
 
     def _anthropic_image(self, s: _Stream, src: Any) -> None:
@@ -383,33 +389,27 @@ class EstimateBackend:
 
     def _anthropic(self, body: Mapping[str, Any]) -> _Stream:
         s = _Stream()
-        tools = body.get("tools")
-        if tools:
+        if tools := body.get("tools"):
             s.out += _go_json(tools)
         s.text(_anthropic_system(body.get("system")))
-        for msg in body.get("messages") or []:
-            if not isinstance(msg, dict):
-                continue
-            s.text(msg.get("role"))
-            content = msg.get("content")
-            if isinstance(content, str) and content:
-                s.text(content)
-                continue
-            for block in _blocks(content):
-                kind = block.get("type")
-                if kind == "text":
-                    s.text(block.get("text"))
-                elif kind == "image":
-                    self._anthropic_image(s, block.get("source"))
-                elif kind == "thinking":
-                    s.text(block.get("thinking"))
-                elif kind == "tool_use":
-                    s.text(block.get("id"))
-                    s.text(block.get("name"))
-                    if "input" in block:
-                        s.out += json.dumps(block["input"], separators=(",", ":"), ensure_ascii=False).encode()
-                elif kind == "tool_result":
-                    self._tool_result(s, block.get("content"))
+
+        def block(b: dict[str, Any]) -> None:
+            kind = b.get("type")
+            if kind == "text":
+                s.text(b.get("text"))
+            elif kind == "image":
+                self._anthropic_image(s, b.get("source"))
+            elif kind == "thinking":
+                s.text(b.get("thinking"))
+            elif kind == "tool_use":
+                s.text(b.get("id"))
+                s.text(b.get("name"))
+                if "input" in b:
+                    s.out += json.dumps(b["input"], separators=(",", ":"), ensure_ascii=False).encode()
+            elif kind == "tool_result":
+                self._tool_result(s, b.get("content"))
+
+        self._messages(s, body.get("messages"), block)
         return s
 
     def _tool_result(self, s: _Stream, content: Any) -> None:
