@@ -116,7 +116,7 @@ class DisaggProfileHandler(Plugin):
                     handler._refs[stage] = (ref, params, key)
             params.get("deciderPluginName")
         else:
-            # Unknown keys under profiles/deciders are the builder's unread-parameter errors (file:line), like any other.
+            # Unknown keys under profiles/deciders: the builder's unread-parameter errors (file:line), as any other.
             profiles = params.section("profiles")
             handler.decode_profile = profiles.str("decode", "") or "decode"
             handler.prefill_profile = profiles.str("prefill", "") or "prefill"
