@@ -218,3 +218,50 @@ def test_render_backend_features_are_read_sorted_and_checked() -> None:
         is None
     )
     assert render_features(None, 10) is None
+
+
+# -- the simulator's own implementation (e2e/sim/multimodal.py, e2e/sim/kvcache.py) against vLLM's ---------------
+
+
+@pytest.mark.parametrize("name", sorted(IMAGES))
+def test_simulator_image_hash_and_placeholders_equal_vllms(name: str) -> None:
+    from e2e.sim import multimodal as sim
+
+    data = IMAGES[name]
+    w, h, converted = sim.inspect(data)
+    assert sim.image_hash(QWEN25_VL_MODEL, data, converted) == vllm.mm_hash(data, QWEN25_VL_MODEL)
+    assert sim.image_tokens(w, h) == vllm.qwen2vl_image_tokens(w, h)
+
+
+def test_simulator_block_and_event_extra_keys_equal_vllms() -> None:
+    from e2e.sim.kvcache import KVCache, mm_block_keys
+
+    items = [("h1", 3, 4), ("h2", 9, 30), ("h1", 50, 2)]
+    theirs = vllm.block_extra_keys(5, 16, items, "salt")
+    ours = [KVCache._extra_keys(i, None, "salt", mm_block_keys(items, i * 16, (i + 1) * 16)) for i in range(5)]
+    assert ours == theirs
+    events = [KVCache._event_extra_keys(i, None, "salt", mm_block_keys(items, i * 16, (i + 1) * 16)) for i in range(5)]
+    assert events == vllm.event_extra_keys(theirs)
+
+
+async def test_simulator_renders_the_prompt_the_epp_computes() -> None:
+    from e2e.sim.multimodal import VisionRenderer
+
+    a, b = encoded("RGB", (300, 200)), encoded("L", (90, 1200), "JPEG")
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Compare"}, {"type": "image_url", "image_url": {"url": data_url(a)}}],
+        },
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(b, "image/jpeg")}}]},
+    ]
+    renderer = VisionRenderer(QWEN25_VL_MODEL)
+    try:
+        ids, mm = await renderer.render({"messages": messages})
+    finally:
+        await renderer.close()
+    got = await vl_tokenizer().tokenize_prompt(QWEN25_VL_MODEL, messages=messages)
+    assert got.token_ids == ids
+    assert [(f.hash, f.offset, f.length) for f in got.mm_features or []] == mm
