@@ -87,8 +87,8 @@ def sims() -> Iterator[list[SimProcess]]:
 
 @pytest.fixture
 def stack(tmp_path: Path, sims: list[SimProcess]) -> Iterator[Stack]:
-    for s in sims:  # each test starts from empty caches
-        post_json(f"http://{s.host}:{s.http_port}/reset_prefix_cache", {})
+    for sim in sims:  # each test starts from empty caches
+        post_json(f"http://{sim.host}:{sim.http_port}/reset_prefix_cache", {})
     s = start_stack(tmp_path, backends=[], config=config(sims))
     yield s
     s.close()
