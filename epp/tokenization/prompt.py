@@ -148,11 +148,21 @@ class HFBackend:
         kwargs: Mapping[str, Any],
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
+        return await self._chat(model, messages, kwargs, tools, media=False)
+
+    async def _chat(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        tools: list[dict[str, Any]] | None,
+        media: bool,
+    ) -> list[int]:
         tok = self.tokenizer(model)
         template = self.chat_template or tok.chat_template
         if not isinstance(template, str):
             raise TokenizationError(f"the tokenizer for {model!r} has no chat template")
-        convo = conversation(messages, content_format(template))
+        convo = conversation(messages, content_format(template), media=media)
         tool_list = tool_dicts(tools)
         size = sum(len(str(m.get("content", ""))) for m in convo)
 
@@ -185,31 +195,10 @@ class HFBackend:
         """Render with image parts, then repeat each image's pad token as vLLM's Qwen2-VL processor does: the ids
         and each image's placeholder (offset, length), in order."""
         tok = self.tokenizer(model)
-        template = self.chat_template or tok.chat_template
-        if not isinstance(template, str):
-            raise TokenizationError(f"the tokenizer for {model!r} has no chat template")
-        convo = conversation(messages, content_format(template), media=True)
         pad = tok.convert_tokens_to_ids("<|image_pad|>")
         if not isinstance(pad, int) or pad == tok.unk_token_id:
             raise TokenizationError(f"the tokenizer for {model!r} has no <|image_pad|> token: use the renderer")
-
-        def render() -> list[int]:
-            text = tok.apply_chat_template(
-                convo,
-                tools=tool_dicts(tools),
-                chat_template=template,
-                tokenize=False,
-                add_generation_prompt=True,
-                **kwargs,
-            )
-            return self._segments(model, tok).encode(text)
-
-        try:
-            ids = list(await self._run(sum(len(str(m.get("content", ""))) for m in convo), render))
-        except TokenizationError:
-            raise
-        except Exception as e:
-            raise TokenizationError(f"chat template failed for {model!r}: {e}") from None
+        ids = await self._chat(model, messages, kwargs, tools, media=True)
         return expand_placeholders(ids, pad, image_tokens)
 
 
