@@ -121,7 +121,7 @@ async def test_heap_is_trimmed_once_after_large_bodies() -> None:
     """Streams that carried a large body (decided or refused) ask for one debounced malloc_trim; small ones do not."""
     calls: list[int] = []
     state = _state(max_body_bytes=TRIM_AFTER_BODY_BYTES + 10)
-    state.trimmer = MemoryTrimmer(delay=0.05, trim=lambda pad: calls.append(pad) or 1)
+    state.trimmer = MemoryTrimmer(delay=0.05, trim=lambda pad: calls.append(pad) or 1)  # type: ignore[func-returns-value]
     small = RequestStream(state)
     await small.handle(_headers("/v1/completions"))
     list(await small.handle(_body(b'{"model":"m","prompt":"x"}', True)))

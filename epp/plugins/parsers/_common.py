@@ -19,7 +19,7 @@ _fast_decode = msgspec.json.Decoder().decode
 _fast_encode = msgspec.json.Encoder().encode
 
 
-class _NonFiniteJSON(dict):  # type: ignore[type-arg]
+class _NonFiniteJSON(dict[str, Any]):
     """A decoded body holding NaN/Infinity (which only the stdlib parser accepts): re-encoded by the stdlib too,
     which writes them back as they came (msgspec would write `null`)."""
 
