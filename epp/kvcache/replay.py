@@ -115,6 +115,7 @@ class Replayer:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_message_bytes)
         t0 = time.monotonic()
         try:
             sock.connect(endpoint)

@@ -76,6 +76,7 @@ class ShardedWorkers:
         self.known_pods: set[str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_drop_log = 0.0
+        self.queued_bytes = 0  # payload bytes waiting in the queues (bounded by cfg.max_queued_bytes)
         metrics.capacity.set(cfg.queue_size * cfg.concurrency)
         metrics.queue_depth.set_function(lambda: sum(q.qsize() for q in self._queues))
 
@@ -173,22 +174,33 @@ class ShardedWorkers:
 
     def _put(self, pod: str, item: _Item) -> bool:
         q = self._shard(pod)
+        size = 0 if isinstance(item, Resync) else len(item[3])
+        if size and self.queued_bytes + size > self.cfg.max_queued_bytes:
+            # A flood of large batches (or one forged in central-bind mode) must not queue without bound.
+            self._drop("queue_bytes", f"KV-event queues hold {self.queued_bytes} bytes: dropping a {size}-byte batch")
+            return False
         try:
             q.put_nowait(item)
         except asyncio.QueueFull:
-            self.metrics.dropped.labels("queue_full").inc()
-            now = time.monotonic()
-            if now - self._last_drop_log > 5.0:
-                self._last_drop_log = now
-                log.warning("KV-event queue full (%d): dropping; the gap will be replayed", q.maxsize)
+            self._drop("queue_full", f"KV-event queue full ({q.maxsize}): dropping")
             return False
+        self.queued_bytes += size
         return True
+
+    def _drop(self, reason: str, why: str) -> None:
+        self.metrics.dropped.labels(reason).inc()
+        now = time.monotonic()
+        if now - self._last_drop_log > 5.0:
+            self._last_drop_log = now
+            log.warning("%s; the gap will be replayed", why)
 
     # ------------------------------------------------------------ applying
     async def _worker(self, q: asyncio.Queue[_Item]) -> None:
         while True:
             item = await q.get()
             pod = item.pod if isinstance(item, Resync) else item[0]
+            if not isinstance(item, Resync):
+                self.queued_bytes -= len(item[3])
             try:
                 if isinstance(item, Resync):
                     await self.process_resync(item)

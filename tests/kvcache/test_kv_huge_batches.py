@@ -5,11 +5,13 @@ for the batch applied in one piece."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import msgpack
 import pytest
 from prometheus_client import CollectorRegistry
 
+from epp.framework.types import Endpoint
 from epp.kvcache.config import PoolConfig
 from epp.kvcache.events import STEP_BYTES, DecodeError, decode_batch, unpack_steps
 from epp.kvcache.index import MemoryIndex
@@ -104,3 +106,77 @@ async def test_bad_large_payload_is_counted_like_a_small_one() -> None:
     await pool.process("pod", "m", 0, data[:-1], None)
     await pool.process("pod", "m", 1, b"\xc1", None)
     assert reg.get_sample_value("kv_cache_events_decode_errors_total") == 2
+
+
+async def test_queued_payload_bytes_are_bounded() -> None:
+    """Batches waiting for the workers are bounded in bytes too (the queues were bounded only in count: 10,000 per
+    shard, of any size); past it a batch is dropped as a full queue's is, and the replay repairs the gap."""
+    reg = CollectorRegistry()
+    cfg = PoolConfig(concurrency=1, max_queued_bytes=1_000_000)
+    pool = ShardedWorkers(EventApplier(MemoryIndex(), TokenProcessor(16)), cfg, PoolMetrics(reg))
+    big = msgpack.packb([0.0, [["BlockRemoved", [1]]], b"x" * 600_000])
+    seq = (0).to_bytes(8, "big")
+    assert pool.submit([b"kv@p@m", seq, big], None)
+    assert not pool.submit([b"kv@p@m", (1).to_bytes(8, "big"), big], None)
+    assert pool.queued_bytes == len(big)
+    assert reg.get_sample_value("kv_cache_events_dropped_total", {"reason": "queue_bytes"}) == 1
+    pool.start()
+    try:
+        await pool.drain()
+        assert pool.queued_bytes == 0
+        assert pool.submit([b"kv@p@m", (2).to_bytes(8, "big"), big], None)
+        await pool.drain()
+        assert pool.queued_bytes == 0
+    finally:
+        await pool.stop()
+
+
+async def test_oversized_zmq_message_is_refused_and_the_stream_goes_on() -> None:
+    """A KV-event message over maxMessageBytes never reaches the EPP's memory (ZMQ refuses it and drops that
+    connection); the publisher reconnects and its next batches are applied."""
+    import socket
+
+    import zmq
+
+    from epp.kvcache.pool import EventPool
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    reg = CollectorRegistry()
+    idx = MemoryIndex()
+    cfg = PoolConfig(zmq_endpoint=f"tcp://127.0.0.1:{port}", discover_pods=False, max_message_bytes=100_000)
+    pool = EventPool(EventApplier(idx, TokenProcessor(16)), cfg, PoolMetrics(reg))
+    task = asyncio.create_task(pool.run())
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    try:
+        await pool.started()
+        pool.subscriptions.endpoint_added(Endpoint("p", "10.0.0.1", 8000))
+        pub.connect(f"tcp://127.0.0.1:{port}")
+        await asyncio.sleep(0.3)
+        # A valid batch (the padding is a 4th field, which decoding ignores), only too large.
+        huge = msgpack.packb(
+            [0.0, [["BlockStored", [1], None, list(range(16)), 16, None, None, None]], 0, b"x" * 200_000]
+        )
+        small = msgpack.packb([0.0, [["BlockStored", [2], None, list(range(100, 116)), 16, None, None, None]]])
+        seq = 0
+        for _ in range(100):
+            for payload in (huge, small):
+                pub.send_multipart([b"kv@10.0.0.1:8000@m", seq.to_bytes(8, "big"), payload])
+                seq += 1
+            await asyncio.sleep(0.05)
+            if len(idx):
+                break
+        for _ in range(5):  # a connection that got the small one also gets the huge ones sent after it
+            pub.send_multipart([b"kv@10.0.0.1:8000@m", seq.to_bytes(8, "big"), huge])
+            seq += 1
+            await asyncio.sleep(0.05)
+        await pool.workers.drain()
+        assert len(idx) == 1
+        assert idx.lookup_now(TokenProcessor(16).block_keys(list(range(100, 116)), "m"))["10.0.0.1:8000"].blocks == 1
+        assert not idx.lookup_now(TokenProcessor(16).block_keys(list(range(16)), "m"))
+    finally:
+        pub.close(linger=0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
