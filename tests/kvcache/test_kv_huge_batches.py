@@ -148,7 +148,7 @@ async def test_oversized_zmq_message_is_refused_and_the_stream_goes_on() -> None
     cfg = PoolConfig(zmq_endpoint=f"tcp://127.0.0.1:{port}", discover_pods=False, max_message_bytes=100_000)
     pool = EventPool(EventApplier(idx, TokenProcessor(16)), cfg, PoolMetrics(reg))
     task = asyncio.create_task(pool.run())
-    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
     try:
         await pool.started()
         pool.subscriptions.endpoint_added(Endpoint("p", "10.0.0.1", 8000))
