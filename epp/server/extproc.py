@@ -239,7 +239,9 @@ class RequestStream:
         self.response_mode = state.response_body_mode
         self.headers: dict[str, str] = {}
         self.subset: list[str] | None = None
-        self._body: list[bytes] = []
+        # The body gathered so far: the first chunk as it came; from the second on, one growing bytearray (a list
+        # of chunks left a body's worth of freed small blocks resident in the heap once joined).
+        self._body: bytes | bytearray = b""
         self._body_size = 0
         self._held = 0  # bytes of this stream's body counted in ServerState.inflight_body_bytes
         self._error_format = ""  # the API's error shape, known once a parser is chosen (see _format)
@@ -364,15 +366,21 @@ class RequestStream:
         if chunk:
             s = self.s
             if s.inflight_body_bytes + len(chunk) > s.max_inflight_body_bytes:
-                self._body = []
+                self._body = b""
                 self._release_body()
                 raise ServiceUnavailable("too many request body bytes in flight; retry later")
             s.inflight_body_bytes += len(chunk)
             self._held += len(chunk)
-            self._body.append(chunk)
+            gathered = self._body
+            if not gathered:
+                self._body = chunk
+            elif isinstance(gathered, bytearray):
+                gathered += chunk
+            else:
+                self._body = bytearray(gathered) + chunk
             self._body_size += len(chunk)
             if self._body_size > s.max_body_bytes:
-                self._body = []
+                self._body = b""
                 self._release_body()
                 raise PayloadTooLarge(f"request body exceeds {s.max_body_bytes} bytes")
         if not body.end_of_stream:
@@ -420,11 +428,11 @@ class RequestStream:
             self._release_body()
 
     async def _decide(self, end_of_stream: bool) -> Iterable[pb.ProcessingResponse]:
-        parts = self._body
-        self._body = []
-        # Joined once, and the chunks let go at once: a large body is held one time over while it is parsed.
-        raw = parts[0] if len(parts) == 1 else b"".join(parts)
-        del parts
+        gathered = self._body
+        self._body = b""
+        # One copy into bytes, the bytearray let go at once: a large body is held one time over while it is parsed.
+        raw = gathered if isinstance(gathered, bytes) else bytes(gathered)
+        del gathered
         path = request_path(self.headers)
         try:
             parser = self.s.parsers.resolve(path)
