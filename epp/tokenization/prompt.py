@@ -417,10 +417,12 @@ class PromptTokenizer:
         if isinstance(got, TokenizedPrompt):
             return got
         render = getattr(self.backend, "chat_prompt", None)
+        chat_media = getattr(self.backend, "chat_media", None)
         if render is not None:
             got = await render(model, msgs, kw, tool_list)
+        elif self.backend.renders_media:  # the engine's ids, without the items (e.g. the UDS sidecar's answer)
+            got = TokenizedPrompt(await self.backend.chat(model, msgs, kw, tool_list))
         else:
-            chat_media = getattr(self.backend, "chat_media", None)
             if chat_media is None:
                 raise TokenizationError("multimodal content needs the model server's renderer (tokenizer type vllm)")
             refs = media_refs(msgs)
