@@ -49,8 +49,10 @@ RED, BLUE = image((200, 20, 20)), image((20, 20, 200))
 IMAGE_TOKENS = (448 // 28) * (336 // 28)  # 192: smart_resize keeps 448x336 (multiples of 28 within the bounds)
 
 
-def config(sims: list[SimProcess], scorer: str = "precise-prefix-cache-scorer") -> str:
-    tokenizer = f"{{tokenizer: {{type: hf, dir: '{qwen25_vl_tokenizer_dir()}'}}, modelName: '{QWEN25_VL_MODEL}'}}"
+def config(sims: list[SimProcess], scorer: str = "precise-prefix-cache-scorer", tokenizer: str = "") -> str:
+    tokenizer = tokenizer or (
+        f"{{tokenizer: {{type: hf, dir: '{qwen25_vl_tokenizer_dir()}'}}, modelName: '{QWEN25_VL_MODEL}'}}"
+    )
     scorer_params = (
         "    parameters:\n      tokenProcessorConfig: {blockSize: 16, hashSeed: '3'}\n"
         "      kvEventsConfig: {topicFilter: 'kv@', concurrency: 2}\n"
@@ -155,6 +157,28 @@ def test_image_chat_second_turn_hits_its_cached_prefix_and_a_different_image_doe
     port, _, cached = served(post_json(stack.url + "/v1/chat/completions", chat(user("What is this?", BLUE))))
     assert port == first  # the EPP follows the shared text prefix
     assert cached == offset // BS * BS  # and nothing from the block holding the image's first placeholder on
+
+
+def test_render_backend_features_key_the_blocks_too(tmp_path: Path, sims: list[SimProcess]) -> None:
+    """token-producer on the model server's render API (llm-d's `vllm` backend): the render response's `features`
+    (mm hashes, placeholder ranges) go into the block keys, so a later turn follows the image chat's pod."""
+    for sim in sims:
+        post_json(f"http://{sim.host}:{sim.http_port}/reset_prefix_cache", {})
+    render_url = f"http://{sims[0].host}:{sims[0].http_port}"
+    s = start_stack(tmp_path, backends=[], config=config(sims, tokenizer=f"{{vllm: {{url: '{render_url}'}}}}"))
+    try:
+        green = image((20, 200, 20))
+        first, _, _ = served(post_json(s.url + "/v1/chat/completions", chat(user("What?", green), system=SHORT)))
+        time.sleep(0.3)
+        history = [user("What?", green), {"role": "assistant", "content": "Green."}]
+        for i in range(3):
+            body = chat(*history, user(f"And {i}?"), system=SHORT)
+            port, _, cached = served(post_json(s.url + "/v1/chat/completions", body))
+            assert port == first and cached >= IMAGE_TOKENS
+            history += [body["messages"][-1], {"role": "assistant", "content": "Yes."}]
+            time.sleep(0.2)
+    finally:
+        s.close()
 
 
 def test_encoder_cache_affinity_keeps_an_image_on_the_pod_that_encoded_it(
