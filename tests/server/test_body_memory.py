@@ -199,3 +199,19 @@ def test_rewrite_keeps_nonfinite_numbers_and_lone_surrogates() -> None:
     assert json_model_rewriter(parsed)("b") == b'{"model":"b","s":"\\ud800x\\u00e9"}'
     parsed = decode_json_object(b'{"model":"a","s":"\xc3\xa9","n":12345678901234567890123}')
     assert json_model_rewriter(parsed)("b") == b'{"model":"b","s":"\xc3\xa9","n":12345678901234567890123}'
+
+
+@pytest.mark.parametrize("nan", [False, True])
+def test_depth_limit_is_exact(nan: bool) -> None:
+    """128 levels pass and 129 do not, in lists and objects mixed, also under a root the stdlib decoded (NaN)."""
+    extra = b',"n":NaN' if nan else b""
+
+    def body(levels: int) -> bytes:  # the root object is level 1
+        inner = b"1"
+        for i in range(levels - 1):
+            inner = b'{"k":' + inner + b"}" if i % 2 else b"[0," + inner + b"]"
+        return b'{"model":"m","x":' + inner + extra + b"}"
+
+    assert decode_json_object(body(128))["model"] == "m"
+    with pytest.raises(BadRequest, match="nests deeper than 128 levels"):
+        decode_json_object(body(129))
