@@ -79,6 +79,12 @@ _JSON_CT = base_pb2.HeaderValueOption(
     header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"), append_action=_OVERWRITE
 )
 
+# Answers that never vary, built once (never mutated after: dynamic metadata goes on fresh responses only).
+_RESPONSE_HEADERS_PASS = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+_REQUEST_BODY_PASS = pb.ProcessingResponse(request_body=pb.BodyResponse())
+_REQUEST_TRAILERS_PASS = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+_RESPONSE_TRAILERS_PASS = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+
 # Request states, as in GIE's handlers/server.go.
 _RECEIVED, _HEADERS_DONE, _BODY_DONE, _RESPONSE, _RESPONSE_HEADERS_DONE, _COMPLETE = range(6)
 
@@ -280,7 +286,7 @@ class RequestStream:
                 return await self._request_trailers()
             if kind == "response_trailers":
                 self.complete()
-                return [pb.ProcessingResponse(response_trailers=pb.TrailersResponse())]
+                return [_RESPONSE_TRAILERS_PASS]
             return []
         except RequestError as e:
             return [self._reject(e)]
@@ -354,7 +360,7 @@ class RequestStream:
             self.decision = self.s.pick_bodyless(self.subset)
             self.state = _BODY_DONE
             resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=self._routing_common(None)))
-            resp.dynamic_metadata.update(self.dynamic_metadata())
+            self._put_metadata(resp)
             return [resp]
         if self.request_mode == BUFFERED:
             strip = pb.CommonResponse(
@@ -365,7 +371,7 @@ class RequestStream:
 
     async def _request_body(self, body: pb.HttpBody) -> Iterable[pb.ProcessingResponse]:
         if self.state >= _BODY_DONE:  # STREAMED / BUFFERED_PARTIAL after a headers-time decision: pass through
-            return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
+            return [_REQUEST_BODY_PASS]
         chunk = body.body
         if self._too_large:
             self._body_size += len(chunk)
@@ -411,7 +417,7 @@ class RequestStream:
             raise PayloadTooLarge(f"request body exceeds {self.s.max_body_bytes} bytes")
         if self.state < _BODY_DONE:
             out = await self._decide_releasing(end_of_stream=False)
-        return itertools.chain(out, [pb.ProcessingResponse(request_trailers=pb.TrailersResponse())])
+        return itertools.chain(out, [_REQUEST_TRAILERS_PASS])
 
     async def _decide_releasing(self, end_of_stream: bool) -> Iterable[pb.ProcessingResponse]:
         """`_decide`, giving the body's budget back once it is decided, or once a large body has been streamed on
@@ -479,10 +485,10 @@ class RequestStream:
             if rewritten:
                 common.body_mutation.body = forward
             resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
-            resp.dynamic_metadata.update(self.dynamic_metadata())
+            self._put_metadata(resp)
             return [resp]
         resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=self._routing_common(len(forward))))
-        resp.dynamic_metadata.update(self.dynamic_metadata())
+        self._put_metadata(resp)
         if len(forward) > BODY_CHUNK_LIMIT:
             return itertools.chain([resp], self._stream_body(forward, end_of_stream))
         out = [resp]
@@ -509,6 +515,22 @@ class RequestStream:
         remove = [h for h in DISAGG_HEADERS if h not in self.decision.headers]
         mutation = pb.HeaderMutation(set_headers=set_headers, remove_headers=remove)
         return pb.CommonResponse(header_mutation=mutation, clear_route_cache=True)
+
+    def _put_metadata(self, resp: pb.ProcessingResponse) -> None:
+        """`dynamic_metadata()` into the response: string values set field by field (3x cheaper than converting
+        the dict into a Struct), anything else through the generic conversion."""
+        lb = resp.dynamic_metadata.fields[DESTINATION_NAMESPACE].struct_value
+        fields = lb.fields
+        rest: dict[str, Any] | None = None
+        for k, v in self.dynamic_metadata()[DESTINATION_NAMESPACE].items():
+            if type(v) is str:
+                fields[k].string_value = v
+            else:
+                if rest is None:
+                    rest = {}
+                rest[k] = v
+        if rest:
+            lb.update(rest)
 
     def dynamic_metadata(self) -> dict[str, Any]:
         assert self.decision is not None
@@ -566,7 +588,7 @@ class RequestStream:
                     response_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=mutation))
                 )
             ]
-        return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
+        return [_RESPONSE_HEADERS_PASS]
 
     def _response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         chunk = body.body

@@ -3,21 +3,55 @@ chatTemplate, ...}`, llm-d's `vllm: {url, timeout}`, or the same keys at the top
 
 `vllm` (llm-d's backend) asks the model server's render API (`/v1/chat/completions/render`,
 `/v1/completions/render`); `tokenize` its `/tokenize`; `hf` loads local tokenizers (`chatTemplate` replaces their
-template, as vLLM's --chat-template). Without a model map or directory the bundled Qwen2.5 tokenizer is used."""
+template, as vLLM's --chat-template). Without a model map or directory the bundled Qwen2.5 tokenizer is used.
+llm-d's deprecated `udsTokenizerConfig: {socketFile, useTCP, modelTokenizerMap}` (with `modelName`) asks the UDS
+tokenizer sidecar over gRPC (epp/tokenization/uds.py)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from epp.framework.params import Params
 from epp.tokenization.prompt import HFBackend, HTTPBackend, PromptTokenizer, RenderBackend
+
+log = logging.getLogger(__name__)
 
 _RENDER_TYPES = ("vllm", "render")
 _HTTP_TYPES = ("tokenize", "http", "server")
 _LOCAL_TYPES = ("hf", "local")
 
 
+def _uds_tokenizer(params: Params, uds: Params, socket_file: str) -> PromptTokenizer:
+    """llm-d's deprecated `udsTokenizerConfig` (the gRPC sidecar): needs `modelName`, excludes `vllm`."""
+    from epp.tokenization.uds import UDSBackend, resolve_model
+
+    if params.has("vllm") or params.has("tokenizer"):
+        raise params.fail("udsTokenizerConfig", "only one of 'vllm', 'tokenizer' and 'udsTokenizerConfig' may be set")
+    model = params.optional_str("modelName")
+    if not model:
+        raise params.fail("udsTokenizerConfig", "needs 'modelName' (the model whose tokenizer the sidecar loads)")
+    try:
+        resolved = resolve_model(model, {str(k): str(v) for k, v in uds.mapping("modelTokenizerMap").items()})
+    except ValueError as e:
+        raise uds.fail("modelTokenizerMap", str(e)) from None
+    log.warning("udsTokenizerConfig (the UDS tokenizer sidecar) is deprecated in llm-d; prefer vllm.url")
+    # workersCount: llm-d-kv-cache's pool size (set when the precise scorer's tokenizersPoolConfig configures this
+    # tokenizer): at most that many sidecar calls at once.
+    workers = uds.int("workersCount", 0, min=0)
+    backend = UDSBackend(socket_file, resolved, use_tcp=uds.bool("useTCP", False), max_in_flight=workers)
+    return PromptTokenizer(backend, params.int("cacheSize", 1024, min=1))
+
+
 def tokenizer_from_params(params: Params) -> PromptTokenizer:
+    if params.has("udsTokenizerConfig"):
+        uds = params.section("udsTokenizerConfig")
+        socket_file = uds.str("socketFile", "")
+        if socket_file:  # llm-d: the sidecar is on when socketFile is set
+            return _uds_tokenizer(params, uds, socket_file)
+        uds.bool("useTCP", False)
+        uds.mapping("modelTokenizerMap")
+        uds.int("workersCount", 0, min=0)
     cfg = params.section("tokenizer") if params.has("tokenizer") else params
     vllm = cfg.section("vllm")
     default_type = "vllm" if vllm.raw else "hf"

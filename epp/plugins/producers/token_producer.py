@@ -1,7 +1,8 @@
 """token-producer (llm-d; formerly `tokenizer`): the prompt's token ids, exactly as the model server renders them.
 
 Writes TOKENIZED_PROMPT for the plugins that consume it (the precise prefix-cache producer). The tokenizer comes
-from the EPP's services, configured by `tokenizer: {type: hf|vllm, ...}` or llm-d's `vllm: {url}`; a request that
+from the EPP's services, configured by `tokenizer: {type: hf|vllm, ...}`, llm-d's `vllm: {url}` or its deprecated
+`udsTokenizerConfig` (the gRPC sidecar, epp/tokenization/uds.py); a request that
 cannot be tokenized is logged and scheduled without token data. llm-d's `estimate: {image, video}` selects the
 tokenizer-free backend instead (epp/plugins/producers/_estimate.py: 4 bytes a pseudo token, multimodal placeholder
 estimates); it excludes `vllm`, `modelName` and `udsTokenizerConfig`, as llm-d's does.
@@ -58,12 +59,6 @@ class TokenProducer(Plugin):
                 )
             image, video = estimators_from_params(params.section("estimate"))
             return cls(name, None, estimator=EstimateBackend(image, video))
-        if params.has("udsTokenizerConfig"):
-            raise params.fail(
-                "udsTokenizerConfig",
-                "the deprecated UDS tokenizer sidecar is not supported: use vllm.url (the model server's render "
-                "endpoint) or tokenizer.models (local tokenizers)",
-            )
         model_name = params.optional_str("modelName") or None
         return cls(name, context.services.tokenizer(params), model_name)
 
