@@ -23,7 +23,7 @@ from epp.wiring.builder import build_pipeline
 from tests.deploy.test_helm_chart import KUBE_VERSION, by_kind, crd_schemas, one, render
 
 VALUES = Path(__file__).parent / "anchor_values"
-CORE = {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ClusterRole",
+CORE = {"Deployment", "StatefulSet", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ClusterRole",
         "ClusterRoleBinding", "Secret"}  # fmt: skip
 # Provider custom resources (GKE Gateway, GKE managed Prometheus, Istio): their CRDs are not installed here.
 PROVIDER_KINDS = {"HealthCheckPolicy", "GCPBackendPolicy", "PodMonitoring", "DestinationRule", "HTTPRoute",
@@ -127,6 +127,11 @@ CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "router-gw-gke": (ROUTER_GW, gw(("provider.name", "gke"))),
     "router-gw-multiple-replicas": (ROUTER_GW, gw(("router.replicas", 3))),
     "router-gw-latency-predictor": (ROUTER_GW, gw((f"router.{LATENCY}", True))),
+    # the gateway chart's documented provider.gke.preferredBackends (values.yaml), switched on
+    "router-gw-gke-preferred-backends": (
+        ROUTER_GW,
+        gw(("provider.name", "gke"), ("provider.gke.preferredBackends.enabled", True), ("router.epp.replicas", 3)),
+    ),
     # llm-d-router hack/verify-helm.sh: the llm-d-router-standalone cases
     "router-sa-basic": (ROUTER_SA, sa()),
     "router-sa-gke": (ROUTER_SA, sa(("provider.name", "gke"))),
@@ -224,7 +229,8 @@ def rendered(case: str) -> list[dict[str, Any]]:
 
 
 def epp_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (dep,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-epp")]
+    """The EPP's workload: a Deployment, or a StatefulSet with GKE preferred backends."""
+    (dep,) = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"].endswith("-epp")]
     return dep
 
 
@@ -285,7 +291,7 @@ def test_anchor_values_render_and_validate(case: str) -> None:
     docs = rendered(case)
     schemas = crd_schemas()
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "Service", "ConfigMap"} <= kinds
+    assert {"Service", "ConfigMap"} <= kinds and ({"Deployment", "StatefulSet"} & kinds)
     for d in docs:
         assert d.get("apiVersion") and d.get("metadata", {}).get("name"), d
         if d["kind"] in CORE:

@@ -49,7 +49,9 @@
 {{- end -}}
 {{- $pb := default dict (default dict .Values.provider.gke).preferredBackends -}}
 {{- if $pb.enabled -}}
-{{- fail "provider.gke.preferredBackends is not supported by pyepp's chart (a StatefulSet of EPP pods pinned to GKE's PREFERRED/DEFAULT backend tiers); pyepp runs its replicas active-active instead: set inferenceExtension.haMode=active-active with router.epp.replicas, see docs/migration.md" -}}
+{{- if lt (int (default 1 $pb.preferredReplicas)) 1 }}{{ fail "provider.gke.preferredBackends.preferredReplicas must be at least 1 when preferredBackends.enabled is true" }}{{ end -}}
+{{- if lt (int (default 1 $pb.defaultReplicas)) 1 }}{{ fail "provider.gke.preferredBackends.defaultReplicas must be at least 1 when preferredBackends.enabled is true" }}{{ end -}}
+{{- if .Values.pyeppStandalone }}{{ fail "provider.gke.preferredBackends needs an InferencePool (not router.inferencePool.create=false)" }}{{ end -}}
 {{- end -}}
 {{- $ports := .Values.inferencePool.targetPorts -}}
 {{- if or (lt (len $ports) 1) (gt (len $ports) 8) -}}
