@@ -53,6 +53,9 @@
 {{- if lt (int (default 1 $pb.defaultReplicas)) 1 }}{{ fail "provider.gke.preferredBackends.defaultReplicas must be at least 1 when preferredBackends.enabled is true" }}{{ end -}}
 {{- if .Values.pyeppStandalone }}{{ fail "provider.gke.preferredBackends needs an InferencePool (not router.inferencePool.create=false)" }}{{ end -}}
 {{- end -}}
+{{- if and (not .Values.pyeppStandalone) (ne (toString .Values.inferencePool.apiVersion) "inference.networking.k8s.io/v1") -}}
+{{- fail (printf "inferencePool.apiVersion %s is not rendered: this chart renders the GA InferencePool (inference.networking.k8s.io/v1), as GIE v1.5's and llm-d-router's charts do; the pre-GA v1alpha2 pool has another schema (remove the value to get v1)" (toString .Values.inferencePool.apiVersion)) -}}
+{{- end -}}
 {{- $ports := .Values.inferencePool.targetPorts -}}
 {{- if or (lt (len $ports) 1) (gt (len $ports) 8) -}}
 {{- fail "inferencePool.targetPorts must list 1 to 8 ports" -}}
