@@ -288,6 +288,21 @@ def _renice(pid: int, value: int) -> None:
                 os.setpriority(os.PRIO_PROCESS, int(tid), value)
 
 
+def _renice_children(value: int) -> None:
+    """Every niced child process of this one (the stacks being started), every thread of it."""
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ..., nice is field 19
+        if fields[1] == me and int(fields[16]) > value:
+            _renice(int(pid), value)
+
+
 class Stacks:
     """Each strategy's EPP + Envoy, started one strategy ahead in a background thread at nice 19 (its processes
     inherit that), so the next start-up (~6-10 s of CPU on this machine) overlaps the current run without
@@ -316,10 +331,12 @@ class Stacks:
         return started
 
     def take(self, started: Future[Stack]) -> Stack:
-        self._pending.remove(started)
+        """The started stack at normal priority; one still starting is reniced first (at nice 19 it would starve on
+        a machine loaded by other jobs)."""
+        _renice_children(0)
         stack = started.result()
-        for proc in (stack.epp.proc, stack.envoy.proc):
-            _renice(proc.pid, 0)
+        self._pending.remove(started)  # only now: if interrupted before, close() stops it
+        _renice_children(0)
         return stack
 
     def stop(self, stack: Stack) -> None:

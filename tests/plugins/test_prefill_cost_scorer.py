@@ -50,7 +50,9 @@ def test_cost_is_uncached_tokens_when_idle() -> None:
 
 
 def test_backlog_moves_work_off_a_busy_cached_pod_and_drains() -> None:
-    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "uncachedWeight": 1, "evictionWeight": 0})
+    s = build(
+        PrefillCostScorer, {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "uncachedWeight": 1, "evictionWeight": 0}
+    )
     e = eps()
     # three cold 2000-token prompts in a row: each goes where no prefill is queued
     chosen = [pick(s, req(f"cold{i}", 2000, {}), e).name for i in range(3)]
