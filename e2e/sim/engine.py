@@ -13,6 +13,12 @@ is looked up again when its prefill starts (as vLLM looks it up when it schedule
 the prefills ahead of it computed; only the
 prefill being computed counts for `prefill_interference` (decode steps slowed while prefills share the
 engine). `time_scale` multiplies every modelled duration, so a workload can be replayed time-compressed.
+
+With `max_num_batched_tokens` > 0 as well, the shared prefill is vLLM's chunked prefill step by step: each engine
+step carries at most that many prefill tokens next to the running decodes, so a prefill of N tokens takes
+ceil(N / budget) steps of (decode step + chunk / prefill_tokens_per_second), and a decode step taken while a prefill
+is computing is slowed by its chunk's compute (chunk / prefill_tokens_per_second) — the interference P/D removes,
+derived from the prefill rate instead of the `prefill_interference` factor.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class SimRequest:
     remote_blocks: list[int] | None = None
     remote_decode: bool = False  # this is the prefill of a disaggregated request
     block_ids: list[int] = field(default_factory=list)  # the prompt's blocks here, for kv_transfer_params
+    mm: list[tuple[str, int, int]] = field(default_factory=list)  # multimodal items (hash, offset, length)
 
 
 @dataclass
@@ -85,6 +92,7 @@ class Engine:
         self._output_ids = output_ids or [0]
         self.prefilling = 0  # requests computing their prefill right now (they slow this engine's decodes)
         self._prefill_lock = asyncio.Lock()  # FIFO: the shared prefill of prefill_tokens_per_second mode
+        self._chunk_tokens = 0  # chunked prefill: prefill tokens in each step of the prefill being computed
         self._next_block_id = 0
 
     # --- events -----------------------------------------------------------------------------------------
@@ -119,6 +127,7 @@ class Engine:
                 return False
         try:
             req.alloc = self.kv.allocate(req.hashes, len(req.prompt_ids), len(req.prompt_ids) + req.max_tokens)
+            req.alloc.mm = tuple(req.mm)
         except NoSpace:
             return False
         req.cached_tokens = req.alloc.hit_blocks * self.cfg.block_size
@@ -156,13 +165,18 @@ class Engine:
                 self.kv.extend_hit(req.alloc, len(req.prompt_ids))
                 req.cached_tokens = req.alloc.hit_blocks * cfg.block_size
                 uncached = self._hit(req, queued)
+                t = cfg.prefill_overhead + uncached / cfg.prefill_tokens_per_second
+                budget = cfg.max_num_batched_tokens
+                if budget > 0:
+                    self._chunk_tokens = min(budget, uncached)
+                    if len(self.running) > 1:  # each step also computes the running decodes' tokens
+                        t += -(-uncached // budget) * cfg.inter_token_latency * self.load_factor()
                 self.prefilling += 1
                 try:
-                    await asyncio.sleep(
-                        (cfg.prefill_overhead + uncached / cfg.prefill_tokens_per_second) * cfg.time_scale
-                    )
+                    await asyncio.sleep(t * cfg.time_scale)
                 finally:
                     self.prefilling -= 1
+                    self._chunk_tokens = 0
             return
         uncached = self._hit(req, queued)
         t = (cfg.prefill_overhead + uncached * cfg.prefill_time_per_token) * self.load_factor()
@@ -194,9 +208,9 @@ class Engine:
         """Queue, prefill, then yield output tokens in real time. Cancellation (client gone) frees the slot."""
         self.check(req)
         if len(req.prompt_ids) > HASH_THREAD_THRESHOLD_TOKENS:  # ~10 us per block: keep long prompts off the loop
-            req.hashes = await asyncio.to_thread(self.kv.block_hashes, req.prompt_ids, req.lora, req.cache_salt)
+            req.hashes = await asyncio.to_thread(self.kv.block_hashes, req.prompt_ids, req.lora, req.cache_salt, req.mm)
         else:
-            req.hashes = self.kv.block_hashes(req.prompt_ids, req.lora, req.cache_salt)
+            req.hashes = self.kv.block_hashes(req.prompt_ids, req.lora, req.cache_salt, req.mm)
         req.admitted = asyncio.get_running_loop().create_future()
         self.waiting.append(req)
         self.schedule()
@@ -240,8 +254,12 @@ class Engine:
 
     def inter_token_latency(self) -> float:
         """A decode step: slower under load, and slower while prefills share the engine (chunked prefill)."""
-        interference = 1.0 + self.cfg.prefill_interference * self.prefilling
-        return self.cfg.inter_token_latency * self.load_factor() * interference
+        cfg = self.cfg
+        interference = 1.0 + cfg.prefill_interference * self.prefilling
+        step = cfg.inter_token_latency * self.load_factor() * interference
+        if self._chunk_tokens and cfg.prefill_tokens_per_second > 0:
+            step += self._chunk_tokens / cfg.prefill_tokens_per_second
+        return step
 
     async def _pull_remote_kv(self, req: SimRequest, uncached: int) -> None:
         """P/D decode: the prompt's uncached blocks come from the prefiller (a transfer, no compute); tokens the
