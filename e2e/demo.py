@@ -34,22 +34,12 @@ from e2e.bench import report
 from e2e.bench.bench_routing import SERVED_HEADER, reset_caches, warm_up
 from e2e.bench.loadgen import Result
 from e2e.strategies import LLMD, OURS, available_strategies
-from e2e.workloads.shared_prefix import shared_prefix
 
 __all__ = ["SERVED_HEADER", "main", "reset_caches", "warm_up"]  # the last three are used by other benchmarks
 DEFAULT_STRATEGIES = ["random", "approximate", "precise", LLMD, OURS]
 DEMO = suite.WorkloadSpec(
     "demo",
-    lambda pods, s: shared_prefix(
-        num_groups=16,
-        num_prompts_per_group=8,
-        system_prompt_len=1024,
-        question_len=64,
-        output_len=8,
-        rate=20.0 / 3 * pods / 4,
-        num_requests=int(267 * s * pods / 4),
-        seed=1,
-    ),
+    lambda pods, s: suite.demo_shape(20.0 / 3 * pods / 4, int(267 * s * pods / 4)),
     kv_tokens=8192,
     warmup=12.0,
     about="`make demo`'s shape at its original load (20 req/s at full speed): 16 system prompts of 1024 tokens x 8 "

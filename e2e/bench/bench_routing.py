@@ -114,21 +114,26 @@ def _per_pod(pods: int) -> float:
     return pods / 4.0
 
 
+def demo_shape(rate: float, num_requests: int) -> Workload:
+    """`make demo`'s shared-prefix shape: 16 system prompts of 1024 tokens x 8 questions of 64, 8 output tokens."""
+    return shared_prefix(
+        num_groups=16,
+        num_prompts_per_group=8,
+        system_prompt_len=1024,
+        question_len=64,
+        output_len=8,
+        rate=rate,
+        num_requests=num_requests,
+        seed=1,
+    )
+
+
 WORKLOADS: dict[str, WorkloadSpec] = {
     spec.name: spec
     for spec in [
         WorkloadSpec(
             "shared-prefix-demo",
-            lambda pods, s: shared_prefix(
-                num_groups=16,
-                num_prompts_per_group=8,
-                system_prompt_len=1024,
-                question_len=64,
-                output_len=8,
-                rate=4.0 * _per_pod(pods),
-                num_requests=int(110 * s * _per_pod(pods)),
-                seed=1,
-            ),
+            lambda pods, s: demo_shape(4.0 * _per_pod(pods), int(110 * s * _per_pod(pods))),
             kv_tokens=8192,
             warmup=8.0,
             about="`make demo`'s shape: 16 system prompts of 1024 tokens x 8 questions of 64 tokens; a pod's cache "
