@@ -107,7 +107,12 @@ def test_hostile_shapes_get_a_decision_or_a_json_4xx(tmp_path: Path) -> None:
         assert post("/v1/chat/completions", chat).status == 200
 
     try:
-        # Many headers, and long ones, within Envoy's limits (60 KiB, 100 headers): routed.
+        # Headers within Envoy's limits (100 headers, 60 KiB) that the EPP's routing headers push over them: Envoy
+        # refuses the mutation; a JSON 431 (it was a 503 that blamed nothing).
+        r = post("/v1/chat/completions", chat, {f"x-h{i}": "v" for i in range(95)})
+        err = json.loads(r.body)["error"]
+        assert (r.status, err["code"], err["type"]) == (431, 431, "RequestHeaderFieldsTooLarge"), r.body[:300]
+        # Many headers, and long ones, within Envoy's limits with room for the EPP's: routed.
         many = {f"x-h{i}": "v" * 500 for i in range(80)}
         r, took["80 headers of 500 B"] = _timed(lambda: post("/v1/chat/completions", chat, many))
         assert r.status == 200, r.body[:200]
