@@ -193,6 +193,7 @@ class EppServer:
         self.elector: LeaderElector | None = None
         self.leadership_lost = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._warmups: list[asyncio.Task[None]] = []
         self.ports: dict[str, int] = {}
 
     async def _kube(self) -> Any:
@@ -281,6 +282,9 @@ class EppServer:
             self._start_sources()
         for factory in self.runtime.background:
             self._spawn(factory(), f"background {getattr(factory, '__qualname__', factory)!s}")
+        for factory in self.runtime.warmups:
+            self._spawn(factory(), f"warm-up {getattr(factory, '__qualname__', factory)!s}")
+            self._warmups.append(self._tasks[-1])
         self._spawn(self._watch_readiness(), "readiness")
         log.info("epp serving: ext_proc :%d, health :%d, metrics :%d", *(self.ports[k] for k in self.ports))
 
@@ -319,10 +323,14 @@ class EppServer:
         self._tasks.append(asyncio.create_task(guarded(), name=name))
 
     async def _watch_readiness(self) -> None:
-        """Readiness follows `datastore.synced` (polled: this is not on the request path)."""
+        """Readiness follows `datastore.synced` and waits for the startup loads (polled: not on the request path)."""
         ready = False
         while True:
-            synced = bool(self.runtime.datastore.synced) and (self.elector is None or self.elector.is_leader)
+            synced = (
+                bool(self.runtime.datastore.synced)
+                and (self.elector is None or self.elector.is_leader)
+                and all(t.done() for t in self._warmups)
+            )
             if synced != ready:
                 ready = synced
                 await self.health.set_ready(ready)

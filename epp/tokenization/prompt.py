@@ -76,17 +76,31 @@ class HFBackend:
         self._tok: dict[str, Any] = {}
         # Chat prompts are encoded a segment (message) at a time; earlier turns come from its cache.
         self._seg: dict[str, SegmentEncoder] = {}
+        self._vision: dict[str, VisionConfig] = {}
         # One thread: a fast tokenizer must not be used from two threads at once ("Already borrowed").
         self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
         self._offloaded = 0
 
+    def _dir(self, model: str) -> str:
+        d = self.model_dirs.get(model, self.default_dir)
+        if d is None:
+            raise TokenizationError(f"no tokenizer configured for model {model!r}")
+        return d
+
     def tokenizer(self, model: str) -> Any:
+        """Synchronous access for tools and tests; request paths use `_tokenizer` (never loads on the loop)."""
         tok = self._tok.get(model)
         if tok is None:
-            d = self.model_dirs.get(model, self.default_dir)
-            if d is None:
-                raise TokenizationError(f"no tokenizer configured for model {model!r}")
-            tok = self._load(d, model)
+            tok = self._tok[model] = self._load(self._dir(model), model)
+        return tok
+
+    async def _tokenizer(self, model: str) -> Any:
+        """The model's tokenizer; a first load (seconds) runs on the tokenizer thread, queued behind `warm()`,
+        so a request for a model that was not preloaded never blocks the event loop."""
+        tok = self._tok.get(model)
+        if tok is None:
+            d = self._dir(model)
+            tok = await asyncio.get_running_loop().run_in_executor(self._executor, self._load, d, model)
             self._tok[model] = tok
         return tok
 
@@ -136,7 +150,7 @@ class HFBackend:
             self._offloaded -= 1
 
     async def completion(self, model: str, prompt: str) -> list[int]:
-        tok = self.tokenizer(model)
+        tok = await self._tokenizer(model)
         # vLLM's completions API encodes with add_special_tokens=True
         ids = await self._run(len(prompt), lambda: tok(prompt, add_special_tokens=True)["input_ids"])
         return list(ids)
@@ -158,7 +172,7 @@ class HFBackend:
         tools: list[dict[str, Any]] | None,
         media: bool,
     ) -> list[int]:
-        tok = self.tokenizer(model)
+        tok = await self._tokenizer(model)
         template = self.chat_template or tok.chat_template
         if not isinstance(template, str):
             raise TokenizationError(f"the tokenizer for {model!r} has no chat template")
@@ -180,9 +194,9 @@ class HFBackend:
         except Exception as e:
             raise TokenizationError(f"chat template failed for {model!r}: {e}") from None
 
-    def check_media(self, model: str) -> None:
+    async def check_media(self, model: str) -> None:
         """Raise unless this model's template renders image parts and its tokenizer has the Qwen2-VL pad token."""
-        tok = self.tokenizer(model)
+        tok = await self._tokenizer(model)
         template = self.chat_template or tok.chat_template
         if not isinstance(template, str) or content_format(template) != "openai":
             raise TokenizationError(f"the chat template of {model!r} renders no image parts: use the renderer")
@@ -190,9 +204,15 @@ class HFBackend:
         if not isinstance(pad, int) or pad == tok.unk_token_id:
             raise TokenizationError(f"the tokenizer for {model!r} has no <|image_pad|> token: use the renderer")
 
-    def vision(self, model: str) -> VisionConfig:
-        """The image processor settings of the model's directory (preprocessor_config.json)."""
-        return VisionConfig.from_dir(self.model_dirs.get(model, self.default_dir))
+    async def vision(self, model: str) -> VisionConfig:
+        """The image processor settings of the model's directory (preprocessor_config.json), read once per
+        model on the tokenizer thread (no file read on the event loop per request)."""
+        got = self._vision.get(model)
+        if got is None:
+            d = self.model_dirs.get(model, self.default_dir)
+            got = await asyncio.get_running_loop().run_in_executor(self._executor, VisionConfig.from_dir, d)
+            self._vision[model] = got
+        return got
 
     async def chat_media(
         self,
@@ -204,7 +224,7 @@ class HFBackend:
     ) -> tuple[list[int], list[tuple[int, int]]]:
         """Render with image parts, then repeat each image's pad token as vLLM's Qwen2-VL processor does: the ids
         and each image's placeholder (offset, length), in order."""
-        tok = self.tokenizer(model)
+        tok = await self._tokenizer(model)
         pad = tok.convert_tokens_to_ids("<|image_pad|>")
         if not isinstance(pad, int) or pad == tok.unk_token_id:
             raise TokenizationError(f"the tokenizer for {model!r} has no <|image_pad|> token: use the renderer")
@@ -442,8 +462,8 @@ class PromptTokenizer:
             if chat_media is None:
                 raise TokenizationError("multimodal content needs the model server's renderer (tokenizer type vllm)")
             refs = media_refs(msgs)
-            self.backend.check_media(model)  # type: ignore[attr-defined]  # before any decode or fetch
-            vision: VisionConfig = self.backend.vision(model)  # type: ignore[attr-defined]
+            await self.backend.check_media(model)  # type: ignore[attr-defined]  # before any decode or fetch
+            vision: VisionConfig = await self.backend.vision(model)  # type: ignore[attr-defined]
             images = [await self._image(ref, mm_model_id or model) for ref in refs]
             counts = [vision.image_tokens(w, h) for _, w, h in images]
             ids, ranges = await chat_media(model, msgs, kw, tool_list, counts)

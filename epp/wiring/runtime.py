@@ -38,6 +38,8 @@ class Runtime:
     sources: list[EndpointSource]
     # Long-running coroutines (scrapers, event pools...) the server starts and cancels on shutdown.
     background: list[BackgroundTask] = field(default_factory=list)
+    # Startup loads (tokenizers): readiness waits until every one has finished (or failed, logged).
+    warmups: list[BackgroundTask] = field(default_factory=list)
     objectives: ObjectiveStore = field(default_factory=ObjectiveStore)
     pipeline: Pipeline | None = None
     scraper: MetricsScraper | None = None
@@ -126,6 +128,7 @@ def build_runtime(config: EppConfig, *, sources: list[EndpointSource] | None = N
         director=director,
         sources=sources,
         background=background,
+        warmups=list(context.services.warmups) if isinstance(context.services, EppServices) else [],
         objectives=objectives,
         pipeline=pipeline,
         scraper=scraper,

@@ -18,11 +18,14 @@ class EppServices:
         self._background = background
         self.kv: KVCacheService | None = None
         self.tokenizers: list[PromptTokenizer] = []
+        # Startup loads (tokenizers) the server runs at once and waits for before it reports ready: a request
+        # must never be the one that loads a tokenizer, and the load must never run on the event loop.
+        self.warmups: list[BackgroundTask] = []
 
     def tokenizer(self, params: Params) -> Tokenizer:
         tok = tokenizer_from_params(params)
         self.tokenizers.append(tok)
-        self._background.append(tok.warm)  # preload at startup, not on the first request
+        self.warmups.append(tok.warm)
         return tok
 
     def kv_cache(self, params: Params) -> KVCacheIndex:

@@ -185,7 +185,8 @@ async def test_plugin_registers_pool_and_follows_datastore() -> None:
     assert isinstance(tok, TokenProducer) and isinstance(tok.tokenizer, PromptTokenizer)
     assert [p.name for p in rig.pipeline.producers] == ["token-producer", "kv", "p"]
     # one event-pool task and one tokenizer preload, whatever number of plugins share them
-    assert rig.ctx.background == [rig.svc.pool.run, tok.tokenizer.warm]
+    assert rig.ctx.background == [rig.svc.pool.run]
+    assert rig.ctx.services.warmups == [tok.tokenizer.warm]  # type: ignore[attr-defined]
     task = asyncio.create_task(rig.ctx.background[0]())
     try:
         await rig.svc.pool.started()
@@ -235,7 +236,8 @@ async def test_block_size_learned_from_scraped_cache_config() -> None:
     assert match.total_blocks == len(tokens(req2)) // 32
     tok = rig.pipeline.plugins["token-producer"]
     assert isinstance(tok, TokenProducer) and isinstance(tok.tokenizer, PromptTokenizer)
-    assert rig.ctx.background == [tok.tokenizer.warm]  # events disabled: no pool task, only the tokenizer preload
+    assert rig.ctx.background == []  # events disabled: no pool task
+    assert rig.ctx.services.warmups == [tok.tokenizer.warm]  # type: ignore[attr-defined]  # the tokenizer preload
 
 
 def test_token_producer_llmd_style_vllm_backend() -> None:

@@ -529,6 +529,43 @@ async def test_readiness_waits_for_sync() -> None:
         await server.stop()
 
 
+async def test_readiness_waits_for_the_tokenizer_warm_up() -> None:
+    """A synced datastore is not enough: the server is ready only once its startup loads (tokenizers) finished,
+    so no request is the one that loads a tokenizer."""
+    ds = Datastore()
+    ds.synced = True
+    loaded = asyncio.Event()
+
+    async def warm() -> None:
+        await loaded.wait()
+
+    runtime = Runtime(
+        config=parse_config(""), datastore=ds, director=RoundRobinDirector(ds), sources=[], warmups=[warm]
+    )
+    registry = CollectorRegistry()
+    opts = ServeOptions(bind_address="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0)
+    server = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.ports['health']}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+
+            async def ready() -> bool:
+                r = await stub.Check(health_pb2.HealthCheckRequest(service="readiness"))
+                return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
+
+            await asyncio.sleep(0.2)  # several readiness polls with the warm-up still running
+            assert not await ready()
+            loaded.set()
+            for _ in range(100):
+                if await ready():
+                    break
+                await asyncio.sleep(0.02)
+            assert await ready()
+    finally:
+        await server.stop()
+
+
 async def test_graceful_stop_drains_in_flight_stream(epp: Harness) -> None:
     call = epp.stub.Process()
     await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 2)

@@ -93,11 +93,13 @@ async def test_precise_plugin_schedules_the_preload() -> None:
     from epp.datalayer.datastore import Datastore
     from epp.wiring import build_pipeline, plugin_context
 
-    # The precise producer asks for a token-producer; the tokenizer it builds is preloaded in the background.
+    # The precise producer asks for a token-producer; the tokenizer it builds is preloaded at startup (a warm-up the
+    # server waits for before it reports ready).
     ctx = plugin_context(Datastore())
     cfg = parse_config("plugins: [{type: precise-prefix-cache-scorer, parameters: {kvEventsConfig: {enabled: false}}}]")
     build_pipeline(cfg, ctx)
-    warms = [b for b in ctx.background if getattr(b, "__name__", "") == "warm"]
+    assert not [b for b in ctx.background if getattr(b, "__name__", "") == "warm"]
+    warms = [b for b in ctx.services.warmups if getattr(b, "__name__", "") == "warm"]  # type: ignore[attr-defined]
     assert len(warms) == 1
     await warms[0]()
 
