@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from epp.framework.params import Params
+from epp.tokenization.multimodal import HASH_ALGORITHMS
 from epp.tokenization.prompt import HFBackend, HTTPBackend, PromptTokenizer, RenderBackend
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,14 @@ def tokenizer_from_params(params: Params) -> PromptTokenizer:
             "type", "must be hf (a local tokenizer), vllm (the model server's render API) or tokenize (its /tokenize)"
         )
     size = cfg.int("cacheSize", 1024, min=1)
+    # Multimodal: vLLM's --mm-hasher-algorithm, and llm-d's mmTimeout (a render with media; our own image fetches)
+    algorithm = cfg.str("mmHashAlgorithm", "blake3", choices=HASH_ALGORITHMS)
+    mm_timeout = cfg.duration("mmTimeout", vllm.duration("mmTimeout", 30.0))
     if kind in (*_HTTP_TYPES, *_RENDER_TYPES):
         url = cfg.optional_str("url") or vllm.optional_str("url") or "http://localhost:8000"
         timeout = cfg.duration("timeout", vllm.duration("timeout", 5.0))
-        remote = RenderBackend(url, timeout) if kind in _RENDER_TYPES else HTTPBackend(url, timeout)
-        return PromptTokenizer(remote, size)
+        remote = RenderBackend(url, timeout, mm_timeout) if kind in _RENDER_TYPES else HTTPBackend(url, timeout)
+        return PromptTokenizer(remote, size, algorithm, mm_timeout)
     template = cfg.optional_str("chatTemplate")
     if template is not None and "{" not in template:  # a file, as vLLM's --chat-template accepts
         try:
@@ -80,4 +84,4 @@ def tokenizer_from_params(params: Params) -> PromptTokenizer:
         default_dir = str(qwen25_tokenizer_dir())
     dirs = {str(k): str(v) for k, v in models.items()}
     backend = HFBackend(dirs, default_dir, cfg.int("offloadChars", 4096, min=0), chat_template=template)
-    return PromptTokenizer(backend, size)
+    return PromptTokenizer(backend, size, algorithm, mm_timeout)

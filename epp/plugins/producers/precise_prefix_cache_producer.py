@@ -139,8 +139,9 @@ class PrecisePrefixCacheProducer(Plugin):
             return
         index = self.index
         salt = request.body.get("cache_salt")
+        mm = [(f.hash, f.offset, f.length) for f in prompt.mm_features] if prompt.mm_features else ()
         keys = index.request_keys(
-            prompt.token_ids, request.target_model, endpoints, salt if isinstance(salt, str) else None
+            prompt.token_ids, request.target_model, endpoints, salt if isinstance(salt, str) else None, mm
         )
         if not keys:
             return

@@ -29,6 +29,7 @@ from epp.framework import (
 from epp.plugins.producers._estimate import EstimateBackend, estimators_from_params
 
 log = logging.getLogger(__name__)
+_MM_KWARGS = ("mm_processor_kwargs", "media_io_kwargs")
 
 
 class TokenProducer(Plugin):
@@ -69,7 +70,8 @@ class TokenProducer(Plugin):
         if TOKENIZED_PROMPT in request.data:
             return
         if request.token_ids is not None:  # pre-tokenized (/inference/v1/generate, SGLang, gRPC): nothing to do
-            request.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(request.token_ids), request.mm_features))
+            feats = sorted(request.mm_features, key=lambda f: f.offset) if request.mm_features else None
+            request.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(request.token_ids), feats))
             return
         if self.estimator is not None:
             estimated = self.estimator.estimate(request)
@@ -79,15 +81,20 @@ class TokenProducer(Plugin):
         tokenizer = self.tokenizer
         if tokenizer is None:
             return
+        if request.messages is not None and any(k in request.body for k in _MM_KWARGS):
+            # vLLM folds these into every item's mm hash (and the processor's placeholder count): not reproduced
+            log.info("request %s: not tokenized, no prefix score: %s set", request.request_id, "/".join(_MM_KWARGS))
+            return
         try:
-            toks = await tokenizer.tokenize(
+            prompt = await tokenizer.tokenize_prompt(
                 self.model_name or request.target_model,
                 prompt=request.prompt if request.messages is None else None,
                 messages=request.messages,
                 chat_template_kwargs=request.chat_template_kwargs,
                 tools=request.tools,
+                mm_model_id=self.model_name,
             )
         except TokenizationError as e:
             log.info("request %s: not tokenized, no prefix score: %s", request.request_id, e)
             return
-        request.data.put(TOKENIZED_PROMPT, TokenizedPrompt(toks))
+        request.data.put(TOKENIZED_PROMPT, prompt)
