@@ -132,8 +132,19 @@ def test_cache_key_is_unambiguous_and_stable() -> None:
     msgs = [{"role": "user", "content": "hi\nthere é \ud800"}]  # a lone surrogate is a prompt like any other
     assert key("m", "chat", [msgs, {}, None]) == key("m", "chat", [[dict(msgs[0])], {}, None])
     distinct = [
-        ["ab"], ["a", "b"], {"a": "b"}, ["a", "b", None], [True], [1], [1.0], ["1"], [[]], [{}], [None],
-        [{"role": "user", "content": "x"}], [{"content": "x", "role": "user"}],  # key order renders: distinct
+        ["ab"],
+        ["a", "b"],
+        {"a": "b"},
+        ["a", "b", None],
+        [True],
+        [1],
+        [1.0],
+        ["1"],
+        [[]],
+        [{}],
+        [None],
+        [{"role": "user", "content": "x"}],
+        [{"content": "x", "role": "user"}],  # key order renders: distinct
         [{"role": "user", "content": [{"type": "text", "text": "x"}]}],
     ]
     keys = [key("m", "chat", [c, {}, None]) for c in distinct]
