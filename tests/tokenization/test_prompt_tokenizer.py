@@ -131,7 +131,7 @@ def test_cache_key_is_unambiguous_and_stable() -> None:
     key = PromptTokenizer._key
     msgs = [{"role": "user", "content": "hi\nthere é \ud800"}]  # a lone surrogate is a prompt like any other
     assert key("m", "chat", [msgs, {}, None]) == key("m", "chat", [[dict(msgs[0])], {}, None])
-    distinct = [
+    distinct: list[object] = [
         ["ab"],
         ["a", "b"],
         {"a": "b"},
