@@ -107,7 +107,12 @@ def test_hostile_shapes_get_a_decision_or_a_json_4xx(tmp_path: Path) -> None:
         assert post("/v1/chat/completions", chat).status == 200
 
     try:
-        # Many headers, and long ones, within Envoy's limits (60 KiB, 100 headers): routed.
+        # Headers within Envoy's limits (100 headers, 60 KiB) that the EPP's routing headers push over them: Envoy
+        # refuses the mutation; a JSON 431 (it was a 503 that blamed nothing).
+        r = post("/v1/chat/completions", chat, {f"x-h{i}": "v" for i in range(95)})
+        err = json.loads(r.body)["error"]
+        assert (r.status, err["code"], err["type"]) == (431, 431, "RequestHeaderFieldsTooLarge"), r.body[:300]
+        # Many headers, and long ones, within Envoy's limits with room for the EPP's: routed.
         many = {f"x-h{i}": "v" * 500 for i in range(80)}
         r, took["80 headers of 500 B"] = _timed(lambda: post("/v1/chat/completions", chat, many))
         assert r.status == 200, r.body[:200]
@@ -127,17 +132,21 @@ def test_hostile_shapes_get_a_decision_or_a_json_4xx(tmp_path: Path) -> None:
         responses = {"model": "m", "input": "hi", "tools": [rtool] * 20_000, "max_output_tokens": 1}
         r, took["responses, 20k tools"] = _timed(lambda: post("/v1/responses", responses))
         assert r.status == 200, r.body[:200]
-        # Content parts nested as deep as allowed, one level deeper, and very many of them (Messages API).
-        nested: object = "x"
-        for _ in range(120):
-            nested = [{"type": "text", "text": "x", "content": nested}]
-        msg = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": nested}]}
+
+        # Content parts nested deep (each wrap is a list and an object: 2 JSON levels; the message adds 3 more):
+        # 62 wraps stay within the 128-level limit, 63 do not; and very many parts side by side (Messages API).
+        def wrapped(n: int) -> object:
+            nested: object = "x"
+            for _ in range(n):
+                nested = [{"type": "text", "text": "x", "content": nested}]
+            return nested
+
+        msg = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": wrapped(62)}]}
         r = post("/v1/messages", msg)
-        assert r.status in (200, 400), (r.status, r.body[:200])
-        for _ in range(10):
-            nested = [{"type": "text", "text": "x", "content": nested}]
-        r = post("/v1/messages", {**msg, "messages": [{"role": "user", "content": nested}]})
+        assert r.status == 200, (r.status, r.body[:200])
+        r = post("/v1/messages", {**msg, "messages": [{"role": "user", "content": wrapped(63)}]})
         assert r.status == 400 and json.loads(r.body)["type"] == "error", (r.status, r.body[:200])
+        assert "nests deeper than 128 levels" in r.body.decode()
         parts = [{"type": "text", "text": "x"}] * 200_000
         r, took["messages, 200k content parts"] = _timed(
             lambda: post("/v1/messages", {**msg, "messages": [{"role": "user", "content": parts}]})
