@@ -21,7 +21,7 @@ class Health:
     def __init__(self) -> None:
         self.servicer = health.aio.HealthServicer()
         self.ready = False
-        self.draining_ = False
+        self.is_draining = False
 
     async def start(self) -> None:
         await self.servicer.set(LIVENESS, SERVING)
@@ -29,7 +29,7 @@ class Health:
             await self.servicer.set(name, NOT_SERVING)
 
     async def set_ready(self, ready: bool) -> None:
-        if self.draining_:
+        if self.is_draining:
             return
         self.ready = ready
         for name in READY_SERVICES:
@@ -38,7 +38,7 @@ class Health:
     async def draining(self) -> None:
         """The drain window: everything but liveness NOT_SERVING (Kubernetes takes the pod out of the endpoints;
         liveness stays SERVING so it is not restarted mid-drain), for good."""
-        self.draining_ = True
+        self.is_draining = True
         self.ready = False
         for name in READY_SERVICES:
             await self.servicer.set(name, NOT_SERVING)

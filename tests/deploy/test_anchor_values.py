@@ -9,6 +9,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+import helm_python
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -16,13 +17,14 @@ import yaml
 
 from epp.config import ConfigError, parse_config
 from epp.datalayer.datastore import Datastore
+from epp.server.goflags import FlagError
 from epp.server.options import parse_options
 from epp.wiring import plugin_context, register_builtins
 from epp.wiring.builder import build_pipeline
 from tests.deploy.test_helm_chart import KUBE_VERSION, by_kind, crd_schemas, one, render
 
 VALUES = Path(__file__).parent / "anchor_values"
-CORE = {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ClusterRole",
+CORE = {"Deployment", "StatefulSet", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ClusterRole",
         "ClusterRoleBinding", "Secret"}  # fmt: skip
 # Provider custom resources (GKE Gateway, GKE managed Prometheus, Istio): their CRDs are not installed here.
 PROVIDER_KINDS = {"HealthCheckPolicy", "GCPBackendPolicy", "PodMonitoring", "DestinationRule", "HTTPRoute",
@@ -126,6 +128,11 @@ CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "router-gw-gke": (ROUTER_GW, gw(("provider.name", "gke"))),
     "router-gw-multiple-replicas": (ROUTER_GW, gw(("router.replicas", 3))),
     "router-gw-latency-predictor": (ROUTER_GW, gw((f"router.{LATENCY}", True))),
+    # the gateway chart's documented provider.gke.preferredBackends (values.yaml), switched on
+    "router-gw-gke-preferred-backends": (
+        ROUTER_GW,
+        gw(("provider.name", "gke"), ("provider.gke.preferredBackends.enabled", True), ("router.epp.replicas", 3)),
+    ),
     # llm-d-router hack/verify-helm.sh: the llm-d-router-standalone cases
     "router-sa-basic": (ROUTER_SA, sa()),
     "router-sa-gke": (ROUTER_SA, sa(("provider.name", "gke"))),
@@ -158,13 +165,79 @@ CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
 }
 
 
+def has_labels(values: dict[str, Any]) -> bool:
+    router = values.get("router") or {}
+    return bool(((router.get("modelServers") or {}).get("matchLabels")) or
+                ((values.get("inferencePool") or {}).get("modelServers") or {}).get("matchLabels"))  # fmt: skip
+
+
+def guide_cases() -> dict[str, tuple[list[str], dict[str, Any]]]:
+    """llm-d's guides install their router values over recipes/router/base.values.yaml, with the standalone chart or
+    the gateway chart (`--set provider.name=... --set httpRoute.create=true`); the older scheduler/ and manifests/
+    values go to GIE's inferencepool chart (scheduler/ over recipes/scheduler/base.values.yaml)."""
+    base = "llm-d__guides__recipes__router__base.values.yaml"
+    gateway = sets(("provider.name", "gke"), ("httpRoute.create", True),
+                   ("httpRoute.inferenceGatewayName", "llm-d-inference-gateway"))  # fmt: skip
+    out: dict[str, tuple[list[str], dict[str, Any]]] = {}
+    for path in sorted(VALUES.glob("llm-d*__guides__*.yaml")):
+        name = path.name
+        if name in GUIDE_LAYERS:
+            continue
+        top = yaml.safe_load(path.read_text()) or {}
+        if "router" in top or "httpRoute" in top:
+            files_sa, files_gw = [*ROUTER_SA, base, name], [*ROUTER_GW, base, name]
+            if "__features__" in name or "__leaf." in name:  # features (and the multi-cluster leaf) layer over a guide
+                guide = "llm-d__guides__optimized-baseline__router.values.yaml"
+                files_sa, files_gw = [*ROUTER_SA, base, guide, name], [*ROUTER_GW, base, guide, name]
+            for kind, files, extra in (("sa", files_sa, {}), ("gw", files_gw, gateway)):
+                labels = {} if has_labels(layered(*files)) else ROUTER_LABELS
+                out[f"guide-{kind}:{name}"] = (files, deep_merge(labels, extra))
+        else:
+            files = [*GIE_POOL, name]
+            if "__scheduler__" in name:
+                files = [*GIE_POOL, "llm-d__guides__recipes__scheduler__base.values.yaml", name]
+            out[f"guide-gie:{name}"] = (files, {} if has_labels(layered(*files)) else POOL_LABELS)
+    return out
+
+
+AGW_GUIDE = [
+    *ROUTER_SA,
+    "llm-d__guides__recipes__router__base.values.yaml",
+    "llm-d__guides__optimized-baseline__router.values.yaml",
+    "llm-d__guides__optimized-baseline__router__optimized-baseline-agentgateway.values.yaml",
+    "llm-d__guides__recipes__router__features__agentgateway-proxy.values.yaml",
+]
+# Files that only layer under others (covered by the cases that use them).
+GUIDE_LAYERS = {
+    "llm-d__guides__recipes__router__base.values.yaml",
+    "llm-d__guides__recipes__scheduler__base.values.yaml",
+    *AGW_GUIDE[-2:],
+}
+CASES.update(guide_cases())
+# The optimized-baseline guide's agentgateway variant (its README: standalone chart, proxyType=agentgateway).
+CASES["guide-sa:optimized-baseline-agentgateway"] = (AGW_GUIDE, sets(AGW, ("router.inferencePool.create", False)))
+
+# Cases the chart refuses to render, with the reason (docs/compatibility.md).
+RENDER_REFUSED = {
+    # llm-d's older recipe pins the pre-GA InferencePool API; both anchors' charts render only the GA v1 pool.
+    "guide-gie:llm-d__guides__recipes__inferencepool__inferencepool-pd.values.yaml": "v1alpha2 is not rendered",
+}
+
+# Cases whose rendered args `epp serve` refuses, as the anchor's EPP does, with the reason (docs/compatibility.md).
+ARGS_REFUSED = {
+    # GIE v1.5's EPP took the per-metric flags; llm-d-router v0.10 (and pyepp) reject them for engineConfigs.
+    "guide-gie:llm-d__guides__wide-ep-lws__manifests__inferencepool.values.yaml": "kv-cache-usage-percentage-metric",
+}
+
+
 def rendered(case: str) -> list[dict[str, Any]]:
     files, extra = CASES[case]
     return render(layered(*files, extra=extra), name="qwen-pool", namespace="llm")
 
 
 def epp_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (dep,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-epp")]
+    """The EPP's workload: a Deployment, or a StatefulSet with GKE preferred backends."""
+    (dep,) = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"].endswith("-epp")]
     return dep
 
 
@@ -222,10 +295,14 @@ def test_every_values_file_is_used_and_sourced() -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_anchor_values_render_and_validate(case: str) -> None:
+    if case in RENDER_REFUSED:
+        with pytest.raises(helm_python.HelmError, match=RENDER_REFUSED[case]):
+            rendered(case)
+        return
     docs = rendered(case)
     schemas = crd_schemas()
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "Service", "ConfigMap"} <= kinds
+    assert {"Service", "ConfigMap"} <= kinds and ({"Deployment", "StatefulSet"} & kinds)
     for d in docs:
         assert d.get("apiVersion") and d.get("metadata", {}).get("name"), d
         if d["kind"] in CORE:
@@ -237,6 +314,10 @@ def test_anchor_values_render_and_validate(case: str) -> None:
     # The container args parse with `epp serve`'s flags (the same parser the binary uses).
     args = container_args(docs)
     assert args[0] == "serve"
+    if case in ARGS_REFUSED:
+        with pytest.raises(FlagError, match=ARGS_REFUSED[case]):
+            parse_options(args[1:])
+        return
     opts = parse_options(args[1:])
     if by_kind(docs, "InferencePool"):
         assert opts.pool_name == "qwen-pool" and opts.pool_namespace == "llm"
@@ -244,7 +325,8 @@ def test_anchor_values_render_and_validate(case: str) -> None:
         assert one(docs, "InferencePool")["spec"]["selector"]["matchLabels"]
     else:  # standalone: the EPP selects the pods itself
         assert opts.pool_name in ("", None) and opts.endpoint_selector and opts.endpoint_target_ports
-    assert opts.zap_encoder == "json" and opts.tracing is False
+    tracing = (layered(*CASES[case][0], extra=CASES[case][1]).get("router") or {}).get("tracing") or {}
+    assert opts.zap_encoder == "json" and opts.tracing is bool(tracing.get("enabled"))
     # The config file the args point at is in the ConfigMap and builds here (unless the corpus test lists that very
     # config as an exception, with its reason).
     name, text = config_file(docs)
