@@ -180,6 +180,16 @@ class HFBackend:
         except Exception as e:
             raise TokenizationError(f"chat template failed for {model!r}: {e}") from None
 
+    def check_media(self, model: str) -> None:
+        """Raise unless this model's template renders image parts and its tokenizer has the Qwen2-VL pad token."""
+        tok = self.tokenizer(model)
+        template = self.chat_template or tok.chat_template
+        if not isinstance(template, str) or content_format(template) != "openai":
+            raise TokenizationError(f"the chat template of {model!r} renders no image parts: use the renderer")
+        pad = tok.convert_tokens_to_ids("<|image_pad|>")
+        if not isinstance(pad, int) or pad == tok.unk_token_id:
+            raise TokenizationError(f"the tokenizer for {model!r} has no <|image_pad|> token: use the renderer")
+
     def vision(self, model: str) -> VisionConfig:
         """The image processor settings of the model's directory (preprocessor_config.json)."""
         return VisionConfig.from_dir(self.model_dirs.get(model, self.default_dir))
@@ -432,6 +442,7 @@ class PromptTokenizer:
             if chat_media is None:
                 raise TokenizationError("multimodal content needs the model server's renderer (tokenizer type vllm)")
             refs = media_refs(msgs)
+            self.backend.check_media(model)  # type: ignore[attr-defined]  # before any decode or fetch
             vision: VisionConfig = self.backend.vision(model)  # type: ignore[attr-defined]
             images = [await self._image(ref, mm_model_id or model) for ref in refs]
             counts = [vision.image_tokens(w, h) for _, w, h in images]
