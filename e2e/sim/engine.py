@@ -93,6 +93,7 @@ class Engine:
         self.prefilling = 0  # requests computing their prefill right now (they slow this engine's decodes)
         self._prefill_lock = asyncio.Lock()  # FIFO: the shared prefill of prefill_tokens_per_second mode
         self._chunk_tokens = 0  # chunked prefill: prefill tokens in each step of the prefill being computed
+        self._prefill_queue = 0  # requests waiting for or computing the shared prefill (not decoding yet)
         self._next_block_id = 0
 
     # --- events -----------------------------------------------------------------------------------------
@@ -159,24 +160,28 @@ class Engine:
     async def _prefill(self, req: SimRequest, queued: float) -> None:
         cfg = self.cfg
         if cfg.prefill_tokens_per_second > 0:
-            async with self._prefill_lock:  # waiting for the lock is not computing: no interference
-                # the prefills ahead of this one may have computed part of its prompt: it is looked up again
-                assert req.alloc is not None
-                self.kv.extend_hit(req.alloc, len(req.prompt_ids))
-                req.cached_tokens = req.alloc.hit_blocks * cfg.block_size
-                uncached = self._hit(req, queued)
-                t = cfg.prefill_overhead + uncached / cfg.prefill_tokens_per_second
-                budget = cfg.max_num_batched_tokens
-                if budget > 0:
-                    self._chunk_tokens = min(budget, uncached)
-                    if len(self.running) > 1:  # each step also computes the running decodes' tokens
-                        t += -(-uncached // budget) * cfg.inter_token_latency * self.load_factor()
-                self.prefilling += 1
-                try:
-                    await asyncio.sleep(t * cfg.time_scale)
-                finally:
-                    self.prefilling -= 1
-                    self._chunk_tokens = 0
+            self._prefill_queue += 1
+            try:
+                async with self._prefill_lock:  # waiting for the lock is not computing: no interference
+                    # the prefills ahead of this one may have computed part of its prompt: it is looked up again
+                    assert req.alloc is not None
+                    self.kv.extend_hit(req.alloc, len(req.prompt_ids))
+                    req.cached_tokens = req.alloc.hit_blocks * cfg.block_size
+                    uncached = self._hit(req, queued)
+                    t = cfg.prefill_overhead + uncached / cfg.prefill_tokens_per_second
+                    budget = cfg.max_num_batched_tokens
+                    if budget > 0:
+                        self._chunk_tokens = min(budget, uncached)
+                        if len(self.running) > self._prefill_queue:  # each step also computes the decodes' tokens
+                            t += -(-uncached // budget) * cfg.inter_token_latency * self.load_factor()
+                    self.prefilling += 1
+                    try:
+                        await asyncio.sleep(t * cfg.time_scale)
+                    finally:
+                        self.prefilling -= 1
+                        self._chunk_tokens = 0
+            finally:
+                self._prefill_queue -= 1
             return
         uncached = self._hit(req, queued)
         t = (cfg.prefill_overhead + uncached * cfg.prefill_time_per_token) * self.load_factor()
