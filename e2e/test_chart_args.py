@@ -16,7 +16,7 @@ import pytest
 from e2e.harness.ports import free_ports
 from e2e.harness.procs import EppPorts, EppProcess
 from tests.deploy.test_anchor_values import CASES, config_file, container_args, layered
-from tests.deploy.test_helm_chart import one, render
+from tests.deploy.test_helm_chart import by_kind, render
 from tests.fakekube.server import INFERENCE_POOLS, PODS, FakeKube, inference_pool, pod
 from tests.fakekube.testing import write_kubeconfig
 
@@ -31,21 +31,41 @@ def status(url: str) -> int:
         return e.code
 
 
-@pytest.mark.parametrize("case", ["gie-inferencepool", "llm-d-router-gateway", "guide-flow-control"])
+STARTED = [
+    "gie-inferencepool",
+    "llm-d-router-gateway",
+    "guide-flow-control",
+    # standalone (--endpoint-selector, no InferencePool), with the proxy/sidecar beside the EPP
+    "router-sa-basic",
+    "gie-standalone-no-pool",
+    # the anchors' latency-predictor profile in the default config (GIE's variant), GKE managed Prometheus
+    "gie-site-latency-predictor",
+    # perf configs: random picker + passthrough parser; precise prefix with the tokenizer sidecar's /render backend
+    "perf-random-passthrough",
+    "perf-precise-prefix",
+]
+
+
+@pytest.mark.parametrize("case", STARTED)
 async def test_rendered_container_args_start_epp_serve(case: str, tmp_path: Path) -> None:
     files, extra = CASES[case]
     docs = render(layered(*files, extra=extra), name="qwen-pool", namespace="llm")
     args = container_args(docs)
     name, text = config_file(docs)
     (tmp_path / name).write_text(text)
-    pool = one(docs, "InferencePool")
+    pools = by_kind(docs, "InferencePool")
+    labels = pools[0]["spec"]["selector"]["matchLabels"] if pools else {"app": "vllm-qwen"}
     kube = FakeKube()
     await kube.start()
     try:
-        obj: dict[str, Any] = inference_pool("qwen-pool", pool["spec"]["selector"]["matchLabels"], [8000])
-        obj["metadata"]["namespace"] = "llm"
-        kube.create(INFERENCE_POOLS, obj, "llm")
-        kube.create(PODS, pod("m1", "127.0.0.9", pool["spec"]["selector"]["matchLabels"]), "llm")
+        if pools:
+            obj: dict[str, Any] = inference_pool("qwen-pool", labels, [8000])
+            obj["metadata"]["namespace"] = "llm"
+            kube.create(INFERENCE_POOLS, obj, "llm")
+        else:
+            assert any(a.startswith("--endpoint-selector=app=vllm-qwen") for a in args)
+            args.append("--pool-namespace=llm")  # in the pod: $NAMESPACE
+        kube.create(PODS, pod("m1", "127.0.0.9", labels), "llm")
         # The rendered args as they are; the test only moves the config file (mounted at /config in the pod), the
         # ports (9002/9003/9090 may be taken here) and the API server's address.
         argv = [a.replace("/config/", f"{tmp_path}/") for a in args[1:]]

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.harness.http import metric_value, post_json
+from e2e.harness.http import metric_value, post_json, post_json_lines
+from e2e.harness.ports import free_ports
 from e2e.harness.sidecar import SidecarProcess, start_sidecar
 from e2e.harness.stack import Stack, start_stack
 from e2e.sim.launch import SimProcess, start_simulators
@@ -169,8 +170,6 @@ def test_sidecar_refuses_bad_prefillers_directly(pd: PD) -> None:
 def test_dead_prefiller_falls_back_to_local_prefill(pd: PD) -> None:
     c = pd.sidecars[1]
     body = {"model": QWEN25_MODEL, "messages": [{"role": "user", "content": LONG + " dead"}], "max_tokens": 3}
-    from e2e.harness.ports import free_ports
-
     (dead,) = free_ports(1)  # nothing listens there
     t0 = time.monotonic()
     r = post_json(c.url + "/v1/chat/completions", body, headers={"x-prefiller-host-port": f"127.0.0.1:{dead}"})
@@ -192,6 +191,50 @@ def test_slow_prefiller_times_out_and_falls_back(pd: PD) -> None:
         post_json(slow.url + "/admin/config", {"prefill_overhead": 0.01})
     assert r.status == 200 and 4.5 < elapsed < 15  # --prefill-timeout 5s, then the local prefill
     assert metric_value(c.metrics_text(), "pd_sidecar_prefill_fallbacks_total", {"reason": "timeout"}) >= 1
+
+
+def test_prefiller_without_kv_transfer_params_falls_back(pd: PD) -> None:
+    c, odd = pd.sidecars[0], pd.prefill[1]
+    assert post_json(odd.url + "/admin/config", {"omit_kv_transfer_params": 1}).status == 200
+    try:
+        body = {"model": QWEN25_MODEL, "messages": [{"role": "user", "content": LONG + " no params"}], "max_tokens": 2}
+        r = post_json(c.url + "/v1/chat/completions", body, headers={"x-prefiller-host-port": odd.hostport})
+    finally:
+        post_json(odd.url + "/admin/config", {"omit_kv_transfer_params": 0})
+    assert r.status == 200 and r.json()["usage"]["completion_tokens"] == 2
+    reason = {"reason": "no_kv_transfer_params"}
+    assert metric_value(c.metrics_text(), "pd_sidecar_prefill_fallbacks_total", reason) >= 1
+    assert "the prefiller returned no kv_transfer_params" in c.log_text()
+
+
+def test_failing_prefiller_is_retried_then_falls_back(pd: PD, tmp_path: Path) -> None:
+    """5xx from the prefiller: `--prefill-max-retries` more attempts after `--prefill-retry-backoff`, then a local
+    prefill (counted), not an error to the client."""
+    flaky = pd.prefill[1]
+    c = start_sidecar(tmp_path, pd.decode[0].http_port, "--prefill-max-retries", "2", "--prefill-retry-backoff", "20ms")
+    assert post_json(flaky.url + "/admin/config", {"failure_rate": 1.0, "failure_status": 503}).status == 200
+    try:
+        body = {"model": QWEN25_MODEL, "messages": [{"role": "user", "content": LONG + " flaky"}], "max_tokens": 2}
+        r = post_json(c.url + "/v1/chat/completions", body, headers={"x-prefiller-host-port": flaky.hostport})
+        text = c.metrics_text()
+    finally:
+        post_json(flaky.url + "/admin/config", {"failure_rate": 0.0})
+        c.stop()
+    assert r.status == 200 and r.json()["usage"]["completion_tokens"] == 2
+    assert metric_value(text, "pd_sidecar_prefill_retries_total") == 2
+    assert metric_value(text, "pd_sidecar_prefill_fallbacks_total", {"reason": "status_5xx"}) == 1
+
+
+def test_streaming_disaggregated_request_streams_through(pd: PD) -> None:
+    before = totals(pd, "sim:remote_prefill_requests_total", pd.decode)
+    body = {"model": QWEN25_MODEL, "messages": [{"role": "user", "content": LONG + " stream it"}], "max_tokens": 12,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    status, lines = post_json_lines(pd.stack.url + "/v1/chat/completions", body)
+    assert status == 200
+    data = [line for _, line in lines if line.startswith(b"data: ")]
+    assert data[-1].strip() == b"data: [DONE]" and b'"usage"' in data[-2]
+    assert sum(b'"content"' in d for d in data) >= 12  # the role chunk + 12 tokens, as the engine sent them
+    assert totals(pd, "sim:remote_prefill_requests_total", pd.decode) == before + 1  # decoded from pulled KV
 
 
 @pytest.mark.parametrize(

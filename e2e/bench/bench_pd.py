@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import tempfile
 import time
@@ -57,12 +58,25 @@ class Summary:
     itl_p90_ms: float
     output_tok_s: float
     disaggregated: int  # requests whose prompt a prefill pod computed
+    sidecar_cpu_ms_per_req: float = 0.0  # CPU (user+system) of the sidecar processes, per request
+    sim_cpu_ms_per_req: float = 0.0  # CPU of the simulators in the setup, per request
 
     def row(self) -> str:
         return (
             f"| {self.label} | {self.ok}/{self.n} | {self.ttft_p50_ms:.0f} | {self.ttft_p90_ms:.0f} | "
-            f"{self.itl_p50_ms:.1f} | {self.itl_p90_ms:.1f} | {self.output_tok_s:.0f} | {self.disaggregated} |"
+            f"{self.itl_p50_ms:.1f} | {self.itl_p90_ms:.1f} | {self.output_tok_s:.0f} | {self.disaggregated} | "
+            f"{self.sidecar_cpu_ms_per_req:.1f} | {self.sim_cpu_ms_per_req:.1f} |"
         )
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU seconds of these processes so far (/proc/<pid>/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def workload(
@@ -165,6 +179,10 @@ def summarize(label: str, samples: list[Sample], duration: float, disaggregated:
     )
 
 
+def pids(sims: Sequence[SimProcess]) -> list[int]:
+    return [s.proc.pid for s in sims]
+
+
 def reset(sims: Sequence[SimProcess]) -> None:
     for s in sims:
         urllib.request.urlopen(urllib.request.Request(s.url + "/reset_prefix_cache", method="POST"), timeout=5)
@@ -181,15 +199,27 @@ def endpoints(prefill: Sequence[SimProcess], sidecars: Sequence[SidecarProcess],
     return "\n".join(lines) + "\n"
 
 
-def run_one(workdir: Path, config: str, reqs: list[dict[str, Any]], label: str, prefill_urls: list[str]) -> Summary:
+def run_one(
+    workdir: Path,
+    config: str,
+    reqs: list[dict[str, Any]],
+    label: str,
+    prefill_urls: list[str],
+    sidecar_pids: Sequence[int] = (),
+    sim_pids: Sequence[int] = (),
+) -> Summary:
     stack = start_stack(workdir, backends=[], config=config)
     try:
         before = metric_sum(prefill_urls, "sim:remote_decode_requests_total") if prefill_urls else 0.0
+        cpu0 = (cpu_seconds(sidecar_pids), cpu_seconds(sim_pids))
         samples, duration = asyncio.run(drive(stack.url, reqs))
+        cpu1 = (cpu_seconds(sidecar_pids), cpu_seconds(sim_pids))
         after = metric_sum(prefill_urls, "sim:remote_decode_requests_total") if prefill_urls else 0.0
     finally:
         stack.close()
     s = summarize(label, samples, duration, int(after - before))
+    s.sidecar_cpu_ms_per_req = (cpu1[0] - cpu0[0]) * 1000 / len(reqs)
+    s.sim_cpu_ms_per_req = (cpu1[1] - cpu0[1]) * 1000 / len(reqs)
     print(s.row(), flush=True)
     return s
 
@@ -220,14 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     summaries: list[Summary] = []
     with tempfile.TemporaryDirectory(prefix="bench-pd-") as tmp:
         workdir = Path(tmp)
-        print("| setup | ok | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | output tok/s | via prefill pod |")
-        print("|---|---|---|---|---|---|---|---|")
+        print(
+            "| setup | ok | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | output tok/s | via prefill pod "
+            "| sidecar CPU ms/req | sim CPU ms/req |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
         roles = ["prefill", "prefill", "decode", "decode", "both", "both", "both", "both"]
         with start_simulators(
             8, base_args=sim_args, per_sim_args=lambda i: ["--role", roles[i]], events=False, timeout=300
         ) as sims:
             prefill, decode, both = sims[:2], sims[2:4], sims[4:]
-            summaries.append(run_one(workdir, agg_base + endpoints([], [], both), reqs, "aggregated x4", []))
+            summaries.append(
+                run_one(workdir, agg_base + endpoints([], [], both), reqs, "aggregated x4", [], (), pids(both))
+            )
             sidecars = [start_sidecar(workdir, d.http_port, "--kv-connector", "nixlv2") for d in decode]
             try:
                 for threshold in [int(x) for x in a.sweep.split(",")]:
@@ -236,7 +271,17 @@ def main(argv: list[str] | None = None) -> int:
                     assert f"nonCachedTokens: {threshold}" in cfg
                     label = f"P/D 2+2, nonCachedTokens {threshold}" + (" (off)" if threshold == 0 else "")
                     cfg += endpoints(prefill, sidecars, [])
-                    summaries.append(run_one(workdir, cfg, reqs, label, [x.url for x in prefill]))
+                    summaries.append(
+                        run_one(
+                            workdir,
+                            cfg,
+                            reqs,
+                            label,
+                            [x.url for x in prefill],
+                            [c.proc.pid for c in sidecars],
+                            pids([*prefill, *decode]),
+                        )
+                    )
             finally:
                 for c in sidecars:
                     c.stop()

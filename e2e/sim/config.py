@@ -49,17 +49,24 @@ class SimConfig:
     # processed at this many tokens/s, one prefill after the other; 0: each request's prefill takes
     # prefill_overhead + uncached x prefill_time_per_token on its own (the original model).
     prefill_tokens_per_second: float = 0.0
+    # With prefill_tokens_per_second: vLLM's per-step token budget (chunked prefill); 0 = one unchunked prefill.
+    max_num_batched_tokens: int = 0
     time_scale: float = 1.0  # every modelled duration is multiplied by this (0.1 = ten times faster)
     # P/D disaggregation (llm-d roles; vLLM's NIXL connector: kv_transfer_params)
-    role: str = "both"  # llm-d.ai/role of this pod: prefill | decode | both (a label: every pod serves everything)
+    role: str = "both"  # llm-d.ai/role of this pod: prefill | decode | both | encode (every pod serves everything)
     kv_transfer_overhead: float = 0.002  # seconds per remote-prefilled request (the NIXL handshake and read)
     kv_transfer_time_per_block: float = 0.0001  # seconds per pulled block
     prefill_interference: float = 0.0  # ITL x (1 + this x prefills running on the same engine)
+    # E/P/D (e2e/sim/encode.py): the multimodal encoder stage
+    encode_time_per_item: float = 0.02  # seconds to encode one multimodal item not cached here
+    ec_transfer_time_per_item: float = 0.001  # seconds to load one from an encoder or the shared storage
+    ec_shared_storage_path: str = ""  # vLLM's ECExampleConnector directory (encode pods write, every pod reads)
     # Metrics
     legacy_gpu_cache_metric: bool = False
     # Failure injection
     failure_rate: float = 0.0  # 0..1, fraction of generation requests answered with an error
     failure_status: int = 500
+    omit_kv_transfer_params: bool = False  # a prefill for a remote decode answers without kv_transfer_params
     startup_delay: float = 0.0  # /health answers 503 (and requests 503) this long after start
     crash_after: float = 0.0  # > 0: the process exits with code 1 this many seconds after start
     kv_events_drop_rate: float = 0.0  # 0..1: share of KV events silently lost before numbering (no seq gap)
@@ -133,11 +140,15 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         default=d.prefill_tokens_per_second,
         help="> 0: shared FCFS prefill at this many uncached tokens/s per engine (0 = per-request prefill time)",
     )
+    a("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="chunked prefill step budget")
     a("--time-scale", type=float, default=d.time_scale, help="multiplies every modelled duration")
-    a("--role", choices=["prefill", "decode", "both"], default=d.role, help="llm-d.ai/role (P/D)")
+    a("--role", choices=["prefill", "decode", "both", "encode"], default=d.role, help="llm-d.ai/role (P/D, E/P/D)")
     a("--kv-transfer-overhead", type=float, default=d.kv_transfer_overhead, help="seconds per remote prefill")
     a("--kv-transfer-time-per-block", type=float, default=d.kv_transfer_time_per_block, help="seconds per block")
     a("--prefill-interference", type=float, default=d.prefill_interference, help="ITL slowdown per prefill")
+    a("--encode-time-per-item", type=float, default=d.encode_time_per_item, help="seconds per multimodal item")
+    a("--ec-transfer-time-per-item", type=float, default=d.ec_transfer_time_per_item, help="seconds per item")
+    a("--ec-shared-storage-path", default=d.ec_shared_storage_path, help="ECExampleConnector shared directory")
     a("--legacy-gpu-cache-metric", action="store_true", help="also export vllm:gpu_cache_usage_perc")
     a("--failure-rate", type=float, default=d.failure_rate, help="0..1")
     a("--failure-status", type=int, default=d.failure_status)
@@ -163,6 +174,8 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         p.error("--time-factor-under-load must be >= 1.0")
     if cfg.prefill_tokens_per_second < 0 or cfg.time_scale <= 0:
         p.error("--prefill-tokens-per-second must be >= 0 and --time-scale > 0")
+    if cfg.max_num_batched_tokens < 0:
+        p.error("--max-num-batched-tokens must be >= 0")
     if cfg.data_parallel_size < 1:
         p.error("--data-parallel-size must be >= 1")
     if cfg.block_size <= 0 or cfg.num_gpu_blocks <= 0:

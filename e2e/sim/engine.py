@@ -11,6 +11,12 @@ prefill: admitted requests prefill one after the other (FCFS) at that many uncac
 (plus prefill_overhead), so a pod that receives much uncached work builds a prefill backlog; only the
 prefill being computed counts for `prefill_interference` (decode steps slowed while prefills share the
 engine). `time_scale` multiplies every modelled duration, so a workload can be replayed time-compressed.
+
+With `max_num_batched_tokens` > 0 as well, the shared prefill is vLLM's chunked prefill step by step: each engine
+step carries at most that many prefill tokens next to the running decodes, so a prefill of N tokens takes
+ceil(N / budget) steps of (decode step + chunk / prefill_tokens_per_second), and a decode step taken while a prefill
+is computing is slowed by its chunk's compute (chunk / prefill_tokens_per_second) — the interference P/D removes,
+derived from the prefill rate instead of the `prefill_interference` factor.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ class Engine:
         self._output_ids = output_ids or [0]
         self.prefilling = 0  # requests computing their prefill right now (they slow this engine's decodes)
         self._prefill_lock = asyncio.Lock()  # FIFO: the shared prefill of prefill_tokens_per_second mode
+        self._chunk_tokens = 0  # chunked prefill: prefill tokens in each step of the prefill being computed
         self._next_block_id = 0
 
     # --- events -----------------------------------------------------------------------------------------
@@ -144,13 +151,18 @@ class Engine:
         cfg = self.cfg
         if cfg.prefill_tokens_per_second > 0:
             async with self._prefill_lock:  # waiting for the lock is not computing: no interference
+                t = cfg.prefill_overhead + uncached / cfg.prefill_tokens_per_second
+                budget = cfg.max_num_batched_tokens
+                if budget > 0:
+                    self._chunk_tokens = min(budget, uncached)
+                    if len(self.running) > 1:  # each step also computes the running decodes' tokens
+                        t += -(-uncached // budget) * cfg.inter_token_latency * self.load_factor()
                 self.prefilling += 1
                 try:
-                    await asyncio.sleep(
-                        (cfg.prefill_overhead + uncached / cfg.prefill_tokens_per_second) * cfg.time_scale
-                    )
+                    await asyncio.sleep(t * cfg.time_scale)
                 finally:
                     self.prefilling -= 1
+                    self._chunk_tokens = 0
             return
         t = (cfg.prefill_overhead + uncached * cfg.prefill_time_per_token) * self.load_factor()
         self.prefilling += 1
@@ -228,8 +240,12 @@ class Engine:
 
     def inter_token_latency(self) -> float:
         """A decode step: slower under load, and slower while prefills share the engine (chunked prefill)."""
-        interference = 1.0 + self.cfg.prefill_interference * self.prefilling
-        return self.cfg.inter_token_latency * self.load_factor() * interference
+        cfg = self.cfg
+        interference = 1.0 + cfg.prefill_interference * self.prefilling
+        step = cfg.inter_token_latency * self.load_factor() * interference
+        if self._chunk_tokens and cfg.prefill_tokens_per_second > 0:
+            step += self._chunk_tokens / cfg.prefill_tokens_per_second
+        return step
 
     async def _pull_remote_kv(self, req: SimRequest, uncached: int) -> None:
         """P/D decode: the prompt's uncached blocks come from the prefiller (a transfer, no compute); tokens the

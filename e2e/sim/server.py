@@ -22,6 +22,7 @@ from aiohttp import web
 
 from e2e.sim.apis import add_api_routes
 from e2e.sim.config import SimConfig
+from e2e.sim.encode import EncoderStage
 from e2e.sim.engine import Engine, EngineError, SimRequest
 from e2e.sim.events import KVEvent
 from e2e.sim.kvcache import LoraRef
@@ -36,7 +37,7 @@ RUNTIME_SETTABLE = {
     "prefill_overhead", "prefill_time_per_token", "inter_token_latency", "time_factor_under_load",
     "failure_rate", "failure_status", "max_num_seqs", "prefill_tokens_per_second",
     "kv_transfer_overhead", "kv_transfer_time_per_block", "prefill_interference", "num_gpu_blocks",
-    "kv_events_drop_rate", "prompt_tokens_details",
+    "kv_events_drop_rate", "omit_kv_transfer_params", "prompt_tokens_details",
 }  # fmt: skip
 
 APP_KEY: web.AppKey[Simulator] = web.AppKey("simulator")
@@ -68,6 +69,7 @@ class Simulator:
         output_ids = self.tok.encode(OUTPUT_TEXT)
         self.pieces = {i: self.tok.decode([i]) for i in output_ids}  # generated text without the tokenizer
         self.engines = [Engine(cfg, self.metrics.engine(r), output_ids, rank=r) for r in cfg.ranks]
+        self.encoder = EncoderStage(cfg, self.metrics.registry)  # E/P/D: multimodal items' encoder outputs
         self.metrics.bind(
             lambda: (
                 [(e.rank, len(e.running), len(e.waiting), e.kv.usage()) for e in self.engines],
@@ -247,6 +249,7 @@ async def _generate(request: web.Request, chat: bool, body: dict[str, Any] | Non
     ids = await _prompt(sim, body, chat)
     req = sim.sim_request(body, ids, lora, chat)
     transfer = kv_transfer_request(body, req)
+    ec_params = await sim.encoder.run(body) if chat else None
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     if body.get("stream"):
@@ -278,8 +281,10 @@ async def _generate(request: web.Request, chat: bool, body: dict[str, Any] | Non
         "choices": [choice],
         "usage": _usage(len(ids), len(out), req.cached_tokens if sim.cfg.prompt_tokens_details else None),
     }
-    if transfer:
+    if transfer and not sim.cfg.omit_kv_transfer_params:
         resp["kv_transfer_params"] = kv_transfer_response(sim, engine, req)
+    if ec_params:
+        resp["ec_transfer_params"] = ec_params
     return web.json_response(resp, headers=sim.headers())
 
 

@@ -28,10 +28,6 @@ INFLIGHT_LOAD: Final = DataKey[InFlightLoad]("inflight-load")
 # endpoint name → tokens, in `request.data`, per producer: `UNCACHED_REQUEST_TOKENS.of(<producer name>)`.
 UNCACHED_REQUEST_TOKENS: Final = DataKey[dict[str, int]]("uncached-request-tokens")
 
-# Predicted time to first token (ms) per endpoint name for this request, in `request.data`, per producer:
-# `PREDICTED_TTFT_MS.of(<predicted-latency-producer name>)`; read by prefix-cache-affinity-filter's
-# `ttftSource: latencyPredictor` load gate. An endpoint without a prediction is never the fastest.
-PREDICTED_TTFT_MS: Final = DataKey[dict[str, float]]("predicted-ttft-ms")
 # Request headers PreRequest plugins set on the request the model server receives (name → value, OVERWRITE).
 # The server sends them with the destination; it also removes any client-sent value of a DISAGG_HEADERS name
 # that no plugin set.
@@ -54,5 +50,6 @@ KV_CACHE_SOURCE_HEADER: Final = "x-kv-cache-source-host-port"
 # Headers only the EPP may set: a client-sent value never reaches the model server.
 DISAGG_HEADERS: Final = (PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER, KV_CACHE_SOURCE_HEADER)
 
-# Predicted TTFT/TPOT per endpoint, per producer: `LATENCY_PREDICTION_INFO.of(<producer name>)`.
+# Predicted TTFT/TPOT per endpoint, per producer: `LATENCY_PREDICTION_INFO.of(<producer name>)` (latency-scorer,
+# slo-headroom-tier-filter, latency-slo-admitter, prefix-cache-affinity-filter's `ttftSource: latencyPredictor` gate).
 LATENCY_PREDICTION_INFO: Final = DataKey[LatencyPredictionInfo]("latency-prediction-info")

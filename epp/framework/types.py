@@ -171,9 +171,11 @@ class PrefixCacheMatchInfo:
 
 @dataclass(slots=True)
 class TokenizedPrompt:
-    """The prompt as the model server will see it: token ids after the chat template."""
+    """The prompt as the model server will see it: token ids after the chat template (multimodal placeholders
+    expanded), and its multimodal items (vLLM's mm hash and placeholder range each), sorted by offset."""
 
     token_ids: list[int]
+    mm_features: list[MultiModalFeature] | None = None
 
 
 @dataclass(slots=True)

@@ -3,7 +3,8 @@
 With `--enable-ssrf-protection`, a prefiller is allowed only if its host (IP or pod name) belongs to a pod of the
 InferencePool that can prefill (`llm-d.ai/role` prefill, encode-prefill, prefill-decode, both or
 encode-prefill-decode; llm-d allows any pod of the pool), watched with the EPP's own Kubernetes discovery, or is in
-`--allowed-prefillers`. Without it every host passes (llm-d's default).
+`--allowed-prefillers`. Encoders (`x-encoder-hosts-ports`) likewise must be encode-capable pods of the pool
+(`encode`, `encode-prefill`, `encode-prefill-decode`) or fixed hosts. Without it every host passes (llm-d's default).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ log = logging.getLogger(__name__)
 
 ROLE_LABEL = "llm-d.ai/role"
 PREFILL_ROLES = frozenset({"prefill", "encode-prefill", "prefill-decode", "both", "encode-prefill-decode"})
+ENCODE_ROLES = frozenset({"encode", "encode-prefill", "encode-prefill-decode"})
 
 
 def split_host(hostport: str) -> str:
@@ -32,7 +34,7 @@ class Allowlist:
         self.fixed = {split_host(h) for h in fixed or []}
         self.datastore = datastore
 
-    def allowed(self, hostport: str) -> bool:
+    def allowed(self, hostport: str, roles: frozenset[str] = PREFILL_ROLES) -> bool:
         if not self.enabled:
             return True
         host = split_host(hostport)
@@ -41,7 +43,7 @@ class Allowlist:
         if self.datastore is None:
             return False
         for ep in self.datastore.endpoints():
-            if ep.labels.get(ROLE_LABEL) in PREFILL_ROLES and host in (ep.address, ep.pod_name):
+            if ep.labels.get(ROLE_LABEL) in roles and host in (ep.address, ep.pod_name):
                 return True
         return False
 

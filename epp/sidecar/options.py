@@ -16,8 +16,18 @@ from epp.framework import parse_duration
 NIXLV2 = "nixlv2"
 SHARED_STORAGE = "shared-storage"
 SUPPORTED_KV_CONNECTORS = (NIXLV2, SHARED_STORAGE)
-# llm-d's other connectors: recognised, refused with a clear message (not built here).
-KNOWN_KV_CONNECTORS = (*SUPPORTED_KV_CONNECTORS, "sglang", "mooncake", "offloading")
+# llm-d's other connectors (v0.10 accepts these five): recognised, refused with what they would need.
+UNSUPPORTED_KV_CONNECTORS = {
+    "sglang": "SGLang's bootstrap protocol (prefill and decode sent at once with bootstrap_host/port/room)",
+    "mooncake": "vLLM's MooncakeConnector (engine ids from the prefiller's bootstrap server, both legs at once)",
+    "offloading": "vLLM's OffloadingConnector P2P tier (the decoder pulls the KV by kv_request_id)",
+}
+KNOWN_KV_CONNECTORS = (*SUPPORTED_KV_CONNECTORS, *UNSUPPORTED_KV_CONNECTORS)
+# E/P/D encoder protocols (llm-d's `--ec-connector`): ec-example primes the encoders' shared-storage cache,
+# ec-nixl also hands each encoder's `ec_transfer_params` to the prefill/decode request. Empty: no encoder stage.
+EC_EXAMPLE = "ec-example"
+EC_NIXL = "ec-nixl"
+SUPPORTED_EC_CONNECTORS = (EC_EXAMPLE, EC_NIXL)
 TLS_STAGES = ("prefiller", "decoder", "encoder")
 
 
@@ -31,14 +41,17 @@ class SidecarConfig:
     model_server_port: int = 8200
     data_parallel_size: int = 1
     kv_connector: str = NIXLV2
+    ec_connector: str = ""
     enable_ssrf_protection: bool = False
     enable_prefiller_sampling: bool = False
     secure_proxy: bool = True
     cert_path: str = ""
     tls_prefiller: bool = False
     tls_decoder: bool = False
+    tls_encoder: bool = False
     insecure_prefiller: bool = False
     insecure_decoder: bool = False
+    insecure_encoder: bool = False
     inference_pool_namespace: str = ""
     inference_pool_name: str = ""
     pool_group: str = "inference.networking.k8s.io"
@@ -59,6 +72,10 @@ class SidecarConfig:
     @property
     def prefiller_scheme(self) -> str:
         return "https" if self.tls_prefiller else "http"
+
+    @property
+    def encoder_scheme(self) -> str:
+        return "https" if self.tls_encoder else "http"
 
 
 def _bool(v: str) -> bool:
@@ -85,12 +102,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-port", type=int, default=None, help="deprecated: use --model-server-port")
     p.add_argument("--data-parallel-size", type=int, default=None, help="the model server's data-parallel size")
     p.add_argument("--kv-connector", default=None, help=f"KV protocol: {', '.join(SUPPORTED_KV_CONNECTORS)}")
-    p.add_argument("--ec-connector", default=None, help="encoder protocol (E/P/D): not supported by this sidecar")
+    ec_help = f"encoder protocol (E/P/D): {', '.join(SUPPORTED_EC_CONNECTORS)}; empty: no encoder stage"
+    p.add_argument("--ec-connector", default=None, help=ec_help)
     flag("--enable-ssrf-protection", "only prefillers of the InferencePool are allowed")
     flag("--enable-prefiller-sampling", "pick a random prefiller from the header's list")
     flag("--secure-proxy", "serve TLS (default true; self-signed without --cert-path)")
     p.add_argument("--cert-path", default=None, help="directory with tls.crt and tls.key")
-    p.add_argument("--enable-tls", action="append", type=_list, default=None, help="stages: prefiller, decoder")
+    p.add_argument("--enable-tls", action="append", type=_list, default=None, help=", ".join(TLS_STAGES))
     p.add_argument("--tls-insecure-skip-verify", action="append", type=_list, default=None, help="stages")
     p.add_argument("--inference-pool", default=None, help="namespace/name (or name) of the InferencePool")
     p.add_argument("--pool-group", default=None, help="the InferencePool's API group")
@@ -167,11 +185,16 @@ def parse(argv: list[str] | None = None) -> tuple[SidecarConfig, int]:
             f"--kv-connector: unknown {c.kv_connector!r}; supported: {', '.join(SUPPORTED_KV_CONNECTORS)}"
         )
     if c.kv_connector not in SUPPORTED_KV_CONNECTORS:
+        why = UNSUPPORTED_KV_CONNECTORS[c.kv_connector]
         raise OptionsError(
-            f"--kv-connector {c.kv_connector}: not supported by this sidecar; use {', '.join(SUPPORTED_KV_CONNECTORS)}"
+            f"--kv-connector {c.kv_connector}: not supported by this sidecar ({why} is not implemented); "
+            f"use {', '.join(SUPPORTED_KV_CONNECTORS)}"
         )
-    if get("ec-connector", None):
-        raise OptionsError("--ec-connector: encoder disaggregation is not supported by this sidecar")
+    c.ec_connector = str(get("ec-connector", "") or "")
+    if c.ec_connector and c.ec_connector not in SUPPORTED_EC_CONNECTORS:
+        raise OptionsError(
+            f"--ec-connector: unknown {c.ec_connector!r}; supported: {', '.join(SUPPORTED_EC_CONNECTORS)}"
+        )
     if int(get("decode-chunk-size", 0)) != 0:
         raise OptionsError("--decode-chunk-size: chunked decode is not supported by this sidecar (use 0)")
     c.enable_ssrf_protection = bool(get("enable-ssrf-protection", False))
@@ -186,6 +209,7 @@ def parse(argv: list[str] | None = None) -> tuple[SidecarConfig, int]:
             raise OptionsError(f"{name}: stages must be one of {', '.join(TLS_STAGES)}, got {', '.join(bad)}")
     c.tls_prefiller, c.tls_decoder = "prefiller" in tls, "decoder" in tls
     c.insecure_prefiller, c.insecure_decoder = "prefiller" in skip, "decoder" in skip
+    c.tls_encoder, c.insecure_encoder = "encoder" in tls, "encoder" in skip
     pool = str(get("inference-pool", os.environ.get("INFERENCE_POOL", "")) or "")
     if pool:
         ns, _, name = pool.rpartition("/")

@@ -23,7 +23,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from epp.framework.keys import ENCODER_HEADER, PREFILL_HEADER
-from epp.sidecar.allowlist import Allowlist
+from epp.sidecar.allowlist import ENCODE_ROLES, Allowlist
+from epp.sidecar.encoder import CHAT_PATH, EncoderFailed, run_encoders
 from epp.sidecar.options import NIXLV2, SHARED_STORAGE, SidecarConfig
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,11 @@ class Metrics:
         )  # fmt: skip
         self.rejected = Counter("pd_sidecar_rejected", "Requests refused", ["reason"], registry=r)
         self.retries = Counter("pd_sidecar_prefill_retries", "Prefill attempts retried", registry=r)
+        self.encoded = Counter(
+            "pd_sidecar_encoder_requests", "Requests whose multimodal items went to encoders (E/P/D)", ["outcome"],
+            registry=r,
+        )  # fmt: skip
+        self.encoder_items = Counter("pd_sidecar_encoder_items", "Multimodal items sent to encoders", registry=r)
         self.prefill_seconds = Histogram(
             "pd_sidecar_prefill_duration_seconds", "Remote prefill latency (successful ones)", registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
@@ -76,7 +82,7 @@ class SidecarProxy:
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             c = self.config
-            verify = not (c.insecure_decoder or c.insecure_prefiller)
+            verify = not (c.insecure_decoder or c.insecure_prefiller or c.insecure_encoder)
             conn = aiohttp.TCPConnector(limit=0, limit_per_host=c.max_idle_conns_per_host, ssl=verify)
             self._session = aiohttp.ClientSession(
                 connector=conn, auto_decompress=False, timeout=aiohttp.ClientTimeout()
@@ -138,27 +144,40 @@ class SidecarProxy:
     # -- P/D -------------------------------------------------------------------------------------------------
 
     async def handle_pd(self, request: web.Request) -> web.StreamResponse:
-        values = request.headers.getall(PREFILL_HEADER, [])
-        if request.headers.get(ENCODER_HEADER):
-            log.info("ignoring %s: encoder disaggregation is not supported by this sidecar", ENCODER_HEADER)
+        hosts = _header_list(request, PREFILL_HEADER)
+        encoders = _header_list(request, ENCODER_HEADER)
+        if encoders and not self.config.ec_connector:
+            log.debug("ignoring %s: no --ec-connector (no encoder stage)", ENCODER_HEADER)
+            encoders = []
+        elif encoders and request.path != CHAT_PATH:
+            log.debug("ignoring %s on %s: encoders serve chat completions", ENCODER_HEADER, request.path)
+            encoders = []
         body = await request.read()
-        hosts = [h.strip() for v in values for h in v.split(",")]
-        hosts = [h for h in hosts if h]
-        if not hosts:
+        if not hosts and not encoders:
             self.metrics.requests.labels("local").inc()
             return await self.forward_local(request, body)
-        target = random.choice(hosts) if self.config.enable_prefiller_sampling else hosts[0]
-        if not _HOSTPORT.match(target) or not 0 < int(target.rsplit(":", 1)[1]) < 65536:
-            log.warning("request from %s: malformed %s %r; refused", request.remote, PREFILL_HEADER, target[:200])
-            self.metrics.rejected.labels("malformed_header").inc()
-            return _error(400, f"malformed {PREFILL_HEADER} header: expected host:port", "BadRequestError")
-        if not self.allowlist.allowed(target):
-            log.error(
-                "SSRF protection: prefill target %s not in the allowlist (client %s, path %s)",
-                target, request.remote, request.path,
-            )  # fmt: skip
-            self.metrics.rejected.labels("ssrf_denied").inc()
-            return _error(403, "Forbidden: prefill target not allowed by SSRF protection", "PermissionDeniedError")
+        target = ""
+        if hosts:
+            target = random.choice(hosts) if self.config.enable_prefiller_sampling else hosts[0]
+            refused = self._refuse(request, PREFILL_HEADER, target, "prefill target")
+            if refused is not None:
+                return refused
+        allowed: list[str] = []
+        for host in encoders:
+            if not _valid_hostport(host):
+                return self._malformed(request, ENCODER_HEADER, host)
+            if self.allowlist.allowed(host, ENCODE_ROLES):
+                allowed.append(host)
+            else:
+                log.warning(
+                    "SSRF protection: encoder target %s not in the allowlist, removed (client %s)", host, request.remote
+                )
+                self.metrics.rejected.labels("ssrf_denied_encoder").inc()
+        if encoders and not allowed:
+            log.warning("SSRF protection: every encoder target was refused; no encoder stage")
+        if not target and not allowed:
+            self.metrics.requests.labels("local").inc()
+            return await self.forward_local(request, body)
         try:
             parsed = json.loads(body)
         except ValueError:
@@ -168,6 +187,25 @@ class SidecarProxy:
             self.metrics.rejected.labels("bad_json").inc()
             return _error(400, "request body must be a JSON object", "BadRequestError")
         rid = request.headers.get("x-request-id") or str(uuid.uuid4())
+        if allowed:
+            c = self.config
+            try:
+                n, params = await run_encoders(
+                    await self.session(), c.ec_connector, c.encoder_scheme, allowed, parsed, rid, c.prefill_timeout
+                )
+            except EncoderFailed as e:
+                log.error("request %s: encoder stage failed: %s", rid, e)
+                self.metrics.encoded.labels("failed").inc()
+                return _error(502, f"encoder stage failed: {e}", "BadGateway")
+            self.metrics.encoded.labels("ok").inc()
+            self.metrics.encoder_items.inc(n)
+            if params is not None:
+                parsed["ec_transfer_params"] = params
+            parsed["cache_hit_threshold"] = 0  # the encoder ran: the prefill must run (llm-d's runPDPipeline)
+            body = json.dumps(parsed).encode()
+            if not target:
+                self.metrics.requests.labels("local").inc()
+                return await self.forward_local(request, body)
         t0 = time.monotonic()
         try:
             decode_body = await self.prefill(request, target, parsed, rid)
@@ -180,6 +218,23 @@ class SidecarProxy:
         self.metrics.requests.labels("disaggregated").inc()
         log.debug("request %s: prefilled on %s in %.3fs; decoding locally", rid, target, time.monotonic() - t0)
         return await self.forward_local(request, json.dumps(decode_body).encode())
+
+    def _malformed(self, request: web.Request, header: str, value: str) -> web.Response:
+        log.warning("request from %s: malformed %s %r; refused", request.remote, header, value[:200])
+        self.metrics.rejected.labels("malformed_header").inc()
+        return _error(400, f"malformed {header} header: expected host:port", "BadRequestError")
+
+    def _refuse(self, request: web.Request, header: str, target: str, what: str) -> web.Response | None:
+        if not _valid_hostport(target):
+            return self._malformed(request, header, target)
+        if not self.allowlist.allowed(target):
+            log.error(
+                "SSRF protection: %s %s not in the allowlist (client %s, path %s)",
+                what, target, request.remote, request.path,
+            )  # fmt: skip
+            self.metrics.rejected.labels("ssrf_denied").inc()
+            return _error(403, "Forbidden: prefill target not allowed by SSRF protection", "PermissionDeniedError")
+        return None
 
     def prefill_body(self, parsed: dict[str, Any]) -> dict[str, Any]:
         p = copy.copy(parsed)
@@ -246,6 +301,15 @@ class SidecarProxy:
         elif c.kv_connector == SHARED_STORAGE:
             decode["cache_hit_threshold"] = 0
         return decode
+
+
+def _header_list(request: web.Request, name: str) -> list[str]:
+    """A comma-separated host list header (one or several header lines), blanks dropped."""
+    return [h.strip() for v in request.headers.getall(name, []) for h in v.split(",") if h.strip()]
+
+
+def _valid_hostport(value: str) -> bool:
+    return bool(_HOSTPORT.match(value)) and 0 < int(value.rsplit(":", 1)[1]) < 65536
 
 
 def _forward_headers(request: web.Request) -> dict[str, str]:

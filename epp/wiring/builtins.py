@@ -62,6 +62,7 @@ from epp.plugins.prerequest.disagg_headers_handler import DisaggHeadersHandler
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from epp.plugins.producers.burst_prefix_cache_producer import BurstPrefixCacheProducer
 from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
+from epp.plugins.producers.mm_embeddings_cache_producer import MMEmbeddingsCacheProducer
 from epp.plugins.producers.p2p_source_producer import P2PSourceProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
 from epp.plugins.producers.predicted_latency_producer import PredictedLatencyProducer
@@ -87,6 +88,7 @@ from epp.plugins.scorers.kv_cache_utilization_scorer import KVCacheUtilizationSc
 from epp.plugins.scorers.latency_scorer import LatencyScorer
 from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
 from epp.plugins.scorers.lora_affinity_scorer import LoraAffinityScorer
+from epp.plugins.scorers.mm_embeddings_cache_scorer import MMEmbeddingsCacheScorer
 from epp.plugins.scorers.no_hit_lru_scorer import NoHitLRUScorer
 from epp.plugins.scorers.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
 from epp.plugins.scorers.prefill_cost_scorer import PrefillCostScorer
@@ -198,6 +200,9 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     DisaggregatedSetRolloutScreener,
     SheddableEvictionFilter,
     PriorityThenTimeEvictionOrderPolicy,
+    # multimodal encoder-cache affinity (issue 14)
+    MMEmbeddingsCacheProducer,
+    MMEmbeddingsCacheScorer,
     # recognized only to be refused with a clear error
     MultiClusterHubPlugin,
 )

@@ -9,6 +9,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -23,6 +24,9 @@ from tests.deploy.test_helm_chart import KUBE_VERSION, by_kind, crd_schemas, one
 VALUES = Path(__file__).parent / "anchor_values"
 CORE = {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ClusterRole",
         "ClusterRoleBinding", "Secret"}  # fmt: skip
+# Provider custom resources (GKE Gateway, GKE managed Prometheus, Istio): their CRDs are not installed here.
+PROVIDER_KINDS = {"HealthCheckPolicy", "GCPBackendPolicy", "PodMonitoring", "DestinationRule", "HTTPRoute",
+                  "ServiceMonitor"}  # fmt: skip
 LABELS = {"app": "vllm-qwen"}
 POOL_LABELS = {"inferencePool": {"modelServers": {"matchLabels": LABELS}}}
 ROUTER_LABELS = {"router": {"modelServers": {"matchLabels": LABELS}}}
@@ -42,22 +46,100 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def layered(*files: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`helm -f a -f b --set ...`; `file@key` nests a library chart's values under its alias (as a parent chart's
+    dependency alias does: GIE's epplib under inferenceExtension)."""
     values: dict[str, Any] = {}
-    for name in files:
-        values = deep_merge(values, yaml.safe_load((VALUES / name).read_text()) or {})
+    for entry in files:
+        name, _, nest = entry.partition("@")
+        loaded = yaml.safe_load((VALUES / name).read_text()) or {}
+        values = deep_merge(values, {nest: loaded} if nest else loaded)
     return deep_merge(values, extra or {})
 
 
-# (values files, layered in order; what `helm install --set` adds in the anchors' docs)
+# The anchors' charts and their defaults: llm-d-router's gateway/standalone charts take routerlib's values under
+# `router:` (their dependency alias); GIE's inferencepool/standalone charts take epplib's under `inferenceExtension:`.
+ROUTERLIB = "llm-d-router__routerlib__values.router.yaml"
+ROUTER_GW = [ROUTERLIB, "llm-d-router__gateway__values.yaml"]
+ROUTER_SA = [ROUTERLIB, "llm-d-router__standalone__values.yaml"]
+GIE_POOL = ["gie__epplib__values.yaml@inferenceExtension", "gie__inferencepool__values.yaml"]
+GIE_SA = ["gie__epplib__values.yaml@inferenceExtension", "gie__standalone__values.yaml"]
+NO_POOL = {"router": {"inferencePool": {"create": False}}}
+
+
+def sets(*pairs: tuple[str, Any]) -> dict[str, Any]:
+    """`--set a.b.c=v` pairs as a values tree."""
+    out: dict[str, Any] = {}
+    for path, value in pairs:
+        node = out
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return out
+
+
+def gie(*pairs: tuple[str, Any]) -> dict[str, Any]:
+    return deep_merge(POOL_LABELS, sets(*pairs))
+
+
+def gw(*pairs: tuple[str, Any]) -> dict[str, Any]:
+    return deep_merge(ROUTER_LABELS, sets(*pairs))
+
+
+def sa(*pairs: tuple[str, Any]) -> dict[str, Any]:
+    """llm-d-router-standalone without an InferencePool (router.inferencePool.create=false)."""
+    return deep_merge(deep_merge(ROUTER_LABELS, NO_POOL), sets(*pairs))
+
+
+AGW = ("router.proxy.proxyType", "agentgateway")
+SERVICE = ("router.proxy.mode", "service")
+LATENCY = "latencyPredictor.enabled"
+GIE_STANDALONE_NO_POOL = sets(
+    ("inferenceExtension.endpointsServer.endpointSelector", "app=vllm-qwen"),
+    ("inferenceExtension.endpointsServer.createInferencePool", False),
+    ("provider.name", "gke"),
+)
+
+# (values files, layered in order; what `helm install --set` adds in the anchors' docs and CI:
+# llm-d-router's hack/verify-helm.sh test cases, GIE's chart README and site guides)
 CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "gie-inferencepool": (["gie__inferencepool__values.yaml"], POOL_LABELS),
-    "llm-d-router-gateway": (["llm-d-router__gateway__values.yaml"], ROUTER_LABELS),
-    "llm-d-router-routerlib": (
-        ["llm-d-router__gateway__values.yaml", "llm-d-router__routerlib__values.router.yaml"],
-        ROUTER_LABELS,
+    "gie-inferencepool-with-lib": (GIE_POOL, POOL_LABELS),
+    # GIE site-src/_includes/epp.md (GKE and Istio tabs)
+    "gie-site-gke": (GIE_POOL, gie(("provider.name", "gke"), ("experimentalHttpRoute.enabled", True))),
+    "gie-site-istio": (GIE_POOL, gie(("provider.name", "istio"), ("experimentalHttpRoute.enabled", True))),
+    # GIE site-src/guides/latency-based-predictor.md
+    "gie-site-latency-predictor": (
+        GIE_POOL,
+        gie(
+            ("inferenceExtension.monitoring.prometheus.enabled", True),
+            (f"inferenceExtension.{LATENCY}", True),
+            ("provider.name", "gke"),
+        ),
     ),
-    "perf-optimized-baseline": (["llm-d-router__perf__optimized-baseline.yaml"], ROUTER_LABELS),
-    "perf-random": (["llm-d-router__perf__random-only-default-parsers.yaml"], ROUTER_LABELS),
+    # GIE site-src/guides/standalone.md, with and without the Inference APIs
+    "gie-standalone": (GIE_SA, gie(("provider.name", "gke"))),
+    "gie-standalone-no-pool": (GIE_SA, GIE_STANDALONE_NO_POOL),
+    "llm-d-router-gateway": (["llm-d-router__gateway__values.yaml"], ROUTER_LABELS),
+    "llm-d-router-routerlib": (ROUTER_GW, ROUTER_LABELS),
+    # llm-d-router hack/verify-helm.sh: the llm-d-router-gateway cases
+    "router-gw-gke": (ROUTER_GW, gw(("provider.name", "gke"))),
+    "router-gw-multiple-replicas": (ROUTER_GW, gw(("router.replicas", 3))),
+    "router-gw-latency-predictor": (ROUTER_GW, gw((f"router.{LATENCY}", True))),
+    # llm-d-router hack/verify-helm.sh: the llm-d-router-standalone cases
+    "router-sa-basic": (ROUTER_SA, sa()),
+    "router-sa-gke": (ROUTER_SA, sa(("provider.name", "gke"))),
+    "router-sa-latency-predictor": (ROUTER_SA, sa((f"router.{LATENCY}", True))),
+    "router-sa-with-pool": (ROUTER_SA, gw(("router.inferencePool.create", True))),
+    "router-sa-agentgateway": (ROUTER_SA, sa(AGW)),
+    "router-sa-proxy-service": (ROUTER_SA, sa(SERVICE, ("router.proxy.replicas", 3))),
+    "router-sa-agentgateway-service": (ROUTER_SA, sa(AGW, SERVICE)),
+    "router-sa-triton": (ROUTER_SA, sa(("router.modelServers.type", "triton"))),
+    # test/perf/config/router-configs (installed over the standalone chart by test/perf/run_nightly_perf.py)
+    "perf-optimized-baseline": ([*ROUTER_SA, "llm-d-router__perf__optimized-baseline.yaml"], ROUTER_LABELS),
+    "perf-random": ([*ROUTER_SA, "llm-d-router__perf__random-only-default-parsers.yaml"], ROUTER_LABELS),
+    "perf-random-passthrough": ([*ROUTER_SA, "llm-d-router__perf__random-passthrough-parser.yaml"], ROUTER_LABELS),
+    "perf-precise-prefix": ([*ROUTER_SA, "llm-d-router__perf__precise-prefix.yaml"], ROUTER_LABELS),
     "guide-optimized-baseline": (
         ["llm-d__guides__recipes__router__base.values.yaml", "llm-d__guides__optimized-baseline__router.values.yaml"],
         {},
@@ -73,7 +155,7 @@ CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
         ],
         {},
     ),
-}  # fmt: skip
+}
 
 
 def rendered(case: str) -> list[dict[str, Any]]:
@@ -81,16 +163,26 @@ def rendered(case: str) -> list[dict[str, Any]]:
     return render(layered(*files, extra=extra), name="qwen-pool", namespace="llm")
 
 
+def epp_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (dep,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-epp")]
+    return dep
+
+
+def containers(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The EPP pod's containers by name."""
+    return {c["name"]: c for c in epp_deployment(docs)["spec"]["template"]["spec"]["containers"]}
+
+
 def container_args(docs: list[dict[str, Any]]) -> list[str]:
-    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
-    return list(c["args"])
+    return list(containers(docs)["epp"]["args"])
 
 
 def config_file(docs: list[dict[str, Any]]) -> tuple[str, str]:
     args = container_args(docs)
     path = next(a.split("=", 1)[1] for a in args if a.startswith("--config-file="))
     name = path.removeprefix("/config/")
-    return name, one(docs, "ConfigMap")["data"][name]
+    (cm,) = [c for c in by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-epp")]
+    return name, cm["data"][name]
 
 
 def corpus_exception(files: list[str]) -> str | None:
@@ -102,15 +194,26 @@ def corpus_exception(files: list[str]) -> str | None:
         reasons = {r["file"]: r["reason"] for r in csv.DictReader(f, delimiter="\t")}
     rows = manifest()
     for name in files:
-        corpus_file = by_source.get((rows[name]["repo"], rows[name]["path"]))
+        row = rows[name.partition("@")[0]]
+        corpus_file = by_source.get((row["repo"], row["path"]))
         if corpus_file in reasons:
             return reasons[corpus_file]
     return None
 
 
+ROUTER_LATENCY_DEFAULT = (
+    "llm-d-router__config__charts__routerlib__templates___config__default-plugins_latency-predictor.yaml"
+)
+
+
+def corpus_reason(corpus_file: str) -> str | None:
+    with open(Path(__file__).parents[1] / "corpus" / "exceptions.tsv") as f:
+        return {r["file"]: r["reason"] for r in csv.DictReader(f, delimiter="\t")}.get(corpus_file)
+
+
 def test_every_values_file_is_used_and_sourced() -> None:
     rows = manifest()
-    used = {f for files, _ in CASES.values() for f in files}
+    used = {f.partition("@")[0] for files, _ in CASES.values() for f in files}
     on_disk = {p.name for p in VALUES.glob("*.yaml")}
     assert used == on_disk == set(rows)
     for row in rows.values():
@@ -122,26 +225,33 @@ def test_anchor_values_render_and_validate(case: str) -> None:
     docs = rendered(case)
     schemas = crd_schemas()
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "Service", "ConfigMap", "InferencePool"} <= kinds
+    assert {"Deployment", "Service", "ConfigMap"} <= kinds
     for d in docs:
         assert d.get("apiVersion") and d.get("metadata", {}).get("name"), d
         if d["kind"] in CORE:
             kubernetes_validate.validate(d, KUBE_VERSION, strict=True)
         elif d["kind"] in schemas:
-            import jsonschema
-
             jsonschema.validate(d, schemas[d["kind"]])
+        else:
+            assert d["kind"] in PROVIDER_KINDS, d["kind"]
     # The container args parse with `epp serve`'s flags (the same parser the binary uses).
     args = container_args(docs)
     assert args[0] == "serve"
     opts = parse_options(args[1:])
-    assert opts.pool_name == "qwen-pool" and opts.pool_namespace == "llm"
+    if by_kind(docs, "InferencePool"):
+        assert opts.pool_name == "qwen-pool" and opts.pool_namespace == "llm"
+        # The pool selects the model servers the values name.
+        assert one(docs, "InferencePool")["spec"]["selector"]["matchLabels"]
+    else:  # standalone: the EPP selects the pods itself
+        assert opts.pool_name in ("", None) and opts.endpoint_selector and opts.endpoint_target_ports
     assert opts.zap_encoder == "json" and opts.tracing is False
     # The config file the args point at is in the ConfigMap and builds here (unless the corpus test lists that very
     # config as an exception, with its reason).
     name, text = config_file(docs)
     register_builtins()
     expected = corpus_exception(CASES[case][0])
+    if name == "default-plugins.yaml" and "ttftSource: latencyPredictor" in text:
+        expected = corpus_reason(ROUTER_LATENCY_DEFAULT)
     if expected is None:
         config = parse_config(text, source=name)
         build_pipeline(config, plugin_context(Datastore(), config.pool_name))
@@ -151,10 +261,8 @@ def test_anchor_values_render_and_validate(case: str) -> None:
             build_pipeline(config, plugin_context(Datastore(), config.pool_name))
         except ConfigError as e:
             assert str(e).startswith(name + ":"), e
-    # The pool selects the model servers the values name, and the image is pyepp's (not the anchors' Go EPP).
-    pool = one(docs, "InferencePool")
-    assert pool["spec"]["selector"]["matchLabels"]
-    image = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    # The image is pyepp's (not the anchors' Go EPP).
+    image = containers(docs)["epp"]["image"]
     assert "pyepp" in image and "endpoint-picker" not in image and "inference-scheduler" not in image
 
 

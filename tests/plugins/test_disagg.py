@@ -287,7 +287,8 @@ schedulingProfiles:
     [
         ("{deciders: {prefill: nope}}", "plugins[1].parameters.deciders.prefill: "),
         ("{deciders: {prefill: prefill-filter}}", "is not a disaggregation decider"),
-        ("{deciders: {prefil: x}}", "plugins[1].parameters.deciders.prefil: "),
+        ("{deciders: {prefil: x}}", "plugins[1].parameters.deciders.prefil: disagg-profile-handler: unknown parameter"),
+        ("{profiles: {decod: d}}", "plugins[1].parameters.profiles.decod: disagg-profile-handler: unknown parameter"),
         ("{profiles: {decode: d}, decodeProfile: d}", "use one format"),
         ("{stageOrder: sideways}", "stageOrder"),
         ("{stageOrder: prefill-first, deciders: {prefill: dec}}", "not supported with stageOrder prefill-first"),

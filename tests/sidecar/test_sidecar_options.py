@@ -49,12 +49,14 @@ def test_yaml_configuration_and_flag_precedence(tmp_path: Path) -> None:
     ("argv", "message"),
     [
         (["--kv-connector", "foo"], "unknown 'foo'"),
-        (["--kv-connector", "mooncake"], "not supported by this sidecar"),
+        (["--kv-connector", "mooncake"], "not supported by this sidecar (vLLM's MooncakeConnector"),
+        (["--kv-connector", "sglang"], "not supported by this sidecar (SGLang's bootstrap protocol"),
+        (["--kv-connector", "offloading"], "not supported by this sidecar (vLLM's OffloadingConnector"),
         (["--enable-ssrf-protection"], "needs --inference-pool"),
         (["--enable-tls", "nobody"], "stages must be one of"),
         (["--prefill-retry-backoff", "soon"], "--prefill-retry-backoff"),
         (["--decode-chunk-size", "256"], "chunked decode"),
-        (["--ec-connector", "nixl"], "encoder disaggregation"),
+        (["--ec-connector", "nixl"], "unknown 'nixl'; supported: ec-example, ec-nixl"),
         (["--configuration", "{nope: 1}"], "unknown key(s) nope"),
         (["--configuration", "{}", "--configuration-file", "x"], "mutually exclusive"),
     ],
@@ -62,6 +64,15 @@ def test_yaml_configuration_and_flag_precedence(tmp_path: Path) -> None:
 def test_bad_flags_are_clear_errors(argv: list[str], message: str) -> None:
     with pytest.raises(OptionsError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse(argv)
+
+
+def test_encoder_stage_flags() -> None:
+    c, _ = parse(["--ec-connector", "ec-nixl", "--enable-tls", "encoder", "--tls-insecure-skip-verify=encoder"])
+    assert c.ec_connector == "ec-nixl" and c.encoder_scheme == "https" and c.insecure_encoder
+    assert not c.tls_prefiller and c.prefiller_scheme == "http"
+    c, _ = parse(["--configuration", "{ec-connector: ec-example}"])
+    assert c.ec_connector == "ec-example" and c.encoder_scheme == "http"
+    assert parse([])[0].ec_connector == ""  # no encoder stage by default (llm-d's default)
 
 
 def test_main_exits_2_with_the_message(capsys: pytest.CaptureFixture[str]) -> None:

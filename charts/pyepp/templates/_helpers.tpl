@@ -50,6 +50,8 @@ app.kubernetes.io/component: endpoint-picker
 {{- if and (eq $engine "trtllm-serve") (eq (toString (default "/metrics" $mds.path)) "/metrics") -}}
 {{- $_ := set $mds "path" "/prometheus/metrics" -}}
 {{- end -}}
+{{- $parsers := splitList "," (include "pyepp.parsers" .) | compact -}}
+{{- $lp := default dict .Values.inferenceExtension.latencyPredictor -}}
 {{- $custom := and (not $s.dataLayer) (or (ne $engine "vllm") (ne (toString (default "http" $mds.scheme)) "http") (ne (toString (default "/metrics" $mds.path)) "/metrics") (eq (toString $mds.insecureSkipVerify) "false")) -}}
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
@@ -93,6 +95,42 @@ plugins:
   parameters:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- range $parsers }}
+- type: {{ . }}
+{{- end }}
+{{- if $lp.enabled }}
+{{- /* The anchors' latency-predictor profile (their predictor's sidecars become pyepp's in-process model). */}}
+- type: predicted-latency-producer
+- name: strict-affinity-filter
+  type: prefix-cache-affinity-filter
+  parameters:
+    affinityThreshold: 0.99
+    {{- if eq (toString .Values.pyeppLatencyVariant) "router" }}
+    ttftSource: latencyPredictor
+    maxTTFTPenaltyMs: 5000
+    {{- end }}
+- name: loose-affinity-filter
+  type: prefix-cache-affinity-filter
+  parameters:
+    affinityThreshold: 0.80
+    {{- if eq (toString .Values.pyeppLatencyVariant) "router" }}
+    ttftSource: latencyPredictor
+    maxTTFTPenaltyMs: 5000
+    {{- end }}
+- type: latency-scorer
+- type: weighted-random-picker
+- type: slo-headroom-tier-filter
+- type: latency-slo-admitter
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: predicted-latency-producer
+  - pluginRef: strict-affinity-filter
+  - pluginRef: slo-headroom-tier-filter
+  - pluginRef: loose-affinity-filter
+  - pluginRef: latency-scorer
+  - pluginRef: weighted-random-picker
+{{- else }}
 schedulingProfiles:
 - name: default
   plugins:
@@ -104,6 +142,14 @@ schedulingProfiles:
     weight: {{ .weight | default 1 }}
   {{- end }}
   - pluginRef: {{ default $s.picker.type $s.picker.name }}
+{{- end }}
+{{- with $parsers }}
+requestHandler:
+  parsers:
+  {{- range . }}
+  - pluginRef: {{ . }}
+  {{- end }}
+{{- end }}
 {{- with $s.dataLayer }}
 dataLayer:
   {{- toYaml . | nindent 2 }}
@@ -154,4 +200,37 @@ resources:
   {{- toYaml $rs.resources | nindent 2 }}
 securityContext:
   {{- toYaml $rs.securityContext | nindent 2 }}
+{{- end -}}
+
+{{/* The request parsers of the default config, as the anchors' charts pick them: vLLM over gRPC gets
+vllmgrpc-parser; else router.epp.parsers (or GIE's inferencePool.parser); else Triton gets passthrough-parser; else
+none (every built-in parser, auto-selected). Comma-separated. */}}
+{{- define "pyepp.parsers" -}}
+{{- $engine := lower (toString (default "vllm" .Values.inferencePool.modelServerType)) -}}
+{{- $proto := lower (toString (default "http" .Values.inferencePool.modelServerProtocol)) -}}
+{{- if and (eq $engine "vllm") (eq $proto "grpc") -}}vllmgrpc-parser
+{{- else if .Values.inferenceExtension.parsers -}}{{ join "," .Values.inferenceExtension.parsers }}
+{{- else if eq $engine "triton" -}}passthrough-parser
+{{- end -}}
+{{- end -}}
+
+{{/* llm-d-router's request-format agnostic config, shipped in its chart's ConfigMap as payload-agnostic.yaml (select
+it with pluginsConfigFile: payload-agnostic.yaml). */}}
+{{- define "pyepp.payloadAgnosticConfig" -}}
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: passthrough-parser
+- type: active-request-scorer
+- type: session-affinity-scorer
+requestHandler:
+  parsers:
+  - pluginRef: passthrough-parser
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: active-request-scorer
+    weight: 1
+  - pluginRef: session-affinity-scorer
+    weight: 1
 {{- end -}}

@@ -6,21 +6,24 @@
 - TTFT load gate (`maxTTFTPenaltyMs` > 0): if the best sticky endpoint's TTFT exceeds the best non-sticky one's by
   more than maxTTFTPenaltyMs, all are kept. TTFT is in-flight tokens / `peakPrefillThroughput` · 1000 ms
   (`ttftSource: prefillThroughput`, from the inflight-load-producer) or the predicted TTFT
-  (`ttftSource: latencyPredictor`, from the predicted-latency-producer; an endpoint without one is never fastest).
+  (`ttftSource: latencyPredictor`: the TTFT in the predicted-latency-producer's LATENCY_PREDICTION_INFO; the
+  producer is added when none is configured). An endpoint without a prediction gives no signal: it is never the
+  fastest, so while the predictor is cold (no predictions at all) the gate holds and the sticky endpoints are kept,
+  as llm-d's filter does.
 
 Defaults are llm-d's: 0.80, 0, 18000 ms, prefillThroughput, 15928 tokens/s (Qwen 32B on 2×H100, TP=2).
 """
 
 from __future__ import annotations
 
-import math
 import random
+import sys
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Self
 
 from epp.framework import (
     INFLIGHT_LOAD,
-    PREDICTED_TTFT_MS,
+    LATENCY_PREDICTION_INFO,
     PREFIX_CACHE_MATCH_INFO,
     CycleState,
     DataKey,
@@ -37,6 +40,7 @@ DEFAULT_PREFIX_PRODUCER = "approx-prefix-cache-producer"
 DEFAULT_LATENCY_PRODUCER = "predicted-latency-producer"
 SOURCE_THROUGHPUT = "prefillThroughput"
 SOURCE_PREDICTOR = "latencyPredictor"
+NO_PREDICTION = sys.float_info.max  # llm-d's math.MaxFloat64: an endpoint without a prediction is never fastest
 
 
 class PrefixCacheAffinityFilter(Plugin):
@@ -63,7 +67,7 @@ class PrefixCacheAffinityFilter(Plugin):
         self.source = ttft_source
         self.peak = peak_prefill_throughput
         self.prefix_key = PREFIX_CACHE_MATCH_INFO.of(prefix_producer)
-        self.ttft_key = PREDICTED_TTFT_MS.of(latency_producer)
+        self.ttft_key = LATENCY_PREDICTION_INFO.of(latency_producer)
         self.load_key = INFLIGHT_LOAD.of(inflight_producer)
         self.rng = rng
         self.gate_breaks = 0  # times the TTFT gate opened every endpoint (for tests and debugging)
@@ -83,7 +87,14 @@ class PrefixCacheAffinityFilter(Plugin):
             context.require_producer(
                 PREFIX_CACHE_MATCH_INFO.of(prefix), DEFAULT_PREFIX_PRODUCER, DEFAULT_PREFIX_PRODUCER, requested_by=name
             )
-        latency = params.str("latencyPredictionInfoProducerName", "") or DEFAULT_LATENCY_PRODUCER
+        latency = params.str("latencyPredictionInfoProducerName", "")
+        if not latency:
+            latency = DEFAULT_LATENCY_PRODUCER
+            if penalty > 0 and source == SOURCE_PREDICTOR:
+                context.require_producer(
+                    LATENCY_PREDICTION_INFO.of(latency), DEFAULT_LATENCY_PRODUCER, DEFAULT_LATENCY_PRODUCER,
+                    requested_by=name,
+                )  # fmt: skip
         if penalty > 0 and source == SOURCE_THROUGHPUT:
             inflight = inflight_producer_name(params, context, name)
         else:
@@ -132,8 +143,14 @@ class PrefixCacheAffinityFilter(Plugin):
 
     def _ttft_fn(self, request: InferenceRequest) -> Callable[[Endpoint], float]:
         if self.source == SOURCE_PREDICTOR:
-            predicted = request.data.get(self.ttft_key) or {}
-            return lambda ep: predicted.get(ep.name, math.inf)
+            info = request.data.get(self.ttft_key)
+            predicted = info.predictions if info is not None else {}
+
+            def from_predictor(ep: Endpoint) -> float:
+                p = predicted.get(ep.name)
+                return p.ttft_ms if p is not None else NO_PREDICTION
+
+            return from_predictor
         key, peak = self.load_key, self.peak
 
         def from_load(ep: Endpoint) -> float:

@@ -2,7 +2,9 @@
 
 Writes TOKENIZED_PROMPT for the plugins that consume it (the precise prefix-cache producer). The tokenizer comes
 from the EPP's services, configured by `tokenizer: {type: hf|vllm, ...}` or llm-d's `vllm: {url}`; a request that
-cannot be tokenized is logged and scheduled without token data.
+cannot be tokenized is logged and scheduled without token data. llm-d's `estimate: {image, video}` selects the
+tokenizer-free backend instead (epp/plugins/producers/_estimate.py: 4 bytes a pseudo token, multimodal placeholder
+estimates); it excludes `vllm`, `modelName` and `udsTokenizerConfig`, as llm-d's does.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from epp.framework import (
     TokenizedPrompt,
     Tokenizer,
 )
+from epp.plugins.producers._estimate import EstimateBackend, estimators_from_params
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +34,30 @@ class TokenProducer(Plugin):
     type_name = "token-producer"
     aliases = ("tokenizer",)
 
-    def __init__(self, name: str, tokenizer: Tokenizer, model_name: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        tokenizer: Tokenizer | None,
+        model_name: str | None = None,
+        estimator: EstimateBackend | None = None,
+    ) -> None:
         super().__init__(name)
+        if tokenizer is None and estimator is None:
+            raise ValueError("token-producer needs a tokenizer or the estimate backend")
         self.tokenizer = tokenizer
+        self.estimator = estimator
         # llm-d's `modelName`: the model whose tokenizer is used (sent in render requests), whatever the request's.
         self.model_name = model_name
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
+        if params.has("estimate"):
+            if params.has("vllm") or params.has("modelName") or params.has("udsTokenizerConfig"):
+                raise params.fail(
+                    "estimate", "only one of 'estimate', 'vllm' (or 'modelName') and 'udsTokenizerConfig' may be set"
+                )
+            image, video = estimators_from_params(params.section("estimate"))
+            return cls(name, None, estimator=EstimateBackend(image, video))
         if params.has("udsTokenizerConfig"):
             raise params.fail(
                 "udsTokenizerConfig",
@@ -55,10 +74,18 @@ class TokenProducer(Plugin):
         if TOKENIZED_PROMPT in request.data:
             return
         if request.token_ids is not None:  # pre-tokenized (/inference/v1/generate, SGLang, gRPC): nothing to do
-            request.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(request.token_ids)))
+            request.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(request.token_ids), request.mm_features))
+            return
+        if self.estimator is not None:
+            estimated = self.estimator.estimate(request)
+            if estimated is not None:
+                request.data.put(TOKENIZED_PROMPT, estimated)
+            return
+        tokenizer = self.tokenizer
+        if tokenizer is None:
             return
         try:
-            toks = await self.tokenizer.tokenize(
+            toks = await tokenizer.tokenize(
                 self.model_name or request.target_model,
                 prompt=request.prompt if request.messages is None else None,
                 messages=request.messages,

@@ -67,14 +67,6 @@ def parse_stage_order(params: Params) -> str:
     raise params.fail("stageOrder", f"must be {DECODE_FIRST} or {PREFILL_FIRST}")
 
 
-def strict_section(params: Params, key: str, allowed: tuple[str, ...]) -> Params:
-    section = params.section(key)
-    for k in section.raw:
-        if k not in allowed:
-            raise section.fail(k, f"unknown parameter (known: {', '.join(allowed)})")
-    return section
-
-
 class DisaggProfileHandler(Plugin):
     type_name = "disagg-profile-handler"
 
@@ -124,11 +116,12 @@ class DisaggProfileHandler(Plugin):
                     handler._refs[stage] = (ref, params, key)
             params.get("deciderPluginName")
         else:
-            profiles = strict_section(params, "profiles", ("decode", "prefill", "encode"))
+            # Unknown keys under profiles/deciders: the builder's unread-parameter errors (file:line), as any other.
+            profiles = params.section("profiles")
             handler.decode_profile = profiles.str("decode", "") or "decode"
             handler.prefill_profile = profiles.str("prefill", "") or "prefill"
             handler.encode_profile = profiles.str("encode", "") or "encode"
-            deciders = strict_section(params, "deciders", ("prefill", "encode"))
+            deciders = params.section("deciders")
             for stage in ("prefill", "encode"):
                 ref = deciders.str(stage, "")
                 if ref:
