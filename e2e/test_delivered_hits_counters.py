@@ -88,6 +88,13 @@ def run(tmp_path: Path, sims: list[SimProcess], feedback: bool, n: int = 100) ->
                     compared = metric_value(text, "kv_cache_delivered_hits_counter_intervals_total", pod0)
                     assert compared > 0  # the counters decided, not usage (there is none)
         hits, queries = counters(sims)
+        text = stack.epp.metrics_text()
+        resyncs = [
+            metric_value(text, "kv_cache_delivered_hits_resyncs_total", {"pod": f"{s.host}:{s.http_port}"}, 0.0)
+            for s in sims
+        ]
+        print(f"feedback {feedback}: resyncs per pod {resyncs}")
+        assert resyncs[1:] == [0.0, 0.0, 0.0]  # the pods that announce their evictions are never cleared
         return (hits - start[0]) / (queries - start[1]), first_resync
     finally:
         stack.close()

@@ -239,11 +239,16 @@ class DeliveredHits:
         m.delivered.labels(pod).inc(delivered)
         if c.predicted > delivered:
             m.regret.labels(pod).inc(c.predicted - delivered)
-        if c.predicted_requests:
-            c.intervals.append((c.predicted, c.prompt, dh, dq, c.predicted_requests))
+        # Every interval is kept, with or without a predicted hit: a request's engine counts can land one interval
+        # before its prediction (scraped between admission and completion), so choosing intervals by what was
+        # predicted would drop hits that were delivered. Over consecutive intervals the shift is one request at
+        # each end of the window.
+        c.intervals.append((c.predicted, c.prompt, dh, dq, c.predicted_requests))
         c.predicted = c.prompt = c.requests = c.predicted_requests = 0
         predicted, prompt, hits, queries, n = c.totals()
-        while c.intervals and n - c.intervals[0][4] >= self.cfg.window:  # keep just over `window` requests
+        while c.intervals and (
+            n - c.intervals[0][4] >= self.cfg.window or len(c.intervals) > 8 * self.cfg.window
+        ):  # keep just over `window` requests with a predicted hit (and a bounded number of intervals)
             p0, t0, h0, q0, n0 = c.intervals.popleft()
             predicted, prompt, hits, queries, n = predicted - p0, prompt - t0, hits - h0, queries - q0, n - n0
         if n < self.cfg.window or predicted <= 0 or prompt <= 0 or queries <= 0:

@@ -150,3 +150,18 @@ async def test_engine_counters_that_go_back_restart_the_comparison() -> None:
         svc.report_counted("a:80", 10, 10, 16, 160, eng.hits, eng.queries)
         eng.serve(160, 0)
     assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 1
+
+
+async def test_engine_counts_scraped_before_the_response_ends_do_not_fake_a_shortfall() -> None:
+    """Each request is scraped between its admission and its completion, so its engine counts close the interval
+    before the one its prediction lands in; hits and misses alternate. Healthy: no resync."""
+    svc, _, reg = service(window=8, max_shortfall=0.5)
+    svc.index.add(None, KEYS, "a:80", 0)
+    eng = Engine()
+    for i in range(60):
+        hit = i % 2 == 0
+        eng.serve(160, 144 if hit else 0)  # admitted and scraped before the response completes
+        svc.report_counted("a:80", 10, 9 if hit else 0, 16, 160, eng.hits, eng.queries)
+    assert value(reg, "kv_cache_delivered_hits_counter_intervals_total", "a:80") == 59
+    assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 0
+    assert await blocks(svc, "a:80") == 10
