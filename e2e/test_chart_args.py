@@ -43,10 +43,15 @@ STARTED = [
     # perf configs: random picker + passthrough parser; precise prefix with the tokenizer sidecar's /render backend
     "perf-random-passthrough",
     "perf-precise-prefix",
+    # llm-d guides: P/D with context-length filtering (standalone chart), precise prefix-cache routing (gateway
+    # chart on GKE), GIE-layout predicted latency
+    "guide-sa:llm-d__guides__context-length-aware-pd__router.values.yaml",
+    "guide-gw:llm-d-fork__guides__precise-prefix-cache-routing__router__precise-prefix-cache-routing.values.yaml",
+    "guide-gie:llm-d__guides__predicted-latency-based-scheduling__scheduler__predicted-latency.values.yaml",
 ]
 
 
-@pytest.mark.parametrize("case", STARTED)
+@pytest.mark.parametrize("case", STARTED, ids=[c.split("__guides__")[-1] for c in STARTED])
 async def test_rendered_container_args_start_epp_serve(case: str, tmp_path: Path) -> None:
     files, extra = CASES[case]
     docs = render(layered(*files, extra=extra), name="qwen-pool", namespace="llm")

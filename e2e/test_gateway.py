@@ -276,19 +276,24 @@ def test_length_changing_model_rewrite_keeps_framing_right(
         assert all(e["model"] == client for e in events[:-1])
 
 
-def test_sigterm_mid_stream_lets_the_sse_response_finish(stack_factory: Callable[..., Stack]) -> None:
-    """A streaming response in flight when the EPP gets SIGTERM still completes; then the EPP exits 0."""
-    s = stack_factory(backends=1)
-    body = {"model": "m1", "messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 120}
+def test_sigterm_drain_window_then_the_in_flight_stream_finishes(stack_factory: Callable[..., Stack]) -> None:
+    """llm-d-router's --drain-timeout on SIGTERM, through Envoy with a real `epp serve`: readiness goes NOT_SERVING at
+    once (liveness stays SERVING); for the whole window new requests are still routed; after it the EPP refuses new
+    streams while a streaming response in flight runs on to its end; then it exits 0."""
+    from grpc_health.v1 import health_pb2
+
+    window = 3.0
+    s = stack_factory(backends=1, epp_args=[f"--drain-timeout={window:g}s"])
+    chat = {"model": "m1", "messages": [{"role": "user", "content": "x"}], "stream": True}
     result: dict[str, object] = {}
 
-    def run() -> None:
-        result["r"] = post_json(s.url + "/v1/chat/completions", body)
+    def run() -> None:  # ~5 ms a token at the simulator: outlasts the window
+        result["r"] = post_json(s.url + "/v1/chat/completions", {**chat, "max_tokens": 1600}, timeout=60)
 
     t = threading.Thread(target=run)
     t.start()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # wait until the request is in flight (the backend needs ~0.6 s in all)
+    while time.monotonic() < deadline:  # wait until the request is in flight
         try:
             if metric_value(s.epp.metrics_text(), "inference_objective_running_requests", {"model_name": "m1"}) == 1:
                 break
@@ -296,14 +301,25 @@ def test_sigterm_mid_stream_lets_the_sse_response_finish(stack_factory: Callable
             pass
         time.sleep(0.01)
     s.epp.terminate()
-    t.join(timeout=20)
+    t0 = time.monotonic()
+    time.sleep(0.3)
+    assert s.epp.health("readiness") == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert s.epp.health("liveness") == health_pb2.HealthCheckResponse.SERVING
+    inside = post_json(s.url + "/v1/chat/completions", {**chat, "max_tokens": 3})  # inside the window: routed
+    assert inside.status == 200 and sse_events(inside.body)[-1] == "[DONE]"  # (after the window: refused, below)
+    time.sleep(window + 0.5 - (time.monotonic() - t0))
+    assert t.is_alive() and s.epp.running()  # past the window, the long stream still runs, so does the EPP
+    after = post_json(s.url + "/v1/chat/completions", {**chat, "max_tokens": 3})
+    assert after.status >= 500, after.status  # new streams are refused now (Envoy's ext_proc error)
+    t.join(timeout=60)
     r = result["r"]
     assert r.status == 200  # type: ignore[attr-defined]
     events = sse_events(r.body)  # type: ignore[attr-defined]
-    assert len(events) == 121 and events[-1] == "[DONE]"
+    assert len(events) == 1601 and events[-1] == "[DONE]"
     assert s.epp.wait(10) == 0
     log_text = s.epp.log_text()
-    assert "draining 1 streams" in log_text
+    assert "ext_proc still serving for the 3s drain window (1 streams in flight)" in log_text
+    assert "refusing new streams, draining 1 streams" in log_text
 
 
 def test_concurrent_mixed_requests_all_complete(duplex: Stack) -> None:

@@ -12,7 +12,7 @@ the pod), Envoy + the Python floor (`floor_extproc`: same protos and message seq
 Envoy + the EPP (each chain). Added latency = path − Envoy alone; ours over the floor is what we can cut.
 
     python -m e2e.bench.bench_breakdown                     # both parts
-    python -m e2e.bench.bench_breakdown --part 2 --points 1024:50 --duration 10
+    python -m e2e.bench.bench_breakdown --part 2 --points 1024:10,50 --chains precise --sims 4 --repeats2 5
 """
 
 from __future__ import annotations
@@ -307,17 +307,28 @@ class FloorProcess(_Process):
 
 
 async def _measure(
-    paths: dict[str, tuple[str, dict[str, str]]], prompts: Sequence[str], rate: float, duration: float, stream: bool
+    paths: dict[str, tuple[str, list[dict[str, str]]]],
+    prompts: Sequence[str],
+    rate: float,
+    duration: float,
+    stream: bool,
+    order: int = 0,
 ) -> tuple[dict[str, list[float]], int]:
+    """Every path at `rate`, interleaved request by request (so all see the same machine load); `order` rotates
+    which path goes first. A path's header sets are used in turn (Envoy alone: one destination per simulator)."""
     lat: dict[str, list[float]] = {k: [] for k in paths}
     errors = 0
-    rng = random.Random(0)
+    rng = random.Random(order)
     names = list(paths)
+    names = names[order % len(names) :] + names[: order % len(names)]
+    sent = dict.fromkeys(names, 0)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as session:
 
         async def one(kind: str, prompt: str) -> None:
             nonlocal errors
-            url, headers = paths[kind]
+            url, header_sets = paths[kind]
+            headers = header_sets[sent[kind] % len(header_sets)]
+            sent[kind] += 1
             body = {"model": MODEL, "prompt": prompt, "max_tokens": 16 if stream else 1, "stream": stream}
             t0 = time.perf_counter()
             try:
@@ -334,7 +345,7 @@ async def _measure(
         tasks = []
         start = time.perf_counter()
         n = int(rate * duration) * len(names)
-        for i in range(n):  # every path at `rate`, interleaved, so all see the same machine load
+        for i in range(n):
             delay = start + i / (rate * len(names)) - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -343,28 +354,41 @@ async def _measure(
     return lat, errors
 
 
-def part2(points: list[tuple[int, list[float]]], duration: float, chains: Sequence[str]) -> list[dict[str, Any]]:
+SIM_ARGS = [
+    "--prefill-overhead",
+    "0",
+    "--prefill-time-per-token",
+    "0",
+    "--inter-token-latency",
+    "0",
+    "--num-gpu-blocks",
+    "65536",
+    "--max-num-seqs",
+    "256",
+    "--max-model-len",
+    "65536",
+]
+
+
+def part2(
+    points: list[tuple[int, list[float]]],
+    duration: float,
+    chains: Sequence[str],
+    n_sims: int = 4,
+    repeats: int = 1,
+    responses: Sequence[bool] = (False, True),
+) -> list[dict[str, Any]]:
+    """Each point runs `repeats` times (the path order rotated each time); per path the median over the repeats of
+    its p50/p99 is reported, and ours/floor is the median of the per-repeat ratios of added p50."""
     texts = TextFactory(3)
     rows: list[dict[str, Any]] = []
-    sim_args = [
-        "--prefill-overhead",
-        "0",
-        "--prefill-time-per-token",
-        "0",
-        "--inter-token-latency",
-        "0",
-        "--num-gpu-blocks",
-        "65536",
-        "--max-num-seqs",
-        "256",
-        "--max-model-len",
-        "65536",
-    ]
-    with tempfile.TemporaryDirectory(prefix="pyepp-breakdown-") as tmp, start_simulators(1, base_args=sim_args) as sims:
-        sim = sims[0]
+    with (
+        tempfile.TemporaryDirectory(prefix="pyepp-breakdown-") as tmp,
+        start_simulators(n_sims, base_args=SIM_ARGS) as sims,
+    ):
         work = Path(tmp)
         stacks = []
-        floor = FloorProcess(work, sim.hostport)
+        floor = FloorProcess(work, ",".join(s.hostport for s in sims))
         envoy_floor: EnvoyProcess | None = None
         try:
             for chain in chains:
@@ -384,50 +408,35 @@ def part2(points: list[tuple[int, list[float]]], duration: float, chains: Sequen
             envoy_floor = EnvoyProcess(EnvoyOptions(listener_port=lp, admin_port=ap, ext_proc_port=floor.port), work)
             envoy_floor.wait_ready()
             direct = f"http://127.0.0.1:{stacks[0].envoy.opts.direct_port}"
-            paths: dict[str, tuple[str, dict[str, str]]] = {
-                "envoy alone": (direct, {DEST: sim.hostport}),
-                "python floor": (envoy_floor.url, {}),
+            paths: dict[str, tuple[str, list[dict[str, str]]]] = {
+                "envoy alone": (direct, [{DEST: s.hostport} for s in sims]),
+                "python floor": (envoy_floor.url, [{}]),
             }
             for chain, st in zip(chains, stacks, strict=True):
-                paths["epp " + chain] = (st.url, {})
-            print(f"\n# part 2: through Envoy, ms (added = path − envoy alone); {duration:.0f} s per point")
+                paths["epp " + chain] = (st.url, [{}])
+            print(
+                f"\n# part 2: through Envoy, ms (added = path − envoy alone); {n_sims} simulators, {duration:.0f} s "
+                f"per point, median of {repeats} alternated repeats"
+            )
             print(
                 f"{'tokens':>6}{'rate':>6}{'resp':>6}  {'path':16}{'p50':>8}{'p99':>8}{'+p50':>8}{'+p99':>8}"
-                f"{'vs floor p50':>14}"
+                f"{'vs floor p50':>14}{'ratios':>24}"
             )
             for size, rates in points:
                 prefix = texts.text(("prefix", size), size // 2)
                 prompts = [prefix + texts.text(("q", size, i), size - size // 2) for i in range(8)]
-                for stream in (False, True):
+                for stream in responses:
                     asyncio.run(_measure(paths, prompts, 5, 1.0, stream))  # warm up
                     for rate in rates:
-                        lat, err = asyncio.run(_measure(paths, prompts, rate, duration, stream))
-                        base50 = percentile(lat["envoy alone"], 0.5) * 1e3
-                        base99 = percentile(lat["envoy alone"], 0.99) * 1e3
-                        floor50 = percentile(lat["python floor"], 0.5) * 1e3 - base50
-                        for name, xs in lat.items():
-                            p50, p99 = percentile(xs, 0.5) * 1e3, percentile(xs, 0.99) * 1e3
-                            row = {
-                                "tokens": size,
-                                "rate": rate,
-                                "sse": stream,
-                                "path": name,
-                                "p50_ms": p50,
-                                "p99_ms": p99,
-                                "added_p50_ms": p50 - base50,
-                                "added_p99_ms": p99 - base99,
-                                "errors": err,
-                                "n": len(xs),
-                            }
-                            rows.append(row)
-                            vs = (p50 - base50) / floor50 if name.startswith("epp") and floor50 > 0 else None
-                            print(
-                                f"{size:>6}{rate:>6.0f}{'sse' if stream else 'json':>6}  {name:16}"
-                                f"{p50:>8.2f}{p99:>8.2f}"
-                                f"{p50 - base50:>8.2f}{p99 - base99:>8.2f}"
-                                f"{(f'{vs:.2f}x' if vs is not None else ''):>14}",
-                                flush=True,
+                        runs: list[dict[str, tuple[float, float]]] = []
+                        err = 0
+                        for r in range(repeats):
+                            lat, e = asyncio.run(_measure(paths, prompts, rate, duration, stream, order=r))
+                            err += e
+                            runs.append(
+                                {k: (percentile(v, 0.5) * 1e3, percentile(v, 0.99) * 1e3) for k, v in lat.items()}
                             )
+                        rows.extend(_summarize(size, rate, stream, runs, err))
                         if err:
                             print(f"  ({err} errors)")
         finally:
@@ -439,6 +448,40 @@ def part2(points: list[tuple[int, list[float]]], duration: float, chains: Sequen
     return rows
 
 
+def _summarize(
+    size: int, rate: float, stream: bool, runs: list[dict[str, tuple[float, float]]], errors: int
+) -> list[dict[str, Any]]:
+    rows = []
+    med = statistics.median
+    for name in runs[0]:
+        added50 = [r[name][0] - r["envoy alone"][0] for r in runs]
+        added99 = [r[name][1] - r["envoy alone"][1] for r in runs]
+        floor50 = [r["python floor"][0] - r["envoy alone"][0] for r in runs]
+        ratios = [a / f for a, f in zip(added50, floor50, strict=True) if f > 0] if name.startswith("epp") else []
+        row = {
+            "tokens": size,
+            "rate": rate,
+            "sse": stream,
+            "path": name,
+            "p50_ms": med(r[name][0] for r in runs),
+            "p99_ms": med(r[name][1] for r in runs),
+            "added_p50_ms": med(added50),
+            "added_p99_ms": med(added99),
+            "vs_floor_p50": med(ratios) if ratios else None,
+            "vs_floor_p50_runs": ratios,
+            "errors": errors,
+        }
+        rows.append(row)
+        vs = row["vs_floor_p50"]
+        print(
+            f"{size:>6}{rate:>6.0f}{'sse' if stream else 'json':>6}  {name:16}"
+            f"{row['p50_ms']:>8.2f}{row['p99_ms']:>8.2f}{row['added_p50_ms']:>8.2f}{row['added_p99_ms']:>8.2f}"
+            f"{(f'{vs:.2f}x' if vs is not None else ''):>14}{' '.join(f'{x:.2f}' for x in ratios):>24}",
+            flush=True,
+        )
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_breakdown")
     p.add_argument("--part", choices=("1", "2", "all"), default="all")
@@ -447,6 +490,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--points", default="1024:10,50;8192:10", help="part 2: prompt tokens:rates per path")
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--chains", default="approximate,precise")
+    p.add_argument("--sims", type=int, default=4, help="part 2: simulators in the pool (one saturates at 50/s)")
+    p.add_argument("--repeats2", type=int, default=3, help="part 2: alternated repeats per point")
+    p.add_argument("--responses", default="json,sse", help="part 2: json, sse or both")
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="part 1: process CPU time or wall time")
     p.add_argument("--json", help="write the rows here")
     ns = p.parse_args(argv)
@@ -460,7 +506,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         points = [
             (int(s), [float(r) for r in rs.split(",")]) for s, rs in (pt.split(":") for pt in ns.points.split(";"))
         ]
-        out["part2"] = part2(points, ns.duration, ns.chains.split(","))
+        responses = [r == "sse" for r in ns.responses.split(",")]
+        out["part2"] = part2(points, ns.duration, ns.chains.split(","), ns.sims, ns.repeats2, responses)
     if ns.json:
         Path(ns.json).write_text(json.dumps(out, indent=1))
     return 0

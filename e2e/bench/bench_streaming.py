@@ -4,7 +4,12 @@ same number through a `direct` listener of the same Envoy without ext_proc, at t
 that streams a token every `--itl` seconds. Reported per concurrency: inter-chunk gap p50/p99 seen by the client
 on each path, the added gap, and chunks/s per path.
 
-    python -m e2e.bench.bench_streaming --concurrency 50,200 --tokens 200 --itl 0.01
+    python -m e2e.bench.bench_streaming --concurrency 50,200 --tokens 200 --itl 0.01 [--sims 4] [--repeats 3]
+
+A third path (on by default) runs the same streams through a second Envoy whose ext_proc is the Python floor
+(`floor_extproc`: same protos and message sequence, no work): gateway − floor is what the EPP itself adds per chunk,
+floor − direct what any Python ext_proc server adds. `--sims N` spreads the streams over N simulators (round-robin
+on the direct and floor paths, the EPP's own picks on the gateway) so that one simulator is not the ceiling.
 """
 
 from __future__ import annotations
@@ -12,15 +17,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
+from e2e.bench.bench_breakdown import FloorProcess
 from e2e.bench.loadgen import percentile
-from e2e.harness.ports import free_port
+from e2e.harness.envoy_config import DESTINATION_HEADER as DEST
+from e2e.harness.envoy_config import EnvoyOptions
+from e2e.harness.ports import free_port, free_ports
+from e2e.harness.procs import EnvoyProcess
 from e2e.harness.stack import start_stack
 from e2e.sim.launch import start_simulators
 from e2e.strategies import config_text
@@ -43,22 +54,23 @@ async def _stream(session: aiohttp.ClientSession, url: str, headers: dict[str, s
     return gaps
 
 
-async def _measure(gw: str, direct: str, dest: str, n: int, tokens: int) -> dict[str, float]:
+async def _measure(paths: dict[str, tuple[str, list[dict[str, str]]]], n: int, tokens: int) -> dict[str, Any]:
+    """`n` streams on every path at once; a path's header sets are used in turn (direct: one per simulator)."""
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as s:
         t0 = time.perf_counter()
-        tasks = [_stream(s, gw, {}, tokens) for _ in range(n)]
-        tasks += [_stream(s, direct, {"x-gateway-destination-endpoint": dest}, tokens) for _ in range(n)]
+        tasks = [_stream(s, url, hs[i % len(hs)], tokens) for url, hs in paths.values() for i in range(n)]
         res = await asyncio.gather(*tasks)
         wall = time.perf_counter() - t0
-    g = [x for r in res[:n] for x in r]
-    d = [x for r in res[n:] for x in r]
-    return {
-        "concurrency": n, "gw_p50_ms": percentile(g, 0.5) * 1e3, "gw_p99_ms": percentile(g, 0.99) * 1e3,
-        "direct_p50_ms": percentile(d, 0.5) * 1e3, "direct_p99_ms": percentile(d, 0.99) * 1e3,
-        "gw_chunks_per_s": len(g) / wall, "direct_chunks_per_s": len(d) / wall,
-        "gw_failed": sum(1 for r in res[:n] if not r), "direct_failed": sum(1 for r in res[n:] if not r),
-    }  # fmt: skip
+    row: dict[str, Any] = {"concurrency": n}
+    for k, name in enumerate(paths):
+        mine = res[k * n : (k + 1) * n]
+        gaps = [x for r in mine for x in r]
+        row[name] = {
+            "p50_ms": percentile(gaps, 0.5) * 1e3, "p99_ms": percentile(gaps, 0.99) * 1e3,
+            "chunks_per_s": len(gaps) / wall, "failed": sum(1 for r in mine if not r),
+        }  # fmt: skip
+    return row
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,32 +79,60 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=200, help="tokens per stream")
     p.add_argument("--itl", type=float, default=0.01, help="the simulator's inter-token latency (s)")
     p.add_argument("--strategy", default="approximate")
+    p.add_argument("--sims", type=int, default=1, help="simulators in the pool (one saturates near 1,000 chunks/s)")
+    p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
+                   help="a third path: Envoy + the Python floor (e2e/bench/floor_extproc.py)")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=1, help="runs per concurrency (medians reported)")
     p.add_argument("--json", help="write the rows here")
     ns = p.parse_args(argv)
     sim_args = ["--prefill-overhead", "0", "--prefill-time-per-token", "0", "--inter-token-latency", str(ns.itl),
                 "--num-gpu-blocks", "65536", "--max-num-seqs", "1024"]  # fmt: skip
     rows = []
-    print(f"{'streams':>8}{'gw p50':>9}{'gw p99':>9}{'dir p50':>9}{'dir p99':>9}{'+p50':>8}{'+p99':>8}"
-          f"{'gw ch/s':>9}{'dir ch/s':>9}{'fail':>6}")  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="pyepp-stream-") as tmp, start_simulators(1, base_args=sim_args) as sims:
-        sim = sims[0]
+    with (
+        tempfile.TemporaryDirectory(prefix="pyepp-stream-") as tmp,
+        start_simulators(ns.sims, base_args=sim_args) as sims,
+    ):
+        work = Path(tmp)
         stack = start_stack(
-            Path(tmp), backends=[], config=config_text(ns.strategy, sims), epp_args=["--log-level", "warning"],
+            work, backends=[], config=config_text(ns.strategy, sims), epp_args=["--log-level", "warning"],
             envoy_overrides={"direct_port": free_port()},
         )  # fmt: skip
+        floor: FloorProcess | None = None
+        envoy_floor: EnvoyProcess | None = None
         try:
-            direct = f"http://127.0.0.1:{stack.envoy.opts.direct_port}"
-            asyncio.run(_measure(stack.url, direct, sim.hostport, 4, 10))  # warm up (tokenizer, connections)
+            paths: dict[str, tuple[str, list[dict[str, str]]]] = {
+                "gateway": (stack.url, [{}]),
+                "direct": (f"http://127.0.0.1:{stack.envoy.opts.direct_port}", [{DEST: s.hostport} for s in sims]),
+            }
+            if ns.floor:
+                floor = FloorProcess(work, ",".join(s.hostport for s in sims))
+                floor.wait_ready()
+                lp, ap = free_ports(2)
+                envoy_floor = EnvoyProcess(
+                    EnvoyOptions(listener_port=lp, admin_port=ap, ext_proc_port=floor.port), work
+                )
+                envoy_floor.wait_ready()
+                paths["floor"] = (envoy_floor.url, [{}])
+            asyncio.run(_measure(paths, 4, 10))  # warm up (tokenizer, connections)
+            print(f"per-chunk gap (ms) seen by the client; {len(sims)} simulator(s), {ns.repeats} run(s) per point")
+            print(f"{'streams':>8}{'path':>9}{'p50':>9}{'p99':>9}{'+p50':>8}{'+p99':>8}{'chunks/s':>10}{'failed':>7}")
             for n in (int(c) for c in ns.concurrency.split(",")):
-                row = asyncio.run(_measure(stack.url, direct, sim.hostport, n, ns.tokens))
-                row["added_p50_ms"] = row["gw_p50_ms"] - row["direct_p50_ms"]
-                row["added_p99_ms"] = row["gw_p99_ms"] - row["direct_p99_ms"]
+                runs = [asyncio.run(_measure(paths, n, ns.tokens)) for _ in range(ns.repeats)]
+                row: dict[str, Any] = {"concurrency": n, "runs": runs}
+                for name in paths:
+                    med = {k: statistics.median(r[name][k] for r in runs) for k in runs[0][name]}
+                    med["added_p50_ms"] = statistics.median(r[name]["p50_ms"] - r["direct"]["p50_ms"] for r in runs)
+                    med["added_p99_ms"] = statistics.median(r[name]["p99_ms"] - r["direct"]["p99_ms"] for r in runs)
+                    row[name] = med
+                    print(f"{n:>8}{name:>9}{med['p50_ms']:>9.2f}{med['p99_ms']:>9.2f}{med['added_p50_ms']:>8.2f}"
+                          f"{med['added_p99_ms']:>8.2f}{med['chunks_per_s']:>10.0f}{med['failed']:>7.0f}",
+                          flush=True)  # fmt: skip
                 rows.append(row)
-                print(f"{n:>8}{row['gw_p50_ms']:>9.2f}{row['gw_p99_ms']:>9.2f}{row['direct_p50_ms']:>9.2f}"
-                      f"{row['direct_p99_ms']:>9.2f}{row['added_p50_ms']:>8.2f}{row['added_p99_ms']:>8.2f}"
-                      f"{row['gw_chunks_per_s']:>9.0f}{row['direct_chunks_per_s']:>9.0f}"
-                      f"{row['gw_failed'] + row['direct_failed']:>6.0f}", flush=True)  # fmt: skip
         finally:
+            if envoy_floor is not None:
+                envoy_floor.stop()
+            if floor is not None:
+                floor.stop()
             stack.close()
     if ns.json:
         Path(ns.json).write_text(json.dumps(rows, indent=1))

@@ -5,7 +5,9 @@ ends, then answer them with a fixed destination and stream the body back; pass r
 body chunks and trailers), but no parsing, no scheduling, no metrics: what any Python ext_proc server pays for
 transport and protobuf. `bench_breakdown` runs it beside the EPP behind the same Envoy configuration.
 
-    python -m e2e.bench.floor_extproc --port 9002 --destination 127.0.0.1:8000
+    python -m e2e.bench.floor_extproc --port 9002 --destination 127.0.0.1:8000[,127.0.0.1:8001,...]
+
+With several destinations (a simulator pool) requests go round-robin over them, as cheap a pick as there is.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 class FloorServicer(pb_grpc.ExternalProcessorServicer):
     def __init__(self, destination: str) -> None:
-        self.destination = destination.encode()
+        self.destinations = [d.encode() for d in destination.split(",") if d]
+        self._next = 0
 
     async def Process(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         read, write, eof = context.read, context.write, grpc.aio.EOF
@@ -39,12 +42,12 @@ class FloorServicer(pb_grpc.ExternalProcessorServicer):
                 if not msg.request_body.end_of_stream:
                     continue
                 raw = b"".join(body)
+                self._next += 1
+                dest = self.destinations[self._next % len(self.destinations)]
                 mutation = pb.HeaderMutation(
                     set_headers=[
                         base_pb2.HeaderValueOption(
-                            header=base_pb2.HeaderValue(
-                                key="x-gateway-destination-endpoint", raw_value=self.destination
-                            ),
+                            header=base_pb2.HeaderValue(key="x-gateway-destination-endpoint", raw_value=dest),
                             append_action=_OVERWRITE,
                         ),
                         base_pb2.HeaderValueOption(
@@ -97,7 +100,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m e2e.bench.floor_extproc")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--health-port", type=int, required=True)
-    ap.add_argument("--destination", required=True)
+    ap.add_argument("--destination", required=True, help="host:port, or a comma-separated list (round-robin)")
     ns = ap.parse_args()
     asyncio.run(serve(ns.port, ns.health_port, ns.destination))
 

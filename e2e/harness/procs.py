@@ -157,6 +157,15 @@ class EppProcess(_Process):
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.ports.metrics}/metrics"
 
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM, and a second one after a second if it still runs: that ends the --drain-timeout window (30 s by
+        default) and aborts what is in flight, so teardown does not wait the window out."""
+        if self.running():
+            self.proc.send_signal(signal.SIGTERM)
+            if self.wait(min(1.0, timeout)) is None:
+                self.proc.send_signal(signal.SIGTERM)
+        super().stop(timeout)
+
     def health(self, service: str = "readiness", port: int | None = None) -> int:
         """The gRPC health status (health_pb2.HealthCheckResponse.ServingStatus value)."""
         with grpc.insecure_channel(f"127.0.0.1:{port or self.ports.health}") as ch:

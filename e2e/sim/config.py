@@ -61,6 +61,8 @@ class SimConfig:
     encode_time_per_item: float = 0.02  # seconds to encode one multimodal item not cached here
     ec_transfer_time_per_item: float = 0.001  # seconds to load one from an encoder or the shared storage
     ec_shared_storage_path: str = ""  # vLLM's ECExampleConnector directory (encode pods write, every pod reads)
+    # A Qwen2.5-VL-like model (e2e/sim/multimodal.py): chat renders images (placeholders, mm hashes in the blocks)
+    multimodal: bool = False
     # Metrics
     legacy_gpu_cache_metric: bool = False
     # Failure injection
@@ -149,6 +151,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     a("--encode-time-per-item", type=float, default=d.encode_time_per_item, help="seconds per multimodal item")
     a("--ec-transfer-time-per-item", type=float, default=d.ec_transfer_time_per_item, help="seconds per item")
     a("--ec-shared-storage-path", default=d.ec_shared_storage_path, help="ECExampleConnector shared directory")
+    a("--multimodal", action="store_true", help="a Qwen2.5-VL-like model: chat prompts render image parts")
     a("--legacy-gpu-cache-metric", action="store_true", help="also export vllm:gpu_cache_usage_perc")
     a("--failure-rate", type=float, default=d.failure_rate, help="0..1")
     a("--failure-status", type=int, default=d.failure_status)

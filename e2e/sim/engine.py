@@ -58,6 +58,7 @@ class SimRequest:
     remote_blocks: list[int] | None = None
     remote_decode: bool = False  # this is the prefill of a disaggregated request
     block_ids: list[int] = field(default_factory=list)  # the prompt's blocks here, for kv_transfer_params
+    mm: list[tuple[str, int, int]] = field(default_factory=list)  # multimodal items (hash, offset, length)
 
 
 @dataclass
@@ -124,6 +125,7 @@ class Engine:
                 return False
         try:
             req.alloc = self.kv.allocate(req.hashes, len(req.prompt_ids), len(req.prompt_ids) + req.max_tokens)
+            req.alloc.mm = tuple(req.mm)
         except NoSpace:
             return False
         req.cached_tokens = req.alloc.hit_blocks * self.cfg.block_size
@@ -193,9 +195,9 @@ class Engine:
         """Queue, prefill, then yield output tokens in real time. Cancellation (client gone) frees the slot."""
         self.check(req)
         if len(req.prompt_ids) > HASH_THREAD_THRESHOLD_TOKENS:  # ~10 us per block: keep long prompts off the loop
-            req.hashes = await asyncio.to_thread(self.kv.block_hashes, req.prompt_ids, req.lora, req.cache_salt)
+            req.hashes = await asyncio.to_thread(self.kv.block_hashes, req.prompt_ids, req.lora, req.cache_salt, req.mm)
         else:
-            req.hashes = self.kv.block_hashes(req.prompt_ids, req.lora, req.cache_salt)
+            req.hashes = self.kv.block_hashes(req.prompt_ids, req.lora, req.cache_salt, req.mm)
         req.admitted = asyncio.get_running_loop().create_future()
         self.waiting.append(req)
         self.schedule()

@@ -20,6 +20,12 @@ from e2e.sim.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStor
 from e2e.sim.hashing import hash_block_tokens, none_hash, to_external
 
 
+def mm_block_keys(mm: Sequence[tuple[str, int, int]], start: int, end: int) -> list[tuple[str, str, int]]:
+    """vLLM's `_gen_mm_extra_hash_keys` for the block [start, end): every multimodal item (hash, offset, length)
+    overlapping it, as ("mm", hash, its offset relative to the block's start)."""
+    return [("mm", h, off - start) for h, off, n in mm if off < end and off + n > start]
+
+
 @dataclass
 class LoraRef:
     name: str
@@ -45,6 +51,7 @@ class Allocation:
     private_blocks: int  # reserved blocks not (yet) holding a cache entry
     registered: list[Block] = field(default_factory=list)  # blocks this request put in the cache (ref'd)
     released: bool = False
+    mm: tuple[tuple[str, int, int], ...] = ()  # the prompt's multimodal items (hash, offset, length)
 
     @property
     def hit_blocks(self) -> int:
@@ -96,31 +103,43 @@ class KVCache:
 
     # --- hashing ----------------------------------------------------------------------------------------
     def block_hashes(
-        self, token_ids: Sequence[int], lora: LoraRef | None = None, cache_salt: str | None = None
+        self,
+        token_ids: Sequence[int],
+        lora: LoraRef | None = None,
+        cache_salt: str | None = None,
+        mm: Sequence[tuple[str, int, int]] = (),
     ) -> list[bytes]:
         out: list[bytes] = []
         parent = self.none_hash
         bs = self.block_size
         for i in range(len(token_ids) // bs):
-            parent = hash_block_tokens(parent, token_ids[i * bs : (i + 1) * bs], self._extra_keys(i, lora, cache_salt))
+            extra = self._extra_keys(i, lora, cache_salt, mm_block_keys(mm, i * bs, (i + 1) * bs) if mm else ())
+            parent = hash_block_tokens(parent, token_ids[i * bs : (i + 1) * bs], extra)
             out.append(parent)
         return out
 
     @staticmethod
-    def _extra_keys(block: int, lora: LoraRef | None, cache_salt: str | None) -> tuple[Any, ...] | None:
+    def _extra_keys(
+        block: int, lora: LoraRef | None, cache_salt: str | None, mm_keys: Sequence[tuple[Any, ...]] = ()
+    ) -> tuple[Any, ...] | None:
+        """vLLM's order: lora, multimodal items, cache_salt (block 0)."""
         keys: list[Any] = []
         if lora is not None:
             keys.append(("lora", lora.name, lora.path))
+        keys.extend(mm_keys)
         if cache_salt and block == 0:
             keys.append(("cache_salt", cache_salt))
         return tuple(keys) or None
 
     @staticmethod
-    def _event_extra_keys(block: int, lora: LoraRef | None, cache_salt: str | None) -> tuple[Any, ...] | None:
-        """vLLM's `to_event_extra_keys`: the same keys untagged (bare LoRA name, bare salt)."""
+    def _event_extra_keys(
+        block: int, lora: LoraRef | None, cache_salt: str | None, mm_keys: Sequence[tuple[Any, ...]] = ()
+    ) -> tuple[Any, ...] | None:
+        """vLLM's `to_event_extra_keys`: the same keys untagged (bare LoRA name, (mm hash, offset), bare salt)."""
         keys: list[Any] = []
         if lora is not None:
             keys.append(lora.name)
+        keys.extend(tuple(k[1:]) for k in mm_keys)
         if cache_salt and block == 0:
             keys.append(cache_salt)
         return tuple(keys) or None
@@ -216,7 +235,10 @@ class KVCache:
                     lora_id=lora.adapter_id if lora else None,
                     medium=MEDIUM_GPU,
                     lora_name=lora.name if lora else None,
-                    extra_keys=[self._event_extra_keys(i, lora, cache_salt) for i in new],
+                    extra_keys=[
+                        self._event_extra_keys(i, lora, cache_salt, mm_block_keys(alloc.mm, i * bs, (i + 1) * bs))
+                        for i in new
+                    ],
                     group_idx=0,
                 )
             ]
@@ -233,9 +255,8 @@ class KVCache:
         if len(all_token_ids) < (i + 1) * bs:
             return
         parent = alloc.hashes[-1] if alloc.hashes else self.none_hash
-        alloc.hashes.append(
-            hash_block_tokens(parent, all_token_ids[i * bs : (i + 1) * bs], self._extra_keys(i, lora, cache_salt))
-        )
+        extra = self._extra_keys(i, lora, cache_salt, mm_block_keys(alloc.mm, i * bs, (i + 1) * bs))
+        alloc.hashes.append(hash_block_tokens(parent, all_token_ids[i * bs : (i + 1) * bs], extra))
         self.register(alloc, all_token_ids, lora, cache_salt, start=i)
 
     def release(self, alloc: Allocation) -> None:

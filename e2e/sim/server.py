@@ -27,6 +27,7 @@ from e2e.sim.engine import Engine, EngineError, SimRequest
 from e2e.sim.events import KVEvent
 from e2e.sim.kvcache import LoraRef
 from e2e.sim.metrics import SimMetrics
+from e2e.sim.multimodal import VisionRenderer
 from e2e.sim.publisher import EventPublisher
 from e2e.sim.tokenizer import RenderError, SimTokenizer
 
@@ -70,6 +71,7 @@ class Simulator:
         self.pieces = {i: self.tok.decode([i]) for i in output_ids}  # generated text without the tokenizer
         self.engines = [Engine(cfg, self.metrics.engine(r), output_ids, rank=r) for r in cfg.ranks]
         self.encoder = EncoderStage(cfg, self.metrics.registry)  # E/P/D: multimodal items' encoder outputs
+        self.vision = VisionRenderer(cfg.model) if cfg.multimodal else None  # --multimodal: image parts rendered
         self.metrics.bind(
             lambda: (
                 [(e.rank, len(e.running), len(e.waiting), e.kv.usage()) for e in self.engines],
@@ -246,8 +248,13 @@ async def _generate(request: web.Request, chat: bool, body: dict[str, Any] | Non
     lora = engine.lora_for(model)
     if body.get("n", 1) != 1:
         raise EngineError(400, "The simulator supports only n=1.")
-    ids = await _prompt(sim, body, chat)
+    mm: list[tuple[str, int, int]] = []
+    if chat and sim.vision is not None:
+        ids, mm = await sim.vision.render(body)
+    else:
+        ids = await _prompt(sim, body, chat)
     req = sim.sim_request(body, ids, lora, chat)
+    req.mm = mm
     transfer = kv_transfer_request(body, req)
     ec_params = await sim.encoder.run(body) if chat else None
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -467,6 +474,15 @@ async def render_chat(request: web.Request) -> web.Response:
     sim = request.app[APP_KEY]
     body = await _json(request)
     sim.engine.lora_for(str(body.get("model", sim.cfg.model_name)))
+    if sim.vision is not None:  # vLLM's render output carries the items' hashes and placeholder ranges
+        ids, mm = await sim.vision.render(body)
+        out = _rendered(sim, body, ids, chat=True)
+        if mm:
+            out["features"] = {
+                "mm_hashes": {"image": [h for h, _, _ in mm]},
+                "mm_placeholders": {"image": [{"offset": o, "length": n} for _, o, n in mm]},
+            }
+        return web.json_response(out)
     ids = await _prompt(sim, body, chat=True)
     return web.json_response(_rendered(sim, body, ids, chat=True))
 
@@ -631,9 +647,14 @@ def build_app(sim: Simulator, manage_events: bool = True) -> web.Application:
     async def on_cleanup(app: web.Application) -> None:
         await sim.stop_events()
 
+    async def close_vision(app: web.Application) -> None:
+        if sim.vision is not None:
+            await sim.vision.close()
+
     if manage_events:
         app.on_startup.append(on_startup)
         app.on_cleanup.append(on_cleanup)
+    app.on_cleanup.append(close_vision)
     return app
 
 

@@ -119,11 +119,15 @@ class Params:
         self._read.update(keys)
 
     def section(self, key: builtins.str) -> Params:
-        """The nested mapping under `key` (empty if absent)."""
+        """The nested mapping under `key` (empty if absent); asked twice, the same one (keys read by either count)."""
+        path = self._path(key)
+        for sec in self._sections:
+            if sec.path == path:
+                return sec
         v = self.get(key, None)
         if v is not None and not isinstance(v, Mapping):
             raise self.fail(key, "expected a mapping")
-        sec = Params(self.plugin, v, path=self._path(key))
+        sec = Params(self.plugin, v, path=path)
         self._sections.append(sec)
         return sec
 

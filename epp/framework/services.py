@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from epp.framework.params import Params, PluginConfigError
-from epp.framework.types import Endpoint, PrefixMatch
+from epp.framework.types import Endpoint, PrefixMatch, TokenizedPrompt
 
 
 class Tokenizer(Protocol):
@@ -26,6 +26,19 @@ class Tokenizer(Protocol):
         tools: Sequence[Any] | None = None,
     ) -> list[int]: ...
 
+    async def tokenize_prompt(
+        self,
+        model: str,
+        prompt: str | list[Any] | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Any] | None = None,
+        mm_model_id: str | None = None,
+    ) -> TokenizedPrompt:
+        """The token ids with multimodal placeholders expanded, and each multimodal item's vLLM mm hash and
+        placeholder range (`mm_model_id`: the model vLLM hashes items with, its `--model`)."""
+        ...
+
 
 class KVCacheIndex(Protocol):
     """Which endpoint holds which KV blocks of a prompt, fed by the engines' KV events. Endpoints by hostport."""
@@ -33,8 +46,16 @@ class KVCacheIndex(Protocol):
     def block_size_for(self, model: str, endpoints: Sequence[Endpoint] = ()) -> int | None: ...
 
     def request_keys(
-        self, tokens: Sequence[int], model: str, endpoints: Sequence[Endpoint] = (), cache_salt: str | None = None
-    ) -> list[int]: ...
+        self,
+        tokens: Sequence[int],
+        model: str,
+        endpoints: Sequence[Endpoint] = (),
+        cache_salt: str | None = None,
+        mm_items: Sequence[tuple[str, int, int]] = (),
+    ) -> list[int]:
+        """Block keys of `tokens`; `mm_items` (identifier, offset, length) go into the extra keys of the blocks
+        their placeholders overlap, as vLLM's block hashes carry them."""
+        ...
 
     async def match(self, keys: Sequence[int], pods: Iterable[str] | None = None) -> Mapping[str, PrefixMatch]: ...
 

@@ -23,6 +23,10 @@ class PoolConfig:
     replay_cooldown: float = 30.0  # after a failed replay, no replays from that endpoint for this long
     max_concurrent_replays: int = 8
     retry_interval: float = 5.0
+    # pyepp's: bytes a ZMQ message may have (larger ones are refused by ZMQ, which drops the peer's connection; a
+    # 131,072-block batch with its token ids is ~9 MiB), and bytes of payloads queued for the workers at once.
+    max_message_bytes: int = 64 * 1024 * 1024
+    max_queued_bytes: int = 256 * 1024 * 1024
 
     @classmethod
     def from_params(cls, p: Params) -> PoolConfig:
@@ -47,4 +51,6 @@ class PoolConfig:
             replay_port=replay,
             queue_size=p.int("queueSize", 10_000, min=1),
             default_model=p.optional_str("modelName") or p.str("defaultModel", ""),
+            max_message_bytes=p.int("maxMessageBytes", 64 * 1024 * 1024, min=1024),
+            max_queued_bytes=p.int("maxQueuedBytes", 256 * 1024 * 1024, min=1024),
         )

@@ -9,6 +9,7 @@ DecodeError (the caller counts and drops it), it never corrupts the index.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,6 +198,38 @@ def decode_batch(payload: bytes) -> EventBatch:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except Exception as e:  # msgpack raises several types (ExtraData, FormatError, ValueError, ...)
         raise DecodeError(f"invalid msgpack: {e}") from None
+    return batch_from_raw(raw)
+
+
+# Payloads above this are unpacked a step at a time (`unpack_steps`); below it one `unpackb` takes < ~1 ms.
+STEP_BYTES = 64 * 1024
+
+
+def unpack_steps(payload: bytes, step: int = STEP_BYTES) -> Iterator[Any]:
+    """Unpack `payload` (one msgpack object, as `unpackb` would) `step` bytes at a time: msgpack's Unpacker resumes
+    a partly fed object where it stopped, so each step costs about step/len of the whole decode. Yields None after
+    each step that did not finish the object, then the object; raises DecodeError like `decode_batch`."""
+    n = len(payload)
+    u = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(n, 1))
+    mv = memoryview(payload)
+    for i in range(0, n, step):
+        try:
+            u.feed(mv[i : i + step])
+            obj = u.unpack()
+        except msgpack.OutOfData:
+            yield None
+            continue
+        except Exception as e:  # msgpack raises several types (FormatError, StackError, ValueError, ...)
+            raise DecodeError(f"invalid msgpack: {e}") from None
+        if u.tell() != n:
+            raise DecodeError("invalid msgpack: extra data after the batch")
+        yield obj
+        return
+    raise DecodeError("invalid msgpack: truncated batch")
+
+
+def batch_from_raw(raw: Any) -> EventBatch:
+    """The batch from its unpacked msgpack object."""
     if isinstance(raw, list):
         if len(raw) < 2:
             raise DecodeError("event batch needs [ts, events]")

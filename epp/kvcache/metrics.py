@@ -37,7 +37,7 @@ class PoolMetrics:
             self.blocks.labels(op)
         for result in ("ok", "timeout", "error"):
             self.replays.labels(result)
-        for reason in ("queue_full", "unknown_pod", "rewound"):
+        for reason in ("queue_full", "queue_bytes", "unknown_pod", "rewound"):
             self.dropped.labels(reason)
         self.config_errors.labels("bad_port_label")
 

@@ -46,6 +46,8 @@ class BatchSink(Protocol):
 
     def decode(self, pod: str, payload: bytes) -> EventBatch | None: ...
 
+    async def decode_sliced(self, pod: str, payload: bytes) -> EventBatch | None: ...
+
     def apply(self, pod: str, model: str, batch: EventBatch) -> None: ...
 
     async def apply_sliced(self, pod: str, model: str, batch: EventBatch) -> None: ...
@@ -113,6 +115,7 @@ class Replayer:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_message_bytes)
         t0 = time.monotonic()
         try:
             sock.connect(endpoint)
@@ -165,7 +168,7 @@ class Replayer:
                                 return "ok", got, True
                             continue
                     first = False
-                    batch = self.sink.decode(pod, payload)
+                    batch = await self.sink.decode_sliced(pod, payload)
                     r = (batch.dp_rank or 0) if batch is not None else rank
                     if self.seq.check(pod, r, s, live=False) is Verdict.DUPLICATE:
                         continue

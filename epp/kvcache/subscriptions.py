@@ -174,6 +174,7 @@ class Subscriptions:
             sock = self._ctx.socket(zmq.SUB)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 100_000)
+            sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_message_bytes)
             sock.setsockopt_string(zmq.SUBSCRIBE, self.cfg.topic_filter)
             connected = asyncio.Event()
             mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED)  # before connect, or the event is missed
@@ -239,6 +240,7 @@ class Subscriptions:
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_message_bytes)
         sock.setsockopt_string(zmq.SUBSCRIBE, self.cfg.topic_filter)
         sock.bind(endpoint)
         self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -20,8 +20,16 @@ from dataclasses import dataclass
 
 from epp.framework.logthrottle import LogThrottle
 from epp.kvcache.config import PoolConfig
-from epp.kvcache.events import DecodeError, EventBatch, decode_batch, parse_topic
-from epp.kvcache.ingest import ApplyStats, EventApplier, slice_batch
+from epp.kvcache.events import (
+    STEP_BYTES,
+    DecodeError,
+    EventBatch,
+    batch_from_raw,
+    decode_batch,
+    parse_topic,
+    unpack_steps,
+)
+from epp.kvcache.ingest import RELEASE_STEP, ApplyStats, EventApplier, long_lists, slice_batch
 from epp.kvcache.metrics import PoolMetrics
 from epp.kvcache.replay import Checkpoint, Replayer
 from epp.kvcache.sequencing import SequenceTracker, Verdict
@@ -68,6 +76,7 @@ class ShardedWorkers:
         self.known_pods: set[str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_drop_log = 0.0
+        self.queued_bytes = 0  # payload bytes waiting in the queues (bounded by cfg.max_queued_bytes)
         metrics.capacity.set(cfg.queue_size * cfg.concurrency)
         metrics.queue_depth.set_function(lambda: sum(q.qsize() for q in self._queues))
 
@@ -165,22 +174,33 @@ class ShardedWorkers:
 
     def _put(self, pod: str, item: _Item) -> bool:
         q = self._shard(pod)
+        size = 0 if isinstance(item, Resync) else len(item[3])
+        if size and self.queued_bytes + size > self.cfg.max_queued_bytes:
+            # A flood of large batches (or one forged in central-bind mode) must not queue without bound.
+            self._drop("queue_bytes", f"KV-event queues hold {self.queued_bytes} bytes: dropping a {size}-byte batch")
+            return False
         try:
             q.put_nowait(item)
         except asyncio.QueueFull:
-            self.metrics.dropped.labels("queue_full").inc()
-            now = time.monotonic()
-            if now - self._last_drop_log > 5.0:
-                self._last_drop_log = now
-                log.warning("KV-event queue full (%d): dropping; the gap will be replayed", q.maxsize)
+            self._drop("queue_full", f"KV-event queue full ({q.maxsize}): dropping")
             return False
+        self.queued_bytes += size
         return True
+
+    def _drop(self, reason: str, why: str) -> None:
+        self.metrics.dropped.labels(reason).inc()
+        now = time.monotonic()
+        if now - self._last_drop_log > 5.0:
+            self._last_drop_log = now
+            log.warning("%s; the gap will be replayed", why)
 
     # ------------------------------------------------------------ applying
     async def _worker(self, q: asyncio.Queue[_Item]) -> None:
         while True:
             item = await q.get()
             pod = item.pod if isinstance(item, Resync) else item[0]
+            if not isinstance(item, Resync):
+                self.queued_bytes -= len(item[3])
             try:
                 if isinstance(item, Resync):
                     await self.process_resync(item)
@@ -194,7 +214,7 @@ class ShardedWorkers:
 
     async def process(self, pod: str, model: str, seq: int, payload: bytes, replay: str | None) -> None:
         """Check one live batch's seq, replay what is missing before it, then apply it."""
-        batch = self.decode(pod, payload)
+        batch = await self.decode_sliced(pod, payload)
         rank = (batch.dp_rank or 0) if batch is not None else self._sole_rank(pod)
         v = self.seq.check(pod, rank, seq)
         self.metrics.sequence.labels(v.value).inc()
@@ -262,9 +282,28 @@ class ShardedWorkers:
         try:
             return decode_batch(payload)
         except DecodeError as e:
-            self.metrics.decode_errors.inc()
-            _throttle.log(log, logging.WARNING, "decode", "KV events: bad payload from %s: %s", pod, e)
+            self._decode_failed(pod, e)
             return None
+
+    async def decode_sliced(self, pod: str, payload: bytes) -> EventBatch | None:
+        """`decode`, yielding to the event loop every STEP_BYTES of a large payload: one engine batch can be
+        megabytes (131,072 blocks with their token ids: 9 MiB, ~0.3 s to unpack in one piece)."""
+        if len(payload) <= STEP_BYTES:
+            return self.decode(pod, payload)
+        try:
+            for obj in unpack_steps(payload):
+                if obj is None:
+                    await asyncio.sleep(0)
+                    continue
+                await asyncio.sleep(0)
+                return batch_from_raw(obj)
+        except DecodeError as e:
+            self._decode_failed(pod, e)
+        return None
+
+    def _decode_failed(self, pod: str, e: DecodeError) -> None:
+        self.metrics.decode_errors.inc()
+        _throttle.log(log, logging.WARNING, "decode", "KV events: bad payload from %s: %s", pod, e)
 
     def apply(self, pod: str, model: str, batch: EventBatch) -> None:
         st = self.applier.apply(pod, model, batch)
@@ -290,13 +329,19 @@ class ShardedWorkers:
             self.on_applied(pod, st)
 
     async def apply_sliced(self, pod: str, model: str, batch: EventBatch) -> None:
-        """Apply a batch in slices of at most SLICE_BLOCKS blocks, yielding to the event loop between them."""
+        """Apply a batch in slices of at most SLICE_BLOCKS blocks, yielding to the event loop between them; then
+        empty its long lists a slice at a time (freeing two million token ids at once stalls the loop ~0.1 s)."""
         first = True
         for part in slice_batch(batch):
             if not first:
                 await asyncio.sleep(0)
             first = False
             self.apply(pod, model, part)
+        for ev in batch.events:
+            for items in long_lists(ev):
+                while len(items) > RELEASE_STEP:
+                    del items[-RELEASE_STEP:]
+                    await asyncio.sleep(0)
 
     def clear_pod(self, pod: str) -> None:
         self.applier.clear_pod(pod)

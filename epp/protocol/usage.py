@@ -64,14 +64,33 @@ def usage_from_json(body: bytes) -> Usage | None:
         return None
 
 
-class SSEUsageReader:
-    """Feed SSE chunks as they pass; keeps only the unfinished last line, so memory stays O(line)."""
+# Candidate usage lines held unparsed before they are resolved (bytes): bounds the reader's memory.
+_MAX_PENDING_BYTES = 64 * 1024
+_MAX_PENDING_LINES = 32
 
-    __slots__ = ("_partial", "usage")
+
+class SSEUsageReader:
+    """Feed SSE chunks as they pass; keeps only the unfinished last line, so memory stays O(line).
+
+    Per chunk it only finds lines that can carry usage (a C substring scan); parsing is deferred: the candidate lines
+    are held (bounded) and parsed newest first when `usage` is read, so a stream that reports usage in every chunk
+    (vLLM's continuous usage stats, or `"usage":null` on every chunk with include_usage) costs one JSON parse per
+    stream instead of one per chunk. The result is the same as parsing every line in order: the last line that
+    yields usage wins."""
+
+    __slots__ = ("_partial", "_pending", "_pending_bytes", "_usage")
 
     def __init__(self) -> None:
         self._partial = b""
-        self.usage: Usage | None = None
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._usage: Usage | None = None
+
+    @property
+    def usage(self) -> Usage | None:
+        if self._pending:
+            self._resolve()
+        return self._usage
 
     def feed(self, chunk: bytes) -> None:
         if not chunk:
@@ -85,24 +104,41 @@ class SSEUsageReader:
         if b'"usage"' not in data and b"response.completed" not in data:
             return
         for line in data[:end].split(b"\n"):
-            self._line(line)
+            self._candidate(line)
 
     def close(self) -> None:
         """End of stream: a last event without a trailing newline still counts."""
         if self._partial:
-            self._line(self._partial)
+            self._candidate(self._partial)
             self._partial = b""
+        if self._pending:
+            self._resolve()
 
-    def _line(self, line: bytes) -> None:
-        line = line.rstrip(b"\r")
+    def _candidate(self, line: bytes) -> None:
         if not line.startswith(b"data:"):
             return
         payload = line[5:].strip()
-        if not payload or payload == b"[DONE]" or (b'"usage"' not in payload and b"response.completed" not in payload):
+        if not payload or payload == b"[DONE]":
             return
-        try:
-            usage = usage_from_object(json.loads(payload))
-        except (ValueError, RecursionError):
+        completed = b"response.completed" in payload
+        n = payload.count(b'"usage"')
+        if not n and not completed:
             return
-        if usage is not None:
-            self.usage = usage
+        if n == 1 and not completed and (b'"usage":null' in payload or b'"usage": null' in payload):
+            return  # include_usage puts a null usage in every chunk but the last
+        self._pending.append(payload)
+        self._pending_bytes += len(payload)
+        if len(self._pending) >= _MAX_PENDING_LINES or self._pending_bytes > _MAX_PENDING_BYTES:
+            self._resolve()
+
+    def _resolve(self) -> None:
+        """Parse the held lines newest first; the first that yields usage is the latest usage."""
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        for payload in reversed(pending):
+            try:
+                usage = usage_from_object(json.loads(payload))
+            except (ValueError, RecursionError):
+                continue
+            if usage is not None:
+                self._usage = usage
+                return

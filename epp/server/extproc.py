@@ -15,9 +15,10 @@ exactly once, also when the stream dies early. Every failure becomes an Immediat
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -46,6 +47,7 @@ from epp.protocol.openai import bodyless_request, build_request
 from epp.protocol.rewrite import ModelNameRewriter
 from epp.protocol.usage import MAX_JSON_USAGE_BYTES, SSEUsageReader, usage_from_json
 from epp.requestcontrol.types import Director, RoutingDecision, locate_candidates
+from epp.server.memtrim import TRIM_AFTER_BODY_BYTES, MemoryTrimmer
 from epp.server.metrics import RequestMetrics
 from epp.wiring.builtins import default_parsers
 
@@ -76,6 +78,12 @@ _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _JSON_CT = base_pb2.HeaderValueOption(
     header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"), append_action=_OVERWRITE
 )
+
+# Answers that never vary, built once (never mutated after: dynamic metadata goes on fresh responses only).
+_RESPONSE_HEADERS_PASS = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+_REQUEST_BODY_PASS = pb.ProcessingResponse(request_body=pb.BodyResponse())
+_REQUEST_TRAILERS_PASS = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+_RESPONSE_TRAILERS_PASS = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
 
 # Request states, as in GIE's handlers/server.go.
 _RECEIVED, _HEADERS_DONE, _BODY_DONE, _RESPONSE, _RESPONSE_HEADERS_DONE, _COMPLETE = range(6)
@@ -187,6 +195,7 @@ class ServerState:
         self.max_inflight_body_bytes = max_inflight_body_bytes
         self.inflight_body_bytes = 0  # held by streams gathering (or parsing) a request body
         self.active_streams = 0
+        self.trimmer = MemoryTrimmer()  # heap pages back to the OS after large bodies
         self._bodyless_next = 0
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
         self.tracing: Any = None  # epp.server.tracing.Tracing with --tracing (spans per request)
@@ -236,10 +245,12 @@ class RequestStream:
         self.response_mode = state.response_body_mode
         self.headers: dict[str, str] = {}
         self.subset: list[str] | None = None
-        self._body: list[bytes] = []
+        # The body gathered so far: the first chunk as it came; from the second on, one growing bytearray (a list
+        # of chunks left a body's worth of freed small blocks resident in the heap once joined).
+        self._body: bytes | bytearray = b""
         self._body_size = 0
         self._held = 0  # bytes of this stream's body counted in ServerState.inflight_body_bytes
-        self._error_format = "openai"  # the API's error shape, known once a parser is chosen
+        self._error_format = ""  # the API's error shape, known once a parser is chosen (see _format)
         self.request: InferenceRequest | None = None
         self.decision: RoutingDecision | None = None
         self.model_routed = False  # True once the director accepted the request (it must see completion)
@@ -256,7 +267,9 @@ class RequestStream:
 
     # -- dispatch ---------------------------------------------------------------------------------------------
 
-    async def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    async def handle(self, msg: pb.ProcessingRequest) -> Iterable[pb.ProcessingResponse]:
+        """The responses to one message: a list, or (a large request body streamed on) an iterable that makes
+        them as they are written."""
         kind = msg.WhichOneof("request")
         try:
             if kind == "request_body":
@@ -271,7 +284,7 @@ class RequestStream:
                 return await self._request_trailers()
             if kind == "response_trailers":
                 self.complete()
-                return [pb.ProcessingResponse(response_trailers=pb.TrailersResponse())]
+                return [_RESPONSE_TRAILERS_PASS]
             return []
         except RequestError as e:
             return [self._reject(e)]
@@ -306,7 +319,17 @@ class RequestStream:
         if req is not None and req.model:
             self.s.metrics.request_error(req.model, req.target_model, err.code)
         self.state = _COMPLETE
-        return immediate(err, self._error_format)
+        return immediate(err, self._format())
+
+    def _format(self) -> str:
+        """The error shape of the request's API: its parser's, also before the body is parsed (a 413 or 503 while
+        gathering it), so an Anthropic client gets Anthropic's shape; OpenAI's when no parser claims the path."""
+        if not self._error_format:
+            try:
+                self._error_format = self.s.parsers.resolve(request_path(self.headers)).error_format
+            except NoParser:
+                self._error_format = "openai"
+        return self._error_format
 
     # -- request path -----------------------------------------------------------------------------------------
 
@@ -322,6 +345,10 @@ class RequestStream:
             self.subset = _subset_hint(msg.metadata_context) if self.s.honor_subset_hint else None
         self.started = time.monotonic()
         self.state = _HEADERS_DONE
+        declared = self.headers.get("content-length", "")
+        if declared.isdigit() and (len(declared) > 18 or int(declared) > self.s.max_body_bytes):
+            # Refused before a byte of it is gathered.
+            raise PayloadTooLarge(f"request body exceeds {self.s.max_body_bytes} bytes")
         if msg.request_headers.end_of_stream or self.request_mode not in (FULL_DUPLEX, BUFFERED):
             # No body will reach us before the headers must be answered: route without scheduling.
             self.request = bodyless_request(self.headers)
@@ -329,7 +356,7 @@ class RequestStream:
             self.decision = self.s.pick_bodyless(self.subset)
             self.state = _BODY_DONE
             resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=self._routing_common(None)))
-            resp.dynamic_metadata.update(self.dynamic_metadata())
+            self._put_metadata(resp)
             return [resp]
         if self.request_mode == BUFFERED:
             strip = pb.CommonResponse(
@@ -338,48 +365,80 @@ class RequestStream:
             return [pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=strip))]
         return []  # FULL_DUPLEX: hold the headers until the body is complete
 
-    async def _request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+    async def _request_body(self, body: pb.HttpBody) -> Iterable[pb.ProcessingResponse]:
         if self.state >= _BODY_DONE:  # STREAMED / BUFFERED_PARTIAL after a headers-time decision: pass through
-            return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
+            return [_REQUEST_BODY_PASS]
         chunk = body.body
         if chunk:
             s = self.s
             if s.inflight_body_bytes + len(chunk) > s.max_inflight_body_bytes:
-                self._body = []
+                self._body = b""
                 self._release_body()
                 raise ServiceUnavailable("too many request body bytes in flight; retry later")
             s.inflight_body_bytes += len(chunk)
             self._held += len(chunk)
-            self._body.append(chunk)
+            gathered = self._body
+            if not gathered:
+                self._body = chunk
+            elif isinstance(gathered, bytearray):
+                gathered += chunk
+            else:
+                self._body = bytearray(gathered) + chunk
             self._body_size += len(chunk)
             if self._body_size > s.max_body_bytes:
-                self._body = []
+                self._body = b""
                 self._release_body()
                 raise PayloadTooLarge(f"request body exceeds {s.max_body_bytes} bytes")
         if not body.end_of_stream:
             return []
-        try:
-            return await self._decide(end_of_stream=True)
-        finally:
-            self._release_body()
+        return await self._decide_releasing(end_of_stream=True)
 
     def _release_body(self) -> None:
         """Give this stream's body bytes back to the global in-flight budget (idempotent)."""
         self.s.inflight_body_bytes -= self._held
         self._held = 0
 
-    async def _request_trailers(self) -> list[pb.ProcessingResponse]:
+    async def _request_trailers(self) -> Iterable[pb.ProcessingResponse]:
         """Trailers end a body that had no end_of_stream: decide now, the body chunks stay without EOS."""
+        out: Iterable[pb.ProcessingResponse] = []
+        if self.state < _BODY_DONE:
+            out = await self._decide_releasing(end_of_stream=False)
+        return itertools.chain(out, [_REQUEST_TRAILERS_PASS])
+
+    async def _decide_releasing(self, end_of_stream: bool) -> Iterable[pb.ProcessingResponse]:
+        """`_decide`, giving the body's budget back once it is decided, or once a large body has been streamed on
+        (its bytes stay alive until then)."""
+        lazy = False
         try:
-            out = await self._decide(end_of_stream=False) if self.state < _BODY_DONE else []
+            out = await self._decide(end_of_stream)
+            lazy = not isinstance(out, list)
+            return out
+        finally:
+            if not lazy:
+                self._release_body()
+
+    def _stream_body(self, body: bytes, end_of_stream: bool) -> Iterator[pb.ProcessingResponse]:
+        """The body's streamed pieces, made one at a time as they are written: a large body is not copied into
+        a list of messages first (that was one more body-sized copy alive)."""
+        try:
+            mv = memoryview(body)
+            del body
+            n = len(mv)
+            for i in range(0, n, BODY_CHUNK_LIMIT):
+                resp = pb.ProcessingResponse()
+                sr = resp.request_body.response.body_mutation.streamed_response
+                sr.body = bytes(mv[i : i + BODY_CHUNK_LIMIT])
+                sr.end_of_stream = end_of_stream and i + BODY_CHUNK_LIMIT >= n
+                yield resp
         finally:
             self._release_body()
-        out.append(pb.ProcessingResponse(request_trailers=pb.TrailersResponse()))
-        return out
 
-    async def _decide(self, end_of_stream: bool) -> list[pb.ProcessingResponse]:
-        parts = self._body
-        raw = parts[0] if len(parts) == 1 else b"".join(parts)
+    async def _decide(self, end_of_stream: bool) -> Iterable[pb.ProcessingResponse]:
+        gathered = self._body
+        self._body = b""
+        # One copy into bytes, the bytearray let go at once: a large body is held one time over while it is parsed.
+        raw = gathered if isinstance(gathered, bytes) else bytes(gathered)
+        del gathered
         path = request_path(self.headers)
         try:
             parser = self.s.parsers.resolve(path)
@@ -405,23 +464,24 @@ class RequestStream:
         self.s.metrics.request_started(request.model, request.target_model, request.priority, len(forward))
         if request.target_model != request.model:
             self._rewriter = ModelNameRewriter(request.target_model, request.model)
-        self._body = []
+        rewritten = forward is not raw
+        del raw  # only `forward` goes on (the body itself unless rewritten)
         if self.request_mode == BUFFERED:
             common = self._routing_common(len(forward))
-            if forward is not raw:
+            if rewritten:
                 common.body_mutation.body = forward
             resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
-            resp.dynamic_metadata.update(self.dynamic_metadata())
+            self._put_metadata(resp)
             return [resp]
         resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=self._routing_common(len(forward))))
-        resp.dynamic_metadata.update(self.dynamic_metadata())
+        self._put_metadata(resp)
+        if len(forward) > BODY_CHUNK_LIMIT:
+            return itertools.chain([resp], self._stream_body(forward, end_of_stream))
         out = [resp]
-        pieces = _chunks(parts if forward is raw else [forward])
-        last = len(pieces) - 1
-        for i, piece in enumerate(pieces):
+        if forward:
             common = pb.CommonResponse()
-            common.body_mutation.streamed_response.body = piece
-            common.body_mutation.streamed_response.end_of_stream = end_of_stream and i == last
+            common.body_mutation.streamed_response.body = forward
+            common.body_mutation.streamed_response.end_of_stream = end_of_stream
             out.append(pb.ProcessingResponse(request_body=pb.BodyResponse(response=common)))
         return out
 
@@ -441,6 +501,22 @@ class RequestStream:
         remove = [h for h in DISAGG_HEADERS if h not in self.decision.headers]
         mutation = pb.HeaderMutation(set_headers=set_headers, remove_headers=remove)
         return pb.CommonResponse(header_mutation=mutation, clear_route_cache=True)
+
+    def _put_metadata(self, resp: pb.ProcessingResponse) -> None:
+        """`dynamic_metadata()` into the response: string values set field by field (3x cheaper than converting
+        the dict into a Struct), anything else through the generic conversion."""
+        lb = resp.dynamic_metadata.fields[DESTINATION_NAMESPACE].struct_value
+        fields = lb.fields
+        rest: dict[str, Any] | None = None
+        for k, v in self.dynamic_metadata()[DESTINATION_NAMESPACE].items():
+            if type(v) is str:
+                fields[k].string_value = v
+            else:
+                if rest is None:
+                    rest = {}
+                rest[k] = v
+        if rest:
+            lb.update(rest)
 
     def dynamic_metadata(self) -> dict[str, Any]:
         assert self.decision is not None
@@ -498,7 +574,7 @@ class RequestStream:
                     response_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=mutation))
                 )
             ]
-        return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
+        return [_RESPONSE_HEADERS_PASS]
 
     def _response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         chunk = body.body
@@ -572,11 +648,14 @@ class RequestStream:
         log.info("request %s evicted by flow control", self.request.request_id if self.request else "?")
         self.complete()
         evicted = TooManyRequests("request evicted by flow control", dropped_reason=DROPPED_EVICTED)
-        return immediate(evicted, self._error_format)
+        return immediate(evicted, self._format())
 
     def complete(self) -> None:
         """Record usage and tell the director, exactly once per routed request (also on early stream end)."""
         self._release_body()
+        if self._body_size >= TRIM_AFTER_BODY_BYTES:
+            self._body_size = 0
+            self.s.trimmer.request()
         self.state = _COMPLETE
         if self._span is not None:
             self._end_span()

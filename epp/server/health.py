@@ -21,6 +21,7 @@ class Health:
     def __init__(self) -> None:
         self.servicer = health.aio.HealthServicer()
         self.ready = False
+        self.is_draining = False
 
     async def start(self) -> None:
         await self.servicer.set(LIVENESS, SERVING)
@@ -28,9 +29,19 @@ class Health:
             await self.servicer.set(name, NOT_SERVING)
 
     async def set_ready(self, ready: bool) -> None:
+        if self.is_draining:
+            return
         self.ready = ready
         for name in READY_SERVICES:
             await self.servicer.set(name, SERVING if ready else NOT_SERVING)
+
+    async def draining(self) -> None:
+        """The drain window: everything but liveness NOT_SERVING (Kubernetes takes the pod out of the endpoints;
+        liveness stays SERVING so it is not restarted mid-drain), for good."""
+        self.is_draining = True
+        self.ready = False
+        for name in READY_SERVICES:
+            await self.servicer.set(name, NOT_SERVING)
 
     async def shutting_down(self) -> None:
         """Every service NOT_SERVING, and no later `set` can flip it back."""

@@ -265,8 +265,9 @@ FLAGS: tuple[Flag, ...] = (
          "Enables leader election for high availability (active-passive on a coordination.k8s.io Lease). When "
          "enabled, readiness probes will only pass on the leader. Without it every replica is active."),
     Flag("drain-timeout", "duration",
-         "Graceful shutdown drain window: on SIGTERM the EPP goes NotServing and releases its leader lease, then "
-         "keeps serving ext_proc for up to this long while in-flight streams finish."),
+         "Graceful shutdown drain window: on SIGTERM the EPP goes NotServing and releases its leader lease "
+         "immediately, then keeps serving ext_proc for this duration so in-flight and pre-DNS-refresh requests are "
+         "not rejected; then it refuses new streams and lets the in-flight ones finish."),
     Flag("grpc-max-recv-msg-size", "string", "Maximum size of a gRPC message to receive (e.g., 10MiB, 25MB)."),
     Flag("grpc-max-send-msg-size", "string", "Maximum size of a gRPC message to send (e.g., 10MiB, 25MB)."),
     Flag("pool-group", "string", "Kubernetes resource group of the InferencePool this Endpoint Picker serves."),

@@ -1,7 +1,12 @@
 """Lifecycle of a running EPP: bind the ports, run discovery and background tasks, drain on SIGTERM.
 
-Shutdown order: health NOT_SERVING (so Envoy/Kubernetes stop sending), then `grpc.aio.Server.stop(grace)`,
-which refuses new streams and waits up to `drain_timeout` for in-flight ones, then background tasks are cancelled.
+Shutdown, as llm-d-router's runner does it (`runWithGracefulShutdown`): on SIGTERM readiness goes NOT_SERVING
+(liveness stays SERVING, so the pod is not restarted mid-drain) and the leader Lease is released; ext_proc keeps
+serving, new streams included, for the whole `--drain-timeout` window (requests Envoy sends before it sees the pod
+leave the endpoints are served, not refused); then the server refuses new streams and waits for the in-flight ones
+without a limit of its own (Go's GracefulStop: the pod's terminationGracePeriodSeconds bounds it); then background
+tasks are cancelled. A second SIGTERM/SIGINT ends the window and aborts what is still in flight. Losing the Lease
+skips the window (the Go EPP exits at once then).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ log = logging.getLogger(__name__)
 
 # Bodies arrive whole in BUFFERED mode; allow large prompts (the Envoy listener limit is the real cap).
 _MAX_MESSAGE = DEFAULT_MAX_BODY_BYTES + 1024 * 1024
+# After the drain window in-flight streams finish in their own time (Go's GracefulStop has no limit); grpc.aio
+# needs a number, so this is "no limit" in practice: Kubernetes' SIGKILL or a second signal comes first.
+_GRACEFUL_STOP_GRACE = 30 * 24 * 3600.0
 
 
 class BindError(RuntimeError):
@@ -62,7 +70,7 @@ class ServeOptions:
     grpc_port: int = 9002
     grpc_health_port: int = 9003
     metrics_port: int = 9090
-    drain_timeout: float = 30.0
+    drain_timeout: float = 0.0  # `epp serve` passes --drain-timeout (30s); in-process servers stop without a window
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES
     reuse_port: bool = False
@@ -322,17 +330,39 @@ class EppServer:
             await asyncio.sleep(0.05)
 
     _stopping = False
+    _forced: asyncio.Event | None = None
 
-    async def stop(self) -> None:
+    def force_stop(self) -> None:
+        """A second signal: end the drain window now and abort the streams still in flight."""
+        if self._forced is None:
+            self._forced = asyncio.Event()
+        if not self._forced.is_set():
+            log.info("second shutdown signal: aborting %d in-flight streams", self.state.active_streams)
+            self._forced.set()
+            if self._stopping:
+                self._spawn(self._grpc.stop(0), "force-stop")
+
+    async def stop(self, *, drain: bool = True) -> None:
         self._stopping = True
-        log.info("shutting down: health NOT_SERVING, draining %d streams", self.state.active_streams)
+        if self._forced is None:
+            self._forced = asyncio.Event()
         for t in self._tasks:
             if t.get_name() == "readiness":
                 t.cancel()
-        await self.health.shutting_down()
+        await self.health.draining()
         if self.elector is not None:
             await self.elector.release()
-        await self._grpc.stop(self.options.drain_timeout)
+        window = self.options.drain_timeout if drain else 0.0
+        if window > 0 and not self._forced.is_set():
+            log.info(
+                "shutting down: readiness NOT_SERVING, ext_proc still serving for the %gs drain window "
+                "(%d streams in flight)", window, self.state.active_streams,
+            )  # fmt: skip
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._forced.wait(), window)
+        log.info("shutting down: refusing new streams, draining %d streams", self.state.active_streams)
+        await self.health.shutting_down()
+        await self._grpc.stop(0 if self._forced.is_set() else _GRACEFUL_STOP_GRACE)
         await self._health_grpc.stop(0)
         await self._metrics_http.stop()
         for t in self._tasks:
@@ -357,14 +387,20 @@ async def serve(runtime: Runtime, options: ServeOptions) -> None:
     server = EppServer(runtime, options)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            server.force_stop()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     await server.start()
     stopped = asyncio.create_task(stop.wait())
     lost = asyncio.create_task(server.leadership_lost.wait())
     await asyncio.wait({stopped, lost}, return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
     lost.cancel()
-    await server.stop()
+    await server.stop(drain=not server.leadership_lost.is_set())
     if server.leadership_lost.is_set():
         raise LeaderElectionLost("leader election lost")

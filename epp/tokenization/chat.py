@@ -54,7 +54,14 @@ def _strip_billing(parts: list[Any]) -> list[Any]:
     return out
 
 
-def _texts(parts: list[Any], where: str) -> list[str]:
+class _Media(str):
+    """A media part's place among the texts: its modality (`{"type": <modality>}` for the template)."""
+
+
+_IMAGE = _Media("image")
+
+
+def _texts(parts: list[Any], where: str, media: bool = False) -> list[str]:
     texts: list[str] = []
     for part in parts:
         if isinstance(part, str):
@@ -64,6 +71,9 @@ def _texts(parts: list[Any], where: str) -> list[str]:
             raise TokenizationError(f"{where}: a content part must be an object")
         kind = part.get("type")
         if kind in _MEDIA or (kind is None and any(k in part for k in ("image_url", "input_audio", "video_url"))):
+            if media and (kind in ("image_url", "input_image") or (kind is None and "image_url" in part)):
+                texts.append(_IMAGE)
+                continue
             raise MultimodalContent(f"{where}: {kind or 'media'} content needs the model server's renderer")
         key = _TEXT_KEYS.get(kind) if isinstance(kind, str) else None
         if key is None:
@@ -90,8 +100,10 @@ def _arguments(value: Any) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def conversation(messages: Sequence[Any], content_format: str = "string") -> list[dict[str, Any]]:
-    """The conversation vLLM passes to `apply_chat_template` for these OpenAI chat messages."""
+def conversation(messages: Sequence[Any], content_format: str = "string", media: bool = False) -> list[dict[str, Any]]:
+    """The conversation vLLM passes to `apply_chat_template` for these OpenAI chat messages. With `media`, image
+    parts become `{"type": "image"}` parts ("openai"-format templates only; vLLM's string-format placeholders
+    are model-specific, so those still need the renderer)."""
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -109,10 +121,14 @@ def conversation(messages: Sequence[Any], content_format: str = "string") -> lis
             raise TokenizationError(f"{where}.content must be a string or an array of parts")
         if role == "system":
             parts = _strip_billing(parts)
-        texts = _texts(parts, where)
+        texts = _texts(parts, where, media)
         msg: dict[str, Any] = {"role": role}
         if content_format == "openai":
-            msg["content"] = [{"type": "text", "text": t} for t in texts]
+            msg["content"] = [{"type": t} if isinstance(t, _Media) else {"type": "text", "text": t} for t in texts]
+        elif any(isinstance(t, _Media) for t in texts):
+            raise MultimodalContent(
+                f"{where}: this chat template renders no media parts: use the model server's renderer"
+            )
         else:
             msg["content"] = "\n".join(texts)
         if role == "assistant":
@@ -135,6 +151,8 @@ def conversation(messages: Sequence[Any], content_format: str = "string") -> lis
         elif role == "tool":
             if "tool_call_id" in m:
                 msg["tool_call_id"] = m["tool_call_id"]
+            if any(isinstance(t, _Media) for t in texts):
+                raise MultimodalContent(f"{where}: media in a tool message needs the model server's renderer")
             if isinstance(msg["content"], list):
                 msg["content"] = "\n".join(texts)
         if isinstance(m.get("name"), str):

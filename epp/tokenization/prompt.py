@@ -15,7 +15,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from epp.framework.errors import TokenizationError
+from epp.framework.types import MultiModalFeature, TokenizedPrompt
 from epp.tokenization.chat import content_format, conversation, has_media, tool_dicts
+from epp.tokenization.multimodal import (
+    MAX_MEDIA_BYTES,
+    MediaError,
+    MediaRef,
+    VisionConfig,
+    decode_data_url,
+    hash_image,
+    inspect_image,
+    media_refs,
+    part_kind,
+)
 from epp.tokenization.segments import SegmentEncoder
 
 log = logging.getLogger(__name__)
@@ -136,11 +148,21 @@ class HFBackend:
         kwargs: Mapping[str, Any],
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
+        return await self._chat(model, messages, kwargs, tools, media=False)
+
+    async def _chat(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        tools: list[dict[str, Any]] | None,
+        media: bool,
+    ) -> list[int]:
         tok = self.tokenizer(model)
         template = self.chat_template or tok.chat_template
         if not isinstance(template, str):
             raise TokenizationError(f"the tokenizer for {model!r} has no chat template")
-        convo = conversation(messages, content_format(template))
+        convo = conversation(messages, content_format(template), media=media)
         tool_list = tool_dicts(tools)
         size = sum(len(str(m.get("content", ""))) for m in convo)
 
@@ -157,6 +179,46 @@ class HFBackend:
             raise
         except Exception as e:
             raise TokenizationError(f"chat template failed for {model!r}: {e}") from None
+
+    def vision(self, model: str) -> VisionConfig:
+        """The image processor settings of the model's directory (preprocessor_config.json)."""
+        return VisionConfig.from_dir(self.model_dirs.get(model, self.default_dir))
+
+    async def chat_media(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        tools: list[dict[str, Any]] | None,
+        image_tokens: Sequence[int],
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Render with image parts, then repeat each image's pad token as vLLM's Qwen2-VL processor does: the ids
+        and each image's placeholder (offset, length), in order."""
+        tok = self.tokenizer(model)
+        pad = tok.convert_tokens_to_ids("<|image_pad|>")
+        if not isinstance(pad, int) or pad == tok.unk_token_id:
+            raise TokenizationError(f"the tokenizer for {model!r} has no <|image_pad|> token: use the renderer")
+        ids = await self._chat(model, messages, kwargs, tools, media=True)
+        return expand_placeholders(ids, pad, image_tokens)
+
+
+def expand_placeholders(ids: list[int], pad: int, counts: Sequence[int]) -> tuple[list[int], list[tuple[int, int]]]:
+    """Each `pad` in `ids` repeated counts[k] times (the k-th image); the placeholders' (offset, length)."""
+    positions = [i for i, t in enumerate(ids) if t == pad]
+    if len(positions) != len(counts):
+        raise TokenizationError(
+            f"the chat template rendered {len(positions)} image placeholders for {len(counts)} images"
+        )
+    out: list[int] = []
+    ranges: list[tuple[int, int]] = []
+    prev = 0
+    for pos, n in zip(positions, counts, strict=True):
+        out.extend(ids[prev:pos])
+        ranges.append((len(out), n))
+        out.extend([pad] * n)
+        prev = pos + 1
+    out.extend(ids[prev:])
+    return out, ranges
 
 
 def _chat_body(
@@ -226,18 +288,20 @@ class RenderBackend(HTTPBackend):
 
     renders_media = True
 
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, timeout: float = 5.0, mm_timeout: float = 30.0) -> None:
         super().__init__(url, timeout)
         self.base = url.rstrip("/")
+        self.mm_timeout = mm_timeout  # llm-d's mmTimeout: a render with media fetches and processes it
 
-    async def _render(self, path: str, body: dict[str, Any]) -> Any:
+    async def _render(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
         import aiohttp
 
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         url = self.base + path
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
         try:
-            async with self._session.post(url, json=body) as r:
+            async with self._session.post(url, json=body, **extra) as r:
                 data = await r.json(content_type=None)
                 if r.status != 200:
                     raise TokenizationError(f"{url}: HTTP {r.status}: {str(data)[:200]}")
@@ -264,20 +328,162 @@ class RenderBackend(HTTPBackend):
         kwargs: Mapping[str, Any],
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
+        return (await self.chat_prompt(model, messages, kwargs, tools)).token_ids
+
+    async def chat_prompt(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> TokenizedPrompt:
+        """The engine's ids and its multimodal features (`features.mm_hashes` / `mm_placeholders`)."""
         body = _chat_body(model, messages, kwargs, tools)
         body["mm_payload"] = "none"  # only the token layout and item hashes, as cache-aware routers ask for
-        return self._ids(await self._render("/v1/chat/completions/render", body), "/v1/chat/completions/render")
+        timeout = self.mm_timeout if has_media(messages) else None
+        data = await self._render("/v1/chat/completions/render", body, timeout)
+        ids = self._ids(data, "/v1/chat/completions/render")
+        return TokenizedPrompt(ids, render_features(data.get("features"), len(ids)))
+
+
+def render_features(features: Any, num_tokens: int) -> list[MultiModalFeature] | None:
+    """vLLM's `MultiModalFeatures` ({mm_hashes: {modality: [hash]}, mm_placeholders: {modality: [{offset, length}]}})
+    as features sorted by offset; malformed or out-of-range entries make the whole set unusable (None)."""
+    if not isinstance(features, dict):
+        return None
+    hashes, places = features.get("mm_hashes"), features.get("mm_placeholders")
+    if not isinstance(hashes, dict) or not isinstance(places, dict):
+        return None
+    out: list[MultiModalFeature] = []
+    for modality, hs in hashes.items():
+        ps = places.get(modality)
+        if not isinstance(hs, list) or not isinstance(ps, list) or len(hs) != len(ps):
+            return None
+        for h, p in zip(hs, ps, strict=True):
+            off = p.get("offset") if isinstance(p, dict) else None
+            length = p.get("length") if isinstance(p, dict) else None
+            if not isinstance(h, str) or type(off) is not int or type(length) is not int:
+                return None
+            if off < 0 or length <= 0 or off + length > num_tokens:
+                return None
+            out.append(MultiModalFeature(str(modality)[:16], h, off, length))
+    out.sort(key=lambda f: f.offset)
+    return out or None
 
 
 class PromptTokenizer:
     """Request → token ids, cached (LRU by model + content digest)."""
 
-    def __init__(self, backend: Backend, cache_size: int = 1024) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        cache_size: int = 1024,
+        mm_hash_algorithm: str = "blake3",
+        media_timeout: float = 5.0,
+        max_media_bytes: int = MAX_MEDIA_BYTES,
+    ) -> None:
         self.backend = backend
         self.cache_size = cache_size
-        self._cache: OrderedDict[bytes, list[int]] = OrderedDict()
+        self._cache: OrderedDict[bytes, Any] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self.mm_hash_algorithm = mm_hash_algorithm
+        self.media_timeout = media_timeout
+        self.max_media_bytes = max_media_bytes
+        self._images: OrderedDict[bytes, tuple[str, int, int]] = OrderedDict()  # url digest -> (hash, w, h)
+        self._session: Any = None
+
+    async def tokenize_prompt(
+        self,
+        model: str,
+        prompt: Any = None,
+        messages: Sequence[Any] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Any] | None = None,
+        mm_model_id: str | None = None,
+    ) -> TokenizedPrompt:
+        """Token ids with multimodal placeholders expanded, and each item's vLLM mm hash and placeholder range.
+
+        Media in chat messages: the render backend returns the engine's own features; a local tokenizer expands
+        images itself (epp.tokenization.multimodal). `mm_model_id` is the model vLLM hashes items with (its
+        `--model`; default `model`)."""
+        if messages is None or (not has_media(list(messages)) and not _untyped_media(messages)):
+            return TokenizedPrompt(await self.tokenize(model, prompt, messages, chat_template_kwargs, tools))
+        msgs = list(messages)
+        kw = dict(chat_template_kwargs or {})
+        tool_list = list(tools) if tools is not None else None
+        key = self._key(model, "chat-mm", [msgs, kw, tool_list, mm_model_id])
+        got = self._get(key)
+        if isinstance(got, TokenizedPrompt):
+            return got
+        render = getattr(self.backend, "chat_prompt", None)
+        chat_media = getattr(self.backend, "chat_media", None)
+        if render is not None:
+            got = await render(model, msgs, kw, tool_list)
+        elif self.backend.renders_media:  # the engine's ids, without the items (e.g. the UDS sidecar's answer)
+            got = TokenizedPrompt(await self.backend.chat(model, msgs, kw, tool_list))
+        else:
+            if chat_media is None:
+                raise TokenizationError("multimodal content needs the model server's renderer (tokenizer type vllm)")
+            refs = media_refs(msgs)
+            vision: VisionConfig = self.backend.vision(model)  # type: ignore[attr-defined]
+            images = [await self._image(ref, mm_model_id or model) for ref in refs]
+            counts = [vision.image_tokens(w, h) for _, w, h in images]
+            ids, ranges = await chat_media(model, msgs, kw, tool_list, counts)
+            feats = [MultiModalFeature("image", h, off, n) for (h, _, _), (off, n) in zip(images, ranges, strict=True)]
+            got = TokenizedPrompt(ids, feats or None)
+        self._put(key, got)
+        return got
+
+    async def _image(self, ref: MediaRef, model_id: str) -> tuple[str, int, int]:
+        """(mm hash, width, height) of one image part, remembered by URL for later turns of the conversation."""
+        if ref.url is None:
+            raise MediaError("an image part has no URL")
+        digest = self._key(model_id, "image", [ref.url, ref.uuid, self.mm_hash_algorithm])
+        got = self._images.get(digest)
+        if got is not None:
+            self._images.move_to_end(digest)
+            return got
+        data = await self._media_bytes(ref.url)
+        algorithm = self.mm_hash_algorithm
+
+        def inspect() -> tuple[str, int, int]:
+            info = inspect_image(data)
+            h = ref.uuid if ref.uuid is not None else hash_image(model_id, info.media, algorithm)
+            return h, info.width, info.height
+
+        got = await asyncio.to_thread(inspect) if len(data) > 65536 else inspect()
+        self._images[digest] = got
+        if len(self._images) > 256:
+            self._images.popitem(last=False)
+        return got
+
+    async def _media_bytes(self, url: str) -> bytes:
+        """A data: URL decoded, or an http(s) URL fetched within `media_timeout` and `max_media_bytes`."""
+        if url[:5].lower() == "data:":
+            if len(url) > 65536:
+                return await asyncio.to_thread(decode_data_url, url)
+            return decode_data_url(url)
+        if not url.lower().startswith(("http://", "https://")):
+            raise MediaError(f"unsupported media URL scheme in {url[:40]!r}")
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.media_timeout))
+        try:
+            async with self._session.get(url) as r:
+                if r.status != 200:
+                    raise MediaError(f"fetching {url[:80]}: HTTP {r.status}")
+                if (r.content_length or 0) > self.max_media_bytes:
+                    raise MediaError(f"fetching {url[:80]}: larger than {self.max_media_bytes} bytes")
+                buf = bytearray()
+                async for chunk in r.content.iter_chunked(65536):
+                    buf += chunk
+                    if len(buf) > self.max_media_bytes:
+                        raise MediaError(f"fetching {url[:80]}: larger than {self.max_media_bytes} bytes")
+                return bytes(buf)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise MediaError(f"fetching {url[:80]}: {e or type(e).__name__}") from None
 
     async def warm(self) -> None:
         await self.backend.warm()
@@ -325,7 +531,7 @@ class PromptTokenizer:
         h.update(content.encode() if isinstance(content, str) else json.dumps(content).encode())  # key order renders
         return h.digest()
 
-    def _get(self, key: bytes) -> list[int] | None:
+    def _get(self, key: bytes) -> Any:
         v = self._cache.get(key)
         if v is None:
             self.misses += 1
@@ -334,7 +540,18 @@ class PromptTokenizer:
         self._cache.move_to_end(key)
         return v
 
-    def _put(self, key: bytes, v: list[int]) -> None:
+    def _put(self, key: bytes, v: Any) -> None:
         self._cache[key] = v
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
+
+
+def _untyped_media(messages: Sequence[Any]) -> bool:
+    """Media parts without a `type` (vLLM accepts `{"image_url": ...}` alone)."""
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and any(
+            isinstance(p, dict) and p.get("type") is None and part_kind(p) is not None for p in content
+        ):
+            return True
+    return False

@@ -16,6 +16,7 @@ import yaml
 
 from epp.config import ConfigError, parse_config
 from epp.datalayer.datastore import Datastore
+from epp.server.goflags import FlagError
 from epp.server.options import parse_options
 from epp.wiring import plugin_context, register_builtins
 from epp.wiring.builder import build_pipeline
@@ -158,6 +159,65 @@ CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
 }
 
 
+def has_labels(values: dict[str, Any]) -> bool:
+    router = values.get("router") or {}
+    return bool(((router.get("modelServers") or {}).get("matchLabels")) or
+                ((values.get("inferencePool") or {}).get("modelServers") or {}).get("matchLabels"))  # fmt: skip
+
+
+def guide_cases() -> dict[str, tuple[list[str], dict[str, Any]]]:
+    """llm-d's guides install their router values over recipes/router/base.values.yaml, with the standalone chart or
+    the gateway chart (`--set provider.name=... --set httpRoute.create=true`); the older scheduler/ and manifests/
+    values go to GIE's inferencepool chart (scheduler/ over recipes/scheduler/base.values.yaml)."""
+    base = "llm-d__guides__recipes__router__base.values.yaml"
+    gateway = sets(("provider.name", "gke"), ("httpRoute.create", True),
+                   ("httpRoute.inferenceGatewayName", "llm-d-inference-gateway"))  # fmt: skip
+    out: dict[str, tuple[list[str], dict[str, Any]]] = {}
+    for path in sorted(VALUES.glob("llm-d*__guides__*.yaml")):
+        name = path.name
+        if name in GUIDE_LAYERS:
+            continue
+        top = yaml.safe_load(path.read_text()) or {}
+        if "router" in top or "httpRoute" in top:
+            files_sa, files_gw = [*ROUTER_SA, base, name], [*ROUTER_GW, base, name]
+            if "__features__" in name:  # features layer over a guide
+                guide = "llm-d__guides__optimized-baseline__router.values.yaml"
+                files_sa, files_gw = [*ROUTER_SA, base, guide, name], [*ROUTER_GW, base, guide, name]
+            for kind, files, extra in (("sa", files_sa, {}), ("gw", files_gw, gateway)):
+                labels = {} if has_labels(layered(*files)) else ROUTER_LABELS
+                out[f"guide-{kind}:{name}"] = (files, deep_merge(labels, extra))
+        else:
+            files = [*GIE_POOL, name]
+            if "__scheduler__" in name:
+                files = [*GIE_POOL, "llm-d__guides__recipes__scheduler__base.values.yaml", name]
+            out[f"guide-gie:{name}"] = (files, {} if has_labels(layered(*files)) else POOL_LABELS)
+    return out
+
+
+AGW_GUIDE = [
+    *ROUTER_SA,
+    "llm-d__guides__recipes__router__base.values.yaml",
+    "llm-d__guides__optimized-baseline__router.values.yaml",
+    "llm-d__guides__optimized-baseline__router__optimized-baseline-agentgateway.values.yaml",
+    "llm-d__guides__recipes__router__features__agentgateway-proxy.values.yaml",
+]
+# Files that only layer under others (covered by the cases that use them).
+GUIDE_LAYERS = {
+    "llm-d__guides__recipes__router__base.values.yaml",
+    "llm-d__guides__recipes__scheduler__base.values.yaml",
+    *AGW_GUIDE[-2:],
+}
+CASES.update(guide_cases())
+# The optimized-baseline guide's agentgateway variant (its README: standalone chart, proxyType=agentgateway).
+CASES["guide-sa:optimized-baseline-agentgateway"] = (AGW_GUIDE, sets(AGW, ("router.inferencePool.create", False)))
+
+# Cases whose rendered args `epp serve` refuses, as the anchor's EPP does, with the reason (docs/compatibility.md).
+ARGS_REFUSED = {
+    # GIE v1.5's EPP took the per-metric flags; llm-d-router v0.10 (and pyepp) reject them for engineConfigs.
+    "guide-gie:llm-d__guides__wide-ep-lws__manifests__inferencepool.values.yaml": "kv-cache-usage-percentage-metric",
+}
+
+
 def rendered(case: str) -> list[dict[str, Any]]:
     files, extra = CASES[case]
     return render(layered(*files, extra=extra), name="qwen-pool", namespace="llm")
@@ -237,6 +297,10 @@ def test_anchor_values_render_and_validate(case: str) -> None:
     # The container args parse with `epp serve`'s flags (the same parser the binary uses).
     args = container_args(docs)
     assert args[0] == "serve"
+    if case in ARGS_REFUSED:
+        with pytest.raises(FlagError, match=ARGS_REFUSED[case]):
+            parse_options(args[1:])
+        return
     opts = parse_options(args[1:])
     if by_kind(docs, "InferencePool"):
         assert opts.pool_name == "qwen-pool" and opts.pool_namespace == "llm"
@@ -244,7 +308,8 @@ def test_anchor_values_render_and_validate(case: str) -> None:
         assert one(docs, "InferencePool")["spec"]["selector"]["matchLabels"]
     else:  # standalone: the EPP selects the pods itself
         assert opts.pool_name in ("", None) and opts.endpoint_selector and opts.endpoint_target_ports
-    assert opts.zap_encoder == "json" and opts.tracing is False
+    tracing = (layered(*CASES[case][0], extra=CASES[case][1]).get("router") or {}).get("tracing") or {}
+    assert opts.zap_encoder == "json" and opts.tracing is bool(tracing.get("enabled"))
     # The config file the args point at is in the ConfigMap and builds here (unless the corpus test lists that very
     # config as an exception, with its reason).
     name, text = config_file(docs)

@@ -31,3 +31,13 @@ def test_section_must_be_a_mapping_and_unread_keys_are_listed() -> None:
         p.section("tokenizer")
     assert p.section("absent").raw == {}
     assert p.unread() == ["a"]
+
+
+def test_a_section_asked_for_twice_is_one_section() -> None:
+    """Two readers of one nested mapping (e.g. the KV index and the precise producer, both in `indexerConfig`): a
+    key either reads is read."""
+    p = Params("p", {"indexerConfig": {"kvBlockIndexConfig": {}, "tokenizersPoolConfig": {}, "other": 1}})
+    p.section("indexerConfig").section("kvBlockIndexConfig")
+    p.section("indexerConfig").section("tokenizersPoolConfig")
+    assert p.section("indexerConfig") is p.section("indexerConfig")
+    assert p.unread() == ["indexerConfig.other"]

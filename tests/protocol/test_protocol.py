@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -116,3 +117,54 @@ def test_rewriter_unicode_names() -> None:
 def test_usage_ignores_absurd_token_counts() -> None:
     u = usage_from_json(b'{"usage":{"prompt_tokens":-4,"completion_tokens":' + b"9" * 500 + b"}}")
     assert u is not None and (u.prompt_tokens, u.completion_tokens) == (0, 0)
+
+
+def _continuous(n: int) -> list[bytes]:
+    """vLLM's continuous usage stats: every chunk carries the cumulative usage."""
+    return [
+        b'data: {"choices":[{"text":"t"}],"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n' % (i + 1)
+        for i in range(n)
+    ]
+
+
+def test_sse_usage_parsed_once_per_stream_not_per_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    import epp.protocol.usage as usage_mod
+
+    calls: list[bytes] = []
+    real = usage_mod.json.loads
+
+    def counting(b: bytes) -> object:
+        calls.append(b)
+        return real(b)
+
+    monkeypatch.setattr(usage_mod.json, "loads", counting)
+    r = SSEUsageReader()
+    for c in _continuous(20):
+        r.feed(c)
+    r.feed(b'data: {"choices":[{"text":"u"}],"usage":null}\n\ndata: [DONE]\n\n')
+    r.close()
+    assert r.usage == Usage(5, 20, 25)
+    assert len(calls) == 1  # the newest candidate only; "usage":null lines are not candidates
+
+
+def test_sse_deferred_usage_keeps_in_order_semantics() -> None:
+    # A later unparseable or usage-less candidate does not hide the last valid usage before it.
+    r = SSEUsageReader()
+    r.feed(b'data: {"usage":{"prompt_tokens":2,"completion_tokens":1}}\n\n')
+    r.feed(b'data: {"usage": {"prompt_tokens": broken\n\n')
+    r.feed(b'data: {"usage":"not an object"}\n\n')
+    r.close()
+    assert r.usage == Usage(2, 1, 3)
+
+
+def test_sse_pending_candidates_bounded_and_exact() -> None:
+    # Far more candidates than are held unparsed: the reader resolves as it goes, and still ends on the last usage
+    # even when the newest candidates (past the bound) yield none.
+    r = SSEUsageReader()
+    for c in _continuous(100):
+        r.feed(c)
+    for _ in range(70):
+        r.feed(b'data: {"usage":"x"}\n\n')
+        assert len(r._pending) < 32
+    r.close()
+    assert r.usage == Usage(5, 100, 105)

@@ -107,7 +107,7 @@ async def epp() -> AsyncIterator[Harness]:
     config = parse_config("modelRewrites: {alias: real}\n")
     runtime = Runtime(config=config, datastore=ds, director=director, sources=[StaticEndpointSource(eps)])
     registry = CollectorRegistry()
-    opts = ServeOptions(bind_address="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0, drain_timeout=5)
+    opts = ServeOptions(bind_address="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0)
     server = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.ports['grpc']}")
@@ -659,9 +659,7 @@ async def _real_server(text: str, **opts: Any) -> tuple[EppServer, grpc.aio.Chan
 
     runtime = build_runtime(parse_config(text))
     registry = CollectorRegistry()
-    options = ServeOptions(
-        bind_address="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0, drain_timeout=1, **opts
-    )
+    options = ServeOptions(bind_address="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0, **opts)
     server = EppServer(runtime, options, registry=registry, metrics=RequestMetrics(registry))
     await server.start()
     for _ in range(200):
@@ -828,3 +826,91 @@ async def test_an_evicted_in_flight_request_ends_with_an_immediate_429(epp: Harn
     assert b"evicted" in r.immediate_response.body
     assert await asyncio.wait_for(call.read(), 5) is grpc.aio.EOF
     assert [rid for rid, _ in epp.director.completed] == ["rid-1"]
+
+
+async def _draining_server(drain: float) -> tuple[EppServer, RecordingDirector]:
+    ds = Datastore()
+    eps = [Endpoint(name=f"ep{i}", address="10.0.0.1", port=8000 + i) for i in range(2)]
+    director = RecordingDirector(RoundRobinDirector(ds))
+    runtime = Runtime(config=parse_config(""), datastore=ds, director=director, sources=[StaticEndpointSource(eps)])
+    registry = CollectorRegistry()
+    opts = ServeOptions(
+        bind_address="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0, drain_timeout=drain
+    )  # fmt: skip
+    server = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
+    await server.start()
+    for _ in range(100):
+        if ds.synced and server.health.ready:
+            break
+        await asyncio.sleep(0.02)
+    return server, director
+
+
+async def _health(server: EppServer) -> dict[str, int]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.ports['health']}") as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        names = ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+        return {n: int((await stub.Check(health_pb2.HealthCheckRequest(service=n))).status) for n in names}
+
+
+async def _whole_request(stub: pb_grpc.ExternalProcessorStub) -> str:
+    call = stub.Process()
+    out = await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 2)
+    await exchange(call, [resp_headers_msg(), resp_body_msg(b'{"ok":1}', True)], 2)
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    return set_headers(out[0])[DEST]
+
+
+async def test_drain_window_serves_new_streams_then_waits_for_in_flight_ones() -> None:
+    """llm-d-router's --drain-timeout: at SIGTERM readiness goes NOT_SERVING (liveness stays SERVING) while ext_proc
+    keeps serving, new streams included, for the whole window; then new streams are refused and the in-flight ones
+    finish in their own time (past the window); then stop() returns."""
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    server, director = await _draining_server(1.0)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.ports['grpc']}")
+    stub = pb_grpc.ExternalProcessorStub(channel)
+    try:
+        in_flight = stub.Process()
+        await exchange(in_flight, [headers_msg(), body_msg(b'{"model":"m","prompt":"long"}', True)], 2)
+        t0 = asyncio.get_running_loop().time()
+        stopping = asyncio.create_task(server.stop())
+        await asyncio.sleep(0.1)
+        h = await _health(server)
+        assert h["liveness"] == serving and h["readiness"] == not_serving
+        assert h["envoy.service.ext_proc.v3.ExternalProcessor"] == not_serving
+        assert (await _whole_request(stub)).startswith("10.0.0.1:")  # a new stream inside the window is served
+        await asyncio.sleep(1.2)  # the window is over: new streams are refused, the open one still runs
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await _whole_request(stub)
+        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert not stopping.done()
+        rs = await exchange(in_flight, [resp_headers_msg(), resp_body_msg(b'{"usage":{"prompt_tokens":3}}', True)], 2)
+        assert rs[1].response_body.response.body_mutation.streamed_response.end_of_stream
+        await in_flight.done_writing()
+        assert await in_flight.read() is grpc.aio.EOF
+        await asyncio.wait_for(stopping, 5)
+        assert asyncio.get_running_loop().time() - t0 >= 1.0
+        assert [u for _, u in director.completed][-1] == Usage(prompt_tokens=3, total_tokens=3)
+        assert len(director.completed) == 2
+    finally:
+        await channel.close()
+        if not server._stopping:
+            await server.stop()
+
+
+async def test_a_second_signal_ends_the_window_and_aborts_in_flight_streams() -> None:
+    server, _ = await _draining_server(30.0)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.ports['grpc']}")
+    try:
+        call = pb_grpc.ExternalProcessorStub(channel).Process()
+        await exchange(call, [headers_msg(), body_msg(b'{"model":"m","prompt":"x"}', True)], 2)
+        stopping = asyncio.create_task(server.stop())
+        await asyncio.sleep(0.2)
+        assert not stopping.done()  # inside the 30 s window
+        server.force_stop()
+        await asyncio.wait_for(stopping, 5)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await call.read()
+    finally:
+        await channel.close()

@@ -101,10 +101,10 @@ def test_any_request_body_is_routed_or_a_json_4xx(
     async def run() -> None:
         extra = {"x-gateway-model-name-rewrite": header_rewrite} if header_rewrite else {}
         s = _stream({"m": "target"} if rewrite else {})
-        out = await s.handle(_headers(path, extra))
+        out = list(await s.handle(_headers(path, extra)))
         assert out == []
         k = min(cut, len(body))
-        out = await s.handle(pb.ProcessingRequest(request_body=pb.HttpBody(body=body[:k], end_of_stream=False)))
+        out = list(await s.handle(pb.ProcessingRequest(request_body=pb.HttpBody(body=body[:k], end_of_stream=False))))
         out += await s.handle(pb.ProcessingRequest(request_body=pb.HttpBody(body=body[k:], end_of_stream=True)))
         assert out
         if out[0].HasField("immediate_response"):
@@ -130,8 +130,10 @@ def test_any_response_stream_completes_once(chunks: list[bytes], sse: bool, stat
         before = _Director.completed
         s = _stream({"m": "target"})
         await s.handle(_headers("/v1/completions", {}))
-        out = await s.handle(
-            pb.ProcessingRequest(request_body=pb.HttpBody(body=b'{"model":"m","prompt":"x"}', end_of_stream=True))
+        out = list(
+            await s.handle(
+                pb.ProcessingRequest(request_body=pb.HttpBody(body=b'{"model":"m","prompt":"x"}', end_of_stream=True))
+            )
         )
         assert not out[0].HasField("immediate_response")
         ctype = "text/event-stream" if sse else "application/json"

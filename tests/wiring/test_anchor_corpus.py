@@ -197,6 +197,15 @@ SPOT_CHECKS: dict[str, Any] = {
         and _plugin(p, "token-producer").estimator.image.factor == 1024
         and _plugin(p, "prefix-cache-affinity-filter").peak == 15751
     ),
+    # the deprecated UDS tokenizer sidecar: the token-producer is its gRPC client, for the configured model
+    **{
+        f"llm-d__guides__precise-prefix-cache-{g}.values.yaml": lambda p: (
+            _plugin(p, "tokenizer").tokenizer.backend.target == "unix:///tmp/tokenizer/tokenizer-uds.socket"
+            and _plugin(p, "tokenizer").tokenizer.backend.model == "Qwen/Qwen3-32B"
+            and _plugin(p, "tokenizer").tokenizer.backend.max_in_flight == 0
+        )
+        for g in ("aware__scheduler__precise-prefix-cache-aware", "routing__router__precise-prefix-cache-routing")
+    },
     "llm-d-router__deploy__config__soft-reflective-ceiling-epp-config.yaml": lambda p: (
         _plugin(p, "soft-reflective-ceiling-policy").ceilings(0.2, [1, 0]) == [1.0, float("inf")]
     ),

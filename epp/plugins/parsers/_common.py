@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
+import msgspec
+
 from epp.framework import BadRequest, Plugin
 from epp.framework.parsing import ParsedRequest
 
@@ -13,22 +15,62 @@ from epp.framework.parsing import ParsedRequest
 # re-encoding, plugins) would otherwise pay for it (or hit Python's recursion limit).
 MAX_JSON_DEPTH = 128
 
+_fast_decode = msgspec.json.Decoder().decode
+_fast_encode = msgspec.json.Encoder().encode
+
+
+class _NonFiniteJSON(dict[str, Any]):
+    """A decoded body holding NaN/Infinity (which only the stdlib parser accepts): re-encoded by the stdlib too,
+    which writes them back as they came (msgspec would write `null`)."""
+
+
+def _nonfinite(seen: list[bool]) -> tuple[Callable[[str], float], Callable[[str], float]]:
+    def constant(text: str) -> float:
+        seen.append(True)
+        return float(text)
+
+    def number(text: str) -> float:
+        value = float(text)
+        if value in (_INF, -_INF):  # 1e400
+            seen.append(True)
+        return value
+
+    return constant, number
+
+
+_INF = float("inf")
+
 
 def decode_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
+    """The body's JSON object. msgspec decodes straight from the bytes (the stdlib first makes a `str` copy of the
+    whole body: one more body-sized buffer alive while parsing); what msgspec refuses (lone surrogate escapes,
+    NaN, numbers out of float range, malformed JSON) goes through the stdlib, which decides and words the error."""
     if not body:
         raise BadRequest("request body is empty")
     try:
-        parsed = json.loads(body)
+        parsed = _fast_decode(body)
+    except Exception:  # whatever msgspec refuses, the stdlib judges
+        parsed = _stdlib_decode(body, max_depth)
+    if not isinstance(parsed, dict):
+        raise BadRequest("request body must be a JSON object")
+    if body.count(b"{") + body.count(b"[") > max_depth:  # only then can it nest that deep (a C-speed check)
+        _check_depth(parsed, max_depth)
+    return parsed
+
+
+def _stdlib_decode(body: bytes, max_depth: int) -> Any:
+    seen: list[bool] = []
+    constant, number = _nonfinite(seen)
+    try:
+        parsed = json.loads(body, parse_constant=constant, parse_float=number)
     except UnicodeDecodeError:
         raise BadRequest("request body is not valid UTF-8") from None
     except ValueError as e:
         raise BadRequest(f"request body is not valid JSON: {e}") from None
     except RecursionError:
         raise BadRequest(f"request body nests deeper than {max_depth} levels") from None
-    if not isinstance(parsed, dict):
-        raise BadRequest("request body must be a JSON object")
-    if body.count(b"{") + body.count(b"[") > max_depth:  # only then can it nest that deep (a C-speed check)
-        _check_depth(parsed, max_depth)
+    if seen and isinstance(parsed, dict):
+        return _NonFiniteJSON(parsed)
     return parsed
 
 
@@ -44,8 +86,15 @@ def _check_depth(root: dict[str, Any], max_depth: int) -> None:
                 stack.append((v, depth + 1))
 
 
-def encode_json_body(parsed: dict[str, Any]) -> bytes:
-    """Compact UTF-8 JSON; strings holding lone surrogates (from `\\ud800` escapes) are kept as escapes."""
+def encode_json_body(parsed: dict[str, Any], nonfinite: bool = False) -> bytes:
+    """Compact UTF-8 JSON; strings holding lone surrogates (from `\\ud800` escapes) are kept as escapes. msgspec
+    encodes straight to bytes (the stdlib builds a `str` of the whole body first); the stdlib takes what msgspec
+    cannot write as it came (lone surrogates, NaN/Infinity)."""
+    if not nonfinite:
+        try:
+            return _fast_encode(parsed)
+        except (UnicodeEncodeError, TypeError, OverflowError):
+            pass
     try:
         return json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode()
     except UnicodeEncodeError:
@@ -55,10 +104,12 @@ def encode_json_body(parsed: dict[str, Any]) -> bytes:
 def json_model_rewriter(parsed: dict[str, Any]) -> Callable[[str], bytes]:
     """The body re-encoded with `model` replaced (only called when the target model differs)."""
 
+    nonfinite = isinstance(parsed, _NonFiniteJSON)
+
     def rewrite(model: str) -> bytes:
         out = dict(parsed)
         out["model"] = model
-        return encode_json_body(out)
+        return encode_json_body(out, nonfinite)
 
     return rewrite
 

@@ -20,6 +20,7 @@ from epp.plugins.parsers._common import (
     required_model,
 )
 from epp.plugins.parsers._convert import anthropic_to_chat
+from epp.plugins.parsers._media import check_media_parts
 
 
 class AnthropicParser(ParserPlugin):
@@ -43,6 +44,7 @@ class AnthropicParser(ParserPlugin):
         parsed = decode_json_object(body)
         model = required_model(parsed)
         messages, tools = anthropic_to_chat(parsed)
+        check_media_parts(messages)
         kwargs = parsed.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be an object")

@@ -21,6 +21,7 @@ from epp.plugins.parsers._common import (
     required_model,
 )
 from epp.plugins.parsers._convert import responses_to_chat
+from epp.plugins.parsers._media import check_media_parts
 
 # (path suffix, api), most specific first, as the router's determineAPITypeFromPath.
 _APIS: tuple[tuple[str, str], ...] = (
@@ -89,6 +90,7 @@ def parse_openai(api: str, body: bytes) -> ParsedRequest:
         tools = parsed.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise BadRequest("tools must be an array")
+        check_media_parts(messages)
         out.messages = messages
         out.tools = tools
         out.max_tokens = first_int(parsed, "max_completion_tokens", "max_tokens")
@@ -105,6 +107,7 @@ def parse_openai(api: str, body: bytes) -> ParsedRequest:
             raise BadRequest("input not found in request body")
         out.prompt = parsed["input"]
         out.messages, out.tools = responses_to_chat(parsed)
+        check_media_parts(out.messages, "input")
         out.max_tokens = first_int(parsed, "max_output_tokens")
     elif api == "embeddings":
         if _empty(parsed.get("input")):

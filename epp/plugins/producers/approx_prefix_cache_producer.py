@@ -38,22 +38,34 @@ PREFILL_PROFILE = "prefill"
 BLOCK_HASHES = DataKey[list[int]]("approx-prefix-block-hashes")
 
 
-def request_text(request: InferenceRequest) -> str:
-    """The text whose prefix the model server would cache, per API type (only compared within this process)."""
+def request_text(request: InferenceRequest, limit: int | None = None) -> str:
+    """The text whose prefix the model server would cache, per API type (only compared within this process).
+    With `limit`, a chat or completions prompt is cut to its first `limit` characters (hashing needs no more), so a
+    huge one is not copied whole."""
     body = request.body
     if request.api == "chat" or request.messages is not None:
         messages = request.messages if request.messages is not None else body.get("messages") or []
         parts = []
+        size = 0
         for m in messages:
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, str):
-                parts.append(f"{m.get('role', '')}\x00{content}\x01")
+                if limit is not None and len(content) > limit:
+                    content = content[:limit]
+                part = f"{m.get('role', '')}\x00{content}\x01"
             else:
-                parts.append(json.dumps(m, separators=(",", ":"), ensure_ascii=False, default=str))
+                part = json.dumps(m, separators=(",", ":"), ensure_ascii=False, default=str)
+            if limit is not None and size + len(part) >= limit:
+                parts.append(part[: limit - size])
+                break
+            parts.append(part)
+            size += len(part)
         return "".join(parts)
     if request.api == "completions":
         prompt = request.prompt if request.prompt is not None else body.get("prompt")
-        return prompt if isinstance(prompt, str) else json.dumps(prompt, separators=(",", ":"))
+        if isinstance(prompt, str):
+            return prompt if limit is None else prompt[:limit]
+        return json.dumps(prompt, separators=(",", ":"))
     if request.api == "responses":
         obj: Any = [body.get("instructions"), body.get("tools"), body.get("input")]
     elif request.api == "conversations":
@@ -215,10 +227,11 @@ class ApproxPrefixCacheProducer(Plugin):
         return self.block_size_tokens
 
     def hashes_for(self, request: InferenceRequest, block_tokens: int) -> list[int]:
-        text = request_text(request)
+        block_chars = block_tokens * AVERAGE_CHARS_PER_TOKEN
+        text = request_text(request, self.max_blocks * block_chars)
         salt = request.body.get("cache_salt") if isinstance(request.body, dict) else None
         seed = hash((request.target_model, salt if isinstance(salt, str) else ""))
-        return block_hashes(text, block_tokens * AVERAGE_CHARS_PER_TOKEN, self.max_blocks, seed)
+        return block_hashes(text, block_chars, self.max_blocks, seed)
 
     async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
         self.produce(request, endpoints)

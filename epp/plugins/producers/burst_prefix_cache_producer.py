@@ -132,8 +132,9 @@ class BurstPrefixCacheProducer(Plugin):
         tokenized = request.data.get(TOKENIZED_PROMPT)
         if tokenized is not None:
             return tuple(token_block_hashes(tokenized.token_ids, self.block_size, self.max_blocks, seed))
-        text = request_text(request)
-        return tuple(block_hashes(text, self.block_size * AVERAGE_CHARS_PER_TOKEN, self.max_blocks, seed))
+        block_chars = self.block_size * AVERAGE_CHARS_PER_TOKEN
+        text = request_text(request, self.max_blocks * block_chars)
+        return tuple(block_hashes(text, block_chars, self.max_blocks, seed))
 
     async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
         entry = _Entry(self.hashes_for(request), endpoints)

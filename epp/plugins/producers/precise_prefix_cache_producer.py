@@ -34,6 +34,7 @@ from epp.framework import (
 )
 
 TOKEN_PRODUCER = "token-producer"
+DEFAULT_UDS_SOCKET = "/tmp/tokenizer/tokenizer-uds.socket"  # llm-d-kv-cache's default
 # Tokenizer settings llm-d and older pyepp configs put on this plugin; they configure the auto-added token-producer.
 TOKENIZER_KEYS = (
     "tokenizer",
@@ -67,6 +68,24 @@ class PreciseMatch:
 PRECISE_MATCH = DataKey[PreciseMatch]("precise-prefix-match")
 
 
+def tokenizer_pool_params(pool: Params) -> dict[str, Any]:
+    """llm-d-kv-cache's tokenization pool (`modelName`, `workersCount`, `uds`) as the parameters of the
+    token-producer added for it: the UDS sidecar, at most `workersCount` calls in flight (the pool's workers)."""
+    model = pool.str("modelName", "")
+    if not model:
+        raise pool.fail("modelName", "must be set (the model whose tokenizer the pool loads)")
+    uds = pool.section("uds")
+    out: dict[str, Any] = {
+        "socketFile": uds.str("socketFile", DEFAULT_UDS_SOCKET),
+        "workersCount": pool.int("workersCount", 5, min=1),
+    }
+    if uds.bool("useTCP", False):
+        out["useTCP"] = True
+    if uds.has("modelTokenizerMap"):
+        out["modelTokenizerMap"] = dict(uds.mapping("modelTokenizerMap"))
+    return {"modelName": model, "udsTokenizerConfig": out}
+
+
 class PrecisePrefixCacheProducer(Plugin):
     type_name = "precise-prefix-cache-producer"
 
@@ -79,10 +98,22 @@ class PrecisePrefixCacheProducer(Plugin):
         self.match_key = PRECISE_MATCH.of(self.name)
         self._speculated: dict[tuple[str, int], float] = {}  # (pod, first block key) -> expiry (monotonic)
 
+    # llm-d's legacy precise-prefix-cache-scorer takes `indexerConfig.tokenizersPoolConfig`; the producer refuses it.
+    legacy_tokenizer_pool = False
+
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
         index = context.services.kv_cache(params)
         tokenizer = {k: params.raw[k] for k in TOKENIZER_KEYS if params.has(k)}
+        indexer = params.section("indexerConfig")
+        pool = indexer.section("tokenizersPoolConfig")
+        if indexer.has("tokenizersPoolConfig"):
+            if not cls.legacy_tokenizer_pool:
+                raise indexer.fail(
+                    "tokenizersPoolConfig", "is not supported; configure a token-producer plugin instead"
+                )
+            from_pool = tokenizer_pool_params(pool)
+            tokenizer = tokenizer or from_pool
         context.require_producer(TOKENIZED_PROMPT, TOKEN_PRODUCER, TOKEN_PRODUCER, tokenizer, requested_by=name)
         for k in tokenizer:
             params.get(k)
@@ -108,8 +139,9 @@ class PrecisePrefixCacheProducer(Plugin):
             return
         index = self.index
         salt = request.body.get("cache_salt")
+        mm = [(f.hash, f.offset, f.length) for f in prompt.mm_features] if prompt.mm_features else ()
         keys = index.request_keys(
-            prompt.token_ids, request.target_model, endpoints, salt if isinstance(salt, str) else None
+            prompt.token_ids, request.target_model, endpoints, salt if isinstance(salt, str) else None, mm
         )
         if not keys:
             return

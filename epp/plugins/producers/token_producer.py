@@ -1,7 +1,8 @@
 """token-producer (llm-d; formerly `tokenizer`): the prompt's token ids, exactly as the model server renders them.
 
 Writes TOKENIZED_PROMPT for the plugins that consume it (the precise prefix-cache producer). The tokenizer comes
-from the EPP's services, configured by `tokenizer: {type: hf|vllm, ...}` or llm-d's `vllm: {url}`; a request that
+from the EPP's services, configured by `tokenizer: {type: hf|vllm, ...}`, llm-d's `vllm: {url}` or its deprecated
+`udsTokenizerConfig` (the gRPC sidecar, epp/tokenization/uds.py); a request that
 cannot be tokenized is logged and scheduled without token data. llm-d's `estimate: {image, video}` selects the
 tokenizer-free backend instead (epp/plugins/producers/_estimate.py: 4 bytes a pseudo token, multimodal placeholder
 estimates); it excludes `vllm`, `modelName` and `udsTokenizerConfig`, as llm-d's does.
@@ -28,6 +29,7 @@ from epp.framework import (
 from epp.plugins.producers._estimate import EstimateBackend, estimators_from_params
 
 log = logging.getLogger(__name__)
+_MM_KWARGS = ("mm_processor_kwargs", "media_io_kwargs")
 
 
 class TokenProducer(Plugin):
@@ -58,12 +60,6 @@ class TokenProducer(Plugin):
                 )
             image, video = estimators_from_params(params.section("estimate"))
             return cls(name, None, estimator=EstimateBackend(image, video))
-        if params.has("udsTokenizerConfig"):
-            raise params.fail(
-                "udsTokenizerConfig",
-                "the deprecated UDS tokenizer sidecar is not supported: use vllm.url (the model server's render "
-                "endpoint) or tokenizer.models (local tokenizers)",
-            )
         model_name = params.optional_str("modelName") or None
         return cls(name, context.services.tokenizer(params), model_name)
 
@@ -74,7 +70,8 @@ class TokenProducer(Plugin):
         if TOKENIZED_PROMPT in request.data:
             return
         if request.token_ids is not None:  # pre-tokenized (/inference/v1/generate, SGLang, gRPC): nothing to do
-            request.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(request.token_ids), request.mm_features))
+            feats = sorted(request.mm_features, key=lambda f: f.offset) if request.mm_features else None
+            request.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(request.token_ids), feats))
             return
         if self.estimator is not None:
             estimated = self.estimator.estimate(request)
@@ -84,15 +81,20 @@ class TokenProducer(Plugin):
         tokenizer = self.tokenizer
         if tokenizer is None:
             return
+        if request.messages is not None and any(k in request.body for k in _MM_KWARGS):
+            # vLLM folds these into every item's mm hash (and the processor's placeholder count): not reproduced
+            log.info("request %s: not tokenized, no prefix score: %s set", request.request_id, "/".join(_MM_KWARGS))
+            return
         try:
-            toks = await tokenizer.tokenize(
+            prompt = await tokenizer.tokenize_prompt(
                 self.model_name or request.target_model,
                 prompt=request.prompt if request.messages is None else None,
                 messages=request.messages,
                 chat_template_kwargs=request.chat_template_kwargs,
                 tools=request.tools,
+                mm_model_id=self.model_name,
             )
         except TokenizationError as e:
             log.info("request %s: not tokenized, no prefix score: %s", request.request_id, e)
             return
-        request.data.put(TOKENIZED_PROMPT, TokenizedPrompt(toks))
+        request.data.put(TOKENIZED_PROMPT, prompt)

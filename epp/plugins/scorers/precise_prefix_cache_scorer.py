@@ -20,6 +20,7 @@ def match_scores(info: PreciseMatch | None, endpoints: Sequence[Endpoint]) -> li
 class PrecisePrefixCacheScorer(PrecisePrefixCacheProducer):
     type_name = "precise-prefix-cache-scorer"
     aliases = ("kvcache-aware-scorer",)
+    legacy_tokenizer_pool = True
 
     def score(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         return match_scores(request.data.get(self.match_key), endpoints)
