@@ -52,7 +52,7 @@ def ask(url: str, g: int, i: int) -> None:
 def sims() -> Iterator[list[SimProcess]]:
     args = ["--block-size", "16", "--model", QWEN25_MODEL, "--num-gpu-blocks", "100", "--seed", "3"]
     args += ["--kv-events-drop-types", "BlockRemoved", "--no-prompt-tokens-details"]
-    with start_simulators(4, base_args=args, timeout=180.0) as s:
+    with start_simulators(4, base_args=args, timeout=300.0) as s:  # slow to start on a loaded box
         yield s
 
 

@@ -103,13 +103,15 @@ dataLayer: {{crossReplicaSyncerPluginRef: xr, crossReplicaSyncInterval: {interva
 """ + endpoints_yaml(sims)
 
 
-def paired_ratios(rows: Sequence[dict[str, object]], modes: Sequence[str]) -> dict[str, dict[str, list[float]]]:
-    """Per mode other than `1`: TTFT p50/p90/p99 over the same repeat's `1` run, as [median, min, max] over the
-    repeats (a ratio taken between adjacent runs cancels most of the machine's drift)."""
+def paired_ratios(
+    rows: Sequence[dict[str, object]], modes: Sequence[str], baseline: str = "1"
+) -> dict[str, dict[str, list[float]]]:
+    """Per mode other than `baseline`: TTFT p50/p90/p99 over the same repeat's `baseline` run, as [median, min, max]
+    over the repeats (a ratio taken between adjacent runs cancels most of the machine's drift)."""
     out: dict[str, dict[str, list[float]]] = {}
-    base = {r["repeat"]: r for r in rows if r["mode"] == "1"}
+    base = {r["repeat"]: r for r in rows if r["mode"] == baseline}
     for mode in modes:
-        if mode == "1":
+        if mode == baseline:
             continue
         per: dict[str, list[float]] = {}
         for r in rows:
@@ -238,10 +240,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{mode:<15}{m['ttft_p50'] * 1000:10.1f}{m['ttft_p90'] * 1000:10.1f}{m['ttft_p99'] * 1000:10.1f}"
             f"{m['kv_hit_rate']:9.3f}{m['load_cv']:8.2f}{m['cpu_total']:8.1f}{ratio}"
         )
-    ratios = paired_ratios(rows, modes)
-    if ratios:
-        print("\nper-repeat ratios to `1` (each against the `1` run of its own repeat): median [min, max]")
-        for mode, r in ratios.items():
+    ratios: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for baseline in ("1", "1+idle"):
+        ratios[baseline] = paired_ratios(rows, modes, baseline)
+        if ratios[baseline]:
+            print(f"\nper-repeat ratios to `{baseline}` (each against that run of its own repeat): median [min, max]")
+        for mode, r in ratios[baseline].items():
             print(f"{mode:<15}" + "  ".join(f"{k[5:]} {v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for k, v in r.items()))
     out = Path(ns.out)
     out.parent.mkdir(parents=True, exist_ok=True)
