@@ -8,12 +8,14 @@ divided by bytes in flight. The in-flight budget is raised so that every body of
 256 MiB refuses the third concurrent 120 MiB body with 503, which is the point of the budget, not what is measured).
 
     python -m e2e.bench.bench_bodies [--sizes 16,64,120] [--concurrency 1,4] [--config round-robin,approximate]
+        [--refused 150]   # also a body over the 128 MiB limit, declared and chunked: peak and settled RSS
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import random
 import tempfile
@@ -22,6 +24,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -115,6 +118,47 @@ def run_case(url: str, pid: int, bodies: list[bytes], settle: float) -> dict[str
     }
 
 
+def _send_chunked(url: str, body: bytes) -> int:
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=300)
+    try:
+        pieces = (body[i : i + (1 << 20)] for i in range(0, len(body), 1 << 20))
+        headers = {"content-type": "application/json"}
+        conn.request("POST", "/v1/chat/completions", body=pieces, headers=headers, encode_chunked=True)
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    except OSError:  # Envoy may reset once the EPP has refused the body
+        return -1
+    finally:
+        conn.close()
+
+
+def refused_cases(url: str, pid: int, cfg: str, size: int, settle: float) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    body = chat_body(size * MiB, 7)
+    for how in ("declared", "chunked"):
+        before = _status(pid)["VmRSS"]
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        if how == "declared":
+            try:
+                status = request(url + "/v1/chat/completions", "POST", body, {"content-type": "application/json"},
+                                 timeout=300).status  # fmt: skip
+            except OSError:
+                status = -1
+        else:
+            status = _send_chunked(url, body)
+        peak = _status(pid)["VmHWM"]
+        time.sleep(settle)
+        settled = _status(pid)["VmRSS"]
+        row = {"config": cfg, "refused_mib": size, "how": how, "status": status, "idle_mib": before / MiB,
+               "peak_mib": peak / MiB, "settled_mib": settled / MiB}  # fmt: skip
+        print(f"{cfg:12} refused {size} MiB ({how}): status={status} idle={before / MiB:6.1f} "
+              f"peak={peak / MiB:7.1f} settled={settled / MiB:6.1f} MiB", flush=True)  # fmt: skip
+        out.append(row)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_bodies")
     p.add_argument("--sizes", default="16,64,120", help="body sizes in MiB")
@@ -122,12 +166,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--config", default="round-robin,approximate")
     p.add_argument("--settle", type=float, default=3.0, help="seconds to wait before reading settled RSS")
     p.add_argument("--epp-args", default="", help="extra EPP flags (space separated)")
+    p.add_argument(
+        "--refused",
+        type=int,
+        default=0,
+        help="also send one body of this many MiB (over the limit) "
+        "with a content-length and one chunked, and read peak and settled RSS after each",
+    )
     p.add_argument("--json", help="write the results here")
     ns = p.parse_args(argv)
     sizes = [int(s) for s in ns.sizes.split(",")]
     concurrency = [int(c) for c in ns.concurrency.split(",")]
     sink = Sink(2)
-    rows = []
+    rows: list[dict[str, object]] = []
     for cfg in ns.config.split(","):
         with tempfile.TemporaryDirectory(prefix="pyepp-bodies-") as tmp:
             endpoints = "endpoints:\n" + "".join(
@@ -157,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             f"peak growth/body byte={r['peak_growth_per_body_byte']:.2f}",
                             flush=True,
                         )
+                if ns.refused:
+                    rows.extend(refused_cases(stack.url, pid, cfg, ns.refused, ns.settle))
             finally:
                 stack.close()
     if ns.json:

@@ -206,6 +206,16 @@ def local_reply_config() -> LocalReplyConfig:
     """Envoy's own local replies in the OpenAI error shape; the EPP's ImmediateResponses (details `epp_*`) are
     already JSON and are left alone. ext_proc failures (EPP down, overloaded: circuit breaker, message timeout)
     say so; other local replies (upstream connect failure, timeouts, 413...) carry Envoy's text and details."""
+    # The client's headers were within Envoy's limits (100 headers, 60 KiB), but not once the EPP's routing headers
+    # are added: Envoy refuses the mutation with a 503, though the request is what is too large.
+    headers = ResponseMapper(
+        filter=_cel("response.code_details == 'header_mutation_result_exceeds_limit'"),
+        status_code=431,
+        body_format_override=_json_error(
+            "request headers too large once the endpoint picker's routing headers are added",
+            "RequestHeaderFieldsTooLarge",
+        ),
+    )
     ext_proc = ResponseMapper(
         filter=_cel("response.code_details.startsWith('ext_proc')"),
         body_format_override=_json_error("the endpoint picker is unavailable or overloaded", "ServiceUnavailable"),
@@ -214,7 +224,7 @@ def local_reply_config() -> LocalReplyConfig:
         filter=_cel("!response.code_details.startsWith('epp_')"),
         body_format_override=_json_error("%LOCAL_REPLY_BODY%", "%RESPONSE_CODE_DETAILS%"),
     )
-    return LocalReplyConfig(mappers=[ext_proc, other])
+    return LocalReplyConfig(mappers=[headers, ext_proc, other])
 
 
 def _listener(name: str, opts: EnvoyOptions, port: int, subset: list[str] | None, ext_proc: bool = True) -> Listener:

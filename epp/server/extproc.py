@@ -224,6 +224,7 @@ class RequestStream:
         "_skip_response",
         "_span",
         "_sse",
+        "_too_large",
         "decision",
         "headers",
         "model_routed",
@@ -250,6 +251,7 @@ class RequestStream:
         self._body: bytes | bytearray = b""
         self._body_size = 0
         self._held = 0  # bytes of this stream's body counted in ServerState.inflight_body_bytes
+        self._too_large = False  # over the size limit: chunks are dropped until the 413 at the end of the body
         self._error_format = ""  # the API's error shape, known once a parser is chosen (see _format)
         self.request: InferenceRequest | None = None
         self.decision: RoutingDecision | None = None
@@ -347,8 +349,10 @@ class RequestStream:
         self.state = _HEADERS_DONE
         declared = self.headers.get("content-length", "")
         if declared.isdigit() and (len(declared) > 18 or int(declared) > self.s.max_body_bytes):
-            # Refused before a byte of it is gathered.
-            raise PayloadTooLarge(f"request body exceeds {self.s.max_body_bytes} bytes")
+            # Refused without gathering a byte of it: its chunks are dropped as they come and the 413 goes out at
+            # the end of the body. Answered before that, Envoy closes the connection while the client is still
+            # sending, and a client that reads only after sending (most do) sees a reset, not the 413.
+            self._too_large = True
         if msg.request_headers.end_of_stream or self.request_mode not in (FULL_DUPLEX, BUFFERED):
             # No body will reach us before the headers must be answered: route without scheduling.
             self.request = bodyless_request(self.headers)
@@ -369,6 +373,11 @@ class RequestStream:
         if self.state >= _BODY_DONE:  # STREAMED / BUFFERED_PARTIAL after a headers-time decision: pass through
             return [_REQUEST_BODY_PASS]
         chunk = body.body
+        if self._too_large:
+            self._body_size += len(chunk)
+            if body.end_of_stream:
+                raise PayloadTooLarge(f"request body exceeds {self.s.max_body_bytes} bytes")
+            return []
         if chunk:
             s = self.s
             if s.inflight_body_bytes + len(chunk) > s.max_inflight_body_bytes:
@@ -385,10 +394,13 @@ class RequestStream:
             else:
                 self._body = bytearray(gathered) + chunk
             self._body_size += len(chunk)
-            if self._body_size > s.max_body_bytes:
+            if self._body_size > s.max_body_bytes:  # let it go; the rest is dropped as it comes
                 self._body = b""
                 self._release_body()
-                raise PayloadTooLarge(f"request body exceeds {s.max_body_bytes} bytes")
+                self._too_large = True
+                if body.end_of_stream:
+                    raise PayloadTooLarge(f"request body exceeds {s.max_body_bytes} bytes")
+                return []
         if not body.end_of_stream:
             return []
         return await self._decide_releasing(end_of_stream=True)
@@ -401,6 +413,8 @@ class RequestStream:
     async def _request_trailers(self) -> Iterable[pb.ProcessingResponse]:
         """Trailers end a body that had no end_of_stream: decide now, the body chunks stay without EOS."""
         out: Iterable[pb.ProcessingResponse] = []
+        if self._too_large:
+            raise PayloadTooLarge(f"request body exceeds {self.s.max_body_bytes} bytes")
         if self.state < _BODY_DONE:
             out = await self._decide_releasing(end_of_stream=False)
         return itertools.chain(out, [_REQUEST_TRAILERS_PASS])

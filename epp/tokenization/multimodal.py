@@ -50,6 +50,7 @@ IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})
 MEDIA_PART_TYPES = frozenset({"image_url", "input_image", "image_pil", "image_embeds", "audio_url", "input_audio",
                               "audio_embeds", "video_url", "video_embeds", "prompt_embeds"})  # fmt: skip
 MAX_MEDIA_BYTES = 64 * 1024 * 1024
+_STEP = 1 << 18  # bytes or base64 characters handled per call in the media thread
 
 
 class MediaError(TokenizationError):
@@ -141,7 +142,8 @@ def hash_image(model_id: str, item: MediaWithBytes, algorithm: str = "blake3") -
     else:
         inner = _item("image", item.data)
     for chunk in inner:
-        h.update(chunk)
+        for i in range(0, len(chunk), _STEP):  # in pieces, letting the GIL go between them
+            h.update(chunk[i : i + _STEP])
     for chunk in _item("model_id", model_id):
         h.update(chunk)
     return str(h.hexdigest())
@@ -305,6 +307,10 @@ def decode_data_url(url: str) -> bytes:
     if not sep or encoding != "base64":
         raise MediaError("Only base64 data URLs are supported.")
     try:
-        return base64.b64decode(payload, validate=True)
+        if len(payload) <= _STEP:
+            return base64.b64decode(payload, validate=True)
+        # a piece at a time (4-character aligned, so only the last may hold padding): the GIL is let go between
+        # pieces, and the event loop thread is not held for the whole decode
+        return b"".join(base64.b64decode(payload[i : i + _STEP], validate=True) for i in range(0, len(payload), _STEP))
     except (binascii.Error, ValueError) as e:
         raise MediaError(f"Invalid base64 in data URL: {e}") from None

@@ -412,7 +412,13 @@ class PromptTokenizer:
         msgs = list(messages)
         kw = dict(chat_template_kwargs or {})
         tool_list = list(tools) if tools is not None else None
-        key = self._key(model, "chat-mm", [msgs, kw, tool_list, mm_model_id])
+        long_strings: list[str] = []
+        keyable = _keyable([msgs, kw, tool_list, mm_model_id], long_strings)
+        if long_strings:  # media URLs: fingerprinted (blake3), off the event loop when large
+            size = sum(len(x) for x in long_strings)
+            digests = await asyncio.to_thread(_digests, long_strings) if size > 262144 else _digests(long_strings)
+            keyable = [keyable, digests]
+        key = self._key(model, "chat-mm", keyable)
         got = self._get(key)
         if isinstance(got, TokenizedPrompt):
             return got
@@ -439,7 +445,10 @@ class PromptTokenizer:
         """(mm hash, width, height) of one image part, remembered by URL for later turns of the conversation."""
         if ref.url is None:
             raise MediaError("an image part has no URL")
-        digest = self._key(model_id, "image", [ref.url, ref.uuid, self.mm_hash_algorithm])
+        url = ref.url
+        if len(url) > _LONG:
+            url = (await asyncio.to_thread(_digests, [url]) if len(url) > 262144 else _digests([url]))[0]
+        digest = self._key(model_id, "image", [url, ref.uuid, self.mm_hash_algorithm])
         got = self._images.get(digest)
         if got is not None:
             self._images.move_to_end(digest)
@@ -555,3 +564,27 @@ def _untyped_media(messages: Sequence[Any]) -> bool:
         ):
             return True
     return False
+
+
+_LONG = 1024  # strings longer than this (data URLs) enter cache keys as their blake3 digest
+
+
+def _keyable(obj: Any, long_strings: list[str]) -> Any:
+    """`obj` with every long string replaced by its index in `long_strings` (collected for fingerprinting):
+    json.dumps and blake2b over megabytes of base64 cost tens of milliseconds on the event loop."""
+    if isinstance(obj, str):
+        if len(obj) > _LONG:
+            long_strings.append(obj)
+            return {"\x00long": len(long_strings) - 1}
+        return obj
+    if isinstance(obj, dict):
+        return {k: _keyable(v, long_strings) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_keyable(v, long_strings) for v in obj]
+    return obj
+
+
+def _digests(strings: list[str]) -> list[str]:
+    from blake3 import blake3
+
+    return [f"{len(x)}:{blake3(x.encode('utf-8', 'surrogatepass')).hexdigest()}" for x in strings]

@@ -316,12 +316,39 @@ def test_payload_agnostic_config_is_shipped() -> None:
         "active-request-scorer", "session-affinity-scorer"]  # fmt: skip
 
 
-def test_preferred_backends_are_refused_with_the_reason() -> None:
-    values = layered(*ROUTER_GW, extra=deep_merge(ROUTER_LABELS, sets(
-        ("provider.name", "gke"), ("provider.gke.preferredBackends.enabled", True))))  # fmt: skip
-    with pytest.raises(helm_python.HelmError, match="preferredBackends is not supported"):
-        render(values)
-    render(layered(*ROUTER_GW, extra=deep_merge(ROUTER_LABELS, sets(("provider.name", "gke")))))  # off: fine
+def test_gke_preferred_backends() -> None:
+    docs = rendered("router-gw-gke-preferred-backends")
+    sts = epp_deployment(docs)
+    assert sts["kind"] == "StatefulSet" and sts["spec"]["replicas"] == 2  # 1 preferred + 1 default
+    assert sts["spec"]["serviceName"] == "qwen-pool-epp" and sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert "--ha-enable-leader-election" not in container_args(docs)  # every pod serves its own Service
+    services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
+    assert {n: s["spec"]["selector"] for n, s in services.items()} == {
+        "qwen-pool-epp": {"statefulset.kubernetes.io/pod-name": "qwen-pool-epp-0"},
+        "qwen-pool-epp-backup": {"statefulset.kubernetes.io/pod-name": "qwen-pool-epp-1"},
+    }
+    assert services["qwen-pool-epp"]["metadata"]["annotations"]["cloud.google.com/neg"] == (
+        '{"exposed_ports":{"9002":{}}}'
+    )
+    policies = {p["metadata"]["name"]: p["spec"] for p in by_kind(docs, "GCPBackendPolicy")}
+    assert {n: (p["targetRef"]["name"], p["default"]["backendPreference"]) for n, p in policies.items()} == {
+        "qwen-pool": ("qwen-pool-epp", "PREFERRED"),
+        "qwen-pool-backup": ("qwen-pool-epp-backup", "DEFAULT"),
+    }
+    assert policies["qwen-pool"]["default"]["maxRatePerEndpoint"] == 100
+    assert policies["qwen-pool"]["default"]["balancingMode"] == "RATE"
+    checks = {h["metadata"]["name"]: h["spec"]["targetRef"] for h in by_kind(docs, "HealthCheckPolicy")}
+    assert checks["qwen-pool-epp-backup"] == {"group": "", "kind": "Service", "name": "qwen-pool-epp-backup"}
+    assert checks["qwen-pool"]["kind"] == "InferencePool"
+    assert one(docs, "InferencePool")["spec"]["endpointPickerRef"]["name"] == "qwen-pool-epp"
+    bad = gw(("provider.name", "gke"), ("provider.gke.preferredBackends.enabled", True),
+             ("provider.gke.preferredBackends.defaultReplicas", -1))  # fmt: skip
+    with pytest.raises(helm_python.HelmError, match="defaultReplicas must be at least 1"):
+        render(layered(*ROUTER_GW, extra=bad))
+    # Off (the default): one Deployment, one Service, the pool's backend policy.
+    docs = rendered("router-gw-gke")
+    assert epp_deployment(docs)["kind"] == "Deployment" and len(by_kind(docs, "Service")) == 1
+    assert [p["metadata"]["name"] for p in by_kind(docs, "GCPBackendPolicy")] == ["qwen-pool"]
 
 
 def test_tracing_values_reach_the_exporter() -> None:

@@ -9,6 +9,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+import helm_python
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -23,7 +24,7 @@ from epp.wiring.builder import build_pipeline
 from tests.deploy.test_helm_chart import KUBE_VERSION, by_kind, crd_schemas, one, render
 
 VALUES = Path(__file__).parent / "anchor_values"
-CORE = {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ClusterRole",
+CORE = {"Deployment", "StatefulSet", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ClusterRole",
         "ClusterRoleBinding", "Secret"}  # fmt: skip
 # Provider custom resources (GKE Gateway, GKE managed Prometheus, Istio): their CRDs are not installed here.
 PROVIDER_KINDS = {"HealthCheckPolicy", "GCPBackendPolicy", "PodMonitoring", "DestinationRule", "HTTPRoute",
@@ -127,6 +128,11 @@ CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "router-gw-gke": (ROUTER_GW, gw(("provider.name", "gke"))),
     "router-gw-multiple-replicas": (ROUTER_GW, gw(("router.replicas", 3))),
     "router-gw-latency-predictor": (ROUTER_GW, gw((f"router.{LATENCY}", True))),
+    # the gateway chart's documented provider.gke.preferredBackends (values.yaml), switched on
+    "router-gw-gke-preferred-backends": (
+        ROUTER_GW,
+        gw(("provider.name", "gke"), ("provider.gke.preferredBackends.enabled", True), ("router.epp.replicas", 3)),
+    ),
     # llm-d-router hack/verify-helm.sh: the llm-d-router-standalone cases
     "router-sa-basic": (ROUTER_SA, sa()),
     "router-sa-gke": (ROUTER_SA, sa(("provider.name", "gke"))),
@@ -180,7 +186,7 @@ def guide_cases() -> dict[str, tuple[list[str], dict[str, Any]]]:
         top = yaml.safe_load(path.read_text()) or {}
         if "router" in top or "httpRoute" in top:
             files_sa, files_gw = [*ROUTER_SA, base, name], [*ROUTER_GW, base, name]
-            if "__features__" in name:  # features layer over a guide
+            if "__features__" in name or "__leaf." in name:  # features (and the multi-cluster leaf) layer over a guide
                 guide = "llm-d__guides__optimized-baseline__router.values.yaml"
                 files_sa, files_gw = [*ROUTER_SA, base, guide, name], [*ROUTER_GW, base, guide, name]
             for kind, files, extra in (("sa", files_sa, {}), ("gw", files_gw, gateway)):
@@ -211,6 +217,12 @@ CASES.update(guide_cases())
 # The optimized-baseline guide's agentgateway variant (its README: standalone chart, proxyType=agentgateway).
 CASES["guide-sa:optimized-baseline-agentgateway"] = (AGW_GUIDE, sets(AGW, ("router.inferencePool.create", False)))
 
+# Cases the chart refuses to render, with the reason (docs/compatibility.md).
+RENDER_REFUSED = {
+    # llm-d's older recipe pins the pre-GA InferencePool API; both anchors' charts render only the GA v1 pool.
+    "guide-gie:llm-d__guides__recipes__inferencepool__inferencepool-pd.values.yaml": "v1alpha2 is not rendered",
+}
+
 # Cases whose rendered args `epp serve` refuses, as the anchor's EPP does, with the reason (docs/compatibility.md).
 ARGS_REFUSED = {
     # GIE v1.5's EPP took the per-metric flags; llm-d-router v0.10 (and pyepp) reject them for engineConfigs.
@@ -224,7 +236,8 @@ def rendered(case: str) -> list[dict[str, Any]]:
 
 
 def epp_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (dep,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-epp")]
+    """The EPP's workload: a Deployment, or a StatefulSet with GKE preferred backends."""
+    (dep,) = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"].endswith("-epp")]
     return dep
 
 
@@ -282,10 +295,14 @@ def test_every_values_file_is_used_and_sourced() -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_anchor_values_render_and_validate(case: str) -> None:
+    if case in RENDER_REFUSED:
+        with pytest.raises(helm_python.HelmError, match=RENDER_REFUSED[case]):
+            rendered(case)
+        return
     docs = rendered(case)
     schemas = crd_schemas()
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "Service", "ConfigMap"} <= kinds
+    assert {"Service", "ConfigMap"} <= kinds and ({"Deployment", "StatefulSet"} & kinds)
     for d in docs:
         assert d.get("apiVersion") and d.get("metadata", {}).get("name"), d
         if d["kind"] in CORE:

@@ -322,3 +322,42 @@ async def test_delivered_hits_loop_reads_the_engine_counters_when_usage_has_no_c
     again = chat_request(LONG, "after")
     await rig.prepare(again, eps)
     assert plugin.score(CycleState(), again, eps) == [0.0, 0.0, 0.0]
+
+
+async def test_multimodal_items_key_the_blocks_as_the_engines_events_do(vllm_kv: Any) -> None:
+    """A pre-tokenized request's mm features (/inference/v1/generate `features`) go into the block keys' extra keys:
+    it matches a BlockStored whose `extra_keys` carry the same item ((mm hash, offset in block), vLLM's event
+    format), and a different item at the same place matches only the blocks before it."""
+    from epp.framework.types import MultiModalFeature
+
+    plugin, rig = make()
+    toks = [100 + i for i in range(6 * BS)]
+    offset, length = 2 * BS + 5, 40  # blocks 2, 3 and 4 hold the item's placeholders
+    extra: list[Any] = [None, None, [("img-a", 5)], [("img-a", -11)], [("img-a", -27)], None]
+    ev = vllm_kv.BlockStored(
+        block_hashes=[7000 + i for i in range(6)],
+        parent_block_hash=None,
+        token_ids=toks,
+        block_size=BS,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+        extra_keys=extra,
+    )
+    payload = msgspec.msgpack.encode(vllm_kv.KVEventBatch(ts=time.time(), events=[ev]))
+    rig.svc.applier.apply(EPS[1].hostport, QWEN25_MODEL, decode_batch(payload))
+
+    def generate(rid: str, item: str | None) -> InferenceRequest:
+        feats = [MultiModalFeature("image", item, offset, length)] if item else None
+        body = {"token_ids": toks}
+        return InferenceRequest(
+            rid, "/inference/v1/generate", "completions", QWEN25_MODEL, QWEN25_MODEL, body, token_ids=toks,
+            mm_features=feats,
+        )  # fmt: skip
+
+    same, other, none = generate("a", "img-a"), generate("b", "img-b"), generate("c", None)
+    for r in (same, other, none):
+        await rig.prepare(r, EPS)
+    assert plugin.score(CycleState(), same, EPS) == [0.0, pytest.approx(1.0), 0.0]
+    assert plugin.score(CycleState(), other, EPS) == [0.0, pytest.approx(2 / 6), 0.0]
+    assert plugin.score(CycleState(), none, EPS) == [0.0, pytest.approx(2 / 6), 0.0]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epp.framework.errors import BadRequest
 from epp.wiring.builtins import default_parsers
@@ -87,3 +90,29 @@ def test_anthropic_image_blocks_in_anthropic_shape() -> None:
             parse("/v1/messages", msg(source))
         assert fragment in e.value.message
         assert json.loads(e.value.body(parser.error_format))["type"] == "error"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=12),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+    max_leaves=8,
+)
+_kinds = st.sampled_from(["image_url", "input_image", "audio_url", "video_url", "input_audio", "text", None])
+_urls = st.one_of(
+    st.text(max_size=20),
+    st.builds(lambda a, b: f"data:{a};base64,{b}", st.text(max_size=8), st.text(max_size=16)),
+    st.sampled_from(["http://x/a.png", "https://x", "file:///a", "data:,", "data:image/png;base64,===="]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=_kinds,
+    value=st.one_of(_json, _urls, st.fixed_dictionaries({"url": st.one_of(_urls, _json)})),
+    extra=st.dictionaries(st.sampled_from(["uuid", "file_id", "detail"]), _json, max_size=2),
+)
+def test_media_check_fuzz_never_crashes(kind: str | None, value: Any, extra: dict[str, Any]) -> None:
+    part: dict[str, Any] = {**extra, **({"type": kind} if kind else {})}
+    part[kind or "image_url"] = value
+    with contextlib.suppress(BadRequest):  # a ParsedRequest or a 400, nothing else
+        parse("/v1/chat/completions", chat(part))

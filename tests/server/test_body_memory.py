@@ -51,12 +51,17 @@ def _body(data: bytes, eos: bool) -> pb.ProcessingRequest:
     ("path", "shape"),
     [("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic")],
 )
-async def test_declared_length_over_the_limit_is_refused_at_the_headers(path: str, shape: str) -> None:
-    """A content-length over --max-request-body-bytes is a 413 before a byte of the body is gathered, in the API's
+async def test_declared_length_over_the_limit_is_refused_without_gathering(path: str, shape: str) -> None:
+    """A content-length over --max-request-body-bytes: no byte of the body is held or counted in the in-flight
+    budget; the 413 comes at the end of the body (answered earlier, most clients see a reset instead), in the API's
     own error shape (it used to gather up to the limit first, and answer Anthropic clients in OpenAI's shape)."""
     state = _state(max_body_bytes=1000)
     s = RequestStream(state)
-    (r,) = list(await s.handle(_headers(path, {"content-length": "1001"})))
+    assert list(await s.handle(_headers(path, {"content-length": "1500"}))) == []
+    assert list(await s.handle(_body(b"x" * 900, False))) == []
+    assert list(await s.handle(_body(b"x" * 500, False))) == []
+    assert state.inflight_body_bytes == 0 and s._body == b""
+    (r,) = list(await s.handle(_body(b"x" * 100, True)))
     ir = r.immediate_response
     assert ir.status.code == 413
     err = json.loads(ir.body)
@@ -64,21 +69,33 @@ async def test_declared_length_over_the_limit_is_refused_at_the_headers(path: st
         assert err["type"] == "error" and err["error"]["type"] == "request_too_large", err
     else:
         assert err["error"]["code"] == 413 and "exceeds 1000 bytes" in err["error"]["message"], err
-    # A declared length within the limit (or a silly one) goes on as before.
+    s = RequestStream(state)  # a huge declared length, then trailers end the body
+    await s.handle(_headers(path, {"content-length": "9" * 5000}))
+    assert list(await s.handle(_body(b"x" * 10, False))) == []
+    (r, *_) = list(await s.handle(pb.ProcessingRequest(request_trailers=pb.HttpTrailers())))
+    assert r.immediate_response.status.code == 413
+    # A declared length within the limit (or a silly one): gathered, and refused once past the limit.
     for ok in ("1000", "", "abc", "-5"):
         s = RequestStream(state)
         extra = {"content-length": ok} if ok else {}
         assert list(await s.handle(_headers(path, extra))) == []
-    s = RequestStream(state)
-    (r,) = list(await s.handle(_headers(path, {"content-length": "9" * 5000})))
-    assert r.immediate_response.status.code == 413
+        assert list(await s.handle(_body(b"x" * 1001, False))) == []
+        assert state.inflight_body_bytes == 0
+        (r,) = list(await s.handle(_body(b"x", True)))
+        assert r.immediate_response.status.code == 413
 
 
 async def test_gathered_body_over_the_limit_is_a_413_in_the_apis_shape() -> None:
-    """Without a content-length (chunked), the limit still holds while gathering: Anthropic's shape on /v1/messages."""
-    s = RequestStream(_state(max_body_bytes=1000))
+    """Without a content-length (chunked), the limit holds while gathering: what was gathered is let go at once,
+    the rest dropped as it comes, and the 413 (Anthropic's shape on /v1/messages) comes at the end of the body."""
+    state = _state(max_body_bytes=1000)
+    s = RequestStream(state)
     assert list(await s.handle(_headers("/v1/messages"))) == []
-    (r,) = list(await s.handle(_body(b"x" * 1001, False)))
+    assert list(await s.handle(_body(b"x" * 600, False))) == []
+    assert state.inflight_body_bytes == 600
+    assert list(await s.handle(_body(b"x" * 600, False))) == []
+    assert state.inflight_body_bytes == 0
+    (r,) = list(await s.handle(_body(b"x", True)))
     assert r.immediate_response.status.code == 413
     assert json.loads(r.immediate_response.body)["error"]["type"] == "request_too_large"
 
@@ -137,7 +154,7 @@ async def test_heap_is_trimmed_once_after_large_bodies() -> None:
         s.complete()  # idempotent
     refused = RequestStream(state)  # refused while gathering (over the limit): trimmed after too
     await refused.handle(_headers("/v1/completions"))
-    (r,) = list(await refused.handle(_body(big + b" " * 20, False)))
+    (r,) = list(await refused.handle(_body(big + b" " * 20, True)))
     assert r.immediate_response.status.code == 413
     refused.complete()
     for _ in range(100):
@@ -199,3 +216,19 @@ def test_rewrite_keeps_nonfinite_numbers_and_lone_surrogates() -> None:
     assert json_model_rewriter(parsed)("b") == b'{"model":"b","s":"\\ud800x\\u00e9"}'
     parsed = decode_json_object(b'{"model":"a","s":"\xc3\xa9","n":12345678901234567890123}')
     assert json_model_rewriter(parsed)("b") == b'{"model":"b","s":"\xc3\xa9","n":12345678901234567890123}'
+
+
+@pytest.mark.parametrize("nan", [False, True])
+def test_depth_limit_is_exact(nan: bool) -> None:
+    """128 levels pass and 129 do not, in lists and objects mixed, also under a root the stdlib decoded (NaN)."""
+    extra = b',"n":NaN' if nan else b""
+
+    def body(levels: int) -> bytes:  # the root object is level 1
+        inner = b"1"
+        for i in range(levels - 1):
+            inner = b'{"k":' + inner + b"}" if i % 2 else b"[0," + inner + b"]"
+        return b'{"model":"m","x":' + inner + extra + b"}"
+
+    assert decode_json_object(body(128))["model"] == "m"
+    with pytest.raises(BadRequest, match="nests deeper than 128 levels"):
+        decode_json_object(body(129))

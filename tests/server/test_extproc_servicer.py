@@ -558,7 +558,8 @@ async def test_request_trailers_end_the_body(epp: Harness) -> None:
 async def test_oversized_body_gets_413(epp: Harness) -> None:
     epp.server.state.max_body_bytes = 100_000
     call = epp.stub.Process()
-    (resp,) = await exchange(call, [headers_msg(), body_msg(b"x" * 60_000, False), body_msg(b"x" * 60_000, False)], 1)
+    msgs = [headers_msg(), body_msg(b"x" * 60_000, False), body_msg(b"x" * 60_000, False), body_msg(b"x", True)]
+    (resp,) = await exchange(call, msgs, 1)  # the 413 comes at the end of the body, the rest dropped meanwhile
     assert resp.immediate_response.status.code == 413
     assert "exceeds 100000 bytes" in json.loads(resp.immediate_response.body)["error"]["message"]
     call.cancel()

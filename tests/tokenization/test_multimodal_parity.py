@@ -31,6 +31,14 @@ def encoded(mode: str, size: tuple[int, int], fmt: str = "PNG", **save: Any) -> 
     return buf.getvalue()
 
 
+def noise_jpeg(width: int, height: int) -> bytes:
+    import numpy as np
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
 def with_exif(size: tuple[int, int], orientation: int | None = None, image_id: str | None = None) -> bytes:
     img = Image.new("RGB", size, (5, 6, 7))
     exif = Image.Exif()
@@ -53,6 +61,7 @@ IMAGES = {
     "palette-gif": encoded("P", (16, 16), "GIF"),
     "rgb-png-trns": encoded("RGB", (12, 12), transparency=(200, 30, 60)),
     "exif-rotated": with_exif((40, 20), orientation=6),
+    "large-noise-jpeg": noise_jpeg(1200, 900),  # > 256 KiB: decoded and hashed in pieces
 }
 
 
@@ -187,6 +196,8 @@ def test_expand_placeholders_and_data_urls() -> None:
     with pytest.raises(TokenizationError):
         expand_placeholders([1, PAD], PAD, [2, 2])
     assert decode_data_url("data:image/png;base64,aGk=") == b"hi"
+    big = IMAGES["large-noise-jpeg"]
+    assert len(big) > 1 << 18 and decode_data_url(data_url(big)) == big
     for bad in ("data:image/png;base64", "data:image/png,aGk=", "data:;base64,a GK="):
         with pytest.raises(TokenizationError):
             decode_data_url(bad)

@@ -118,7 +118,7 @@ router.proxy.* fields. agentgateway talks plaintext gRPC to the EPP, so --secure
 (so, as there, a user flag overrides --zap-encoder but not --tracing / --metrics-endpoint-auth). */}}
 {{- define "pyepp.leaderElection" -}}
 {{- $ie := .Values.inferenceExtension -}}
-{{- if and (gt (int $ie.replicas) 1) (ne (toString $ie.haMode) "active-active") }}true{{ end -}}
+{{- if and (gt (int $ie.replicas) 1) (ne (toString $ie.haMode) "active-active") (not (include "pyepp.preferredBackends" .)) }}true{{ end -}}
 {{- end -}}
 
 {{- define "pyepp.metricsAuth" -}}
@@ -347,4 +347,38 @@ loopback for the EPP's token-producer (pyepp's vLLM /render backend; wire it in 
     {{- with .volumeMounts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+{{- end -}}
+
+{{/* GKE preferred backends (llm-d-router: provider.gke.preferredBackends): the EPP runs as a StatefulSet of
+preferredReplicas + defaultReplicas pods, each behind its own Service (pod 0 behind <release>-epp, then
+-preferred-<i>, -backup, -backup-<j>) with a GCPBackendPolicy pinning it to GKE's PREFERRED or DEFAULT tier; no
+leader election (every pod serves). Returns the services as YAML: [{name, policy, pod, preference}] or nothing. */}}
+{{- define "pyepp.preferredBackends" -}}
+{{- $pb := default dict (default dict .Values.provider.gke).preferredBackends -}}
+{{- if and $pb.enabled (eq (lower (toString .Values.provider.name)) "gke") -}}
+{{- $pref := int (default 1 $pb.preferredReplicas) -}}
+{{- $total := add $pref (int (default 1 $pb.defaultReplicas)) -}}
+{{- $epp := include "pyepp.eppName" . -}}
+{{- $rel := .Release.Name -}}
+{{- range $i := until (int $total) }}
+- pod: {{ printf "%s-%d" $epp $i }}
+  {{- if eq $i 0 }}
+  name: {{ $epp }}
+  policy: {{ $rel }}
+  preference: PREFERRED
+  {{- else if lt $i $pref }}
+  name: {{ printf "%s-preferred-%d" $epp $i }}
+  policy: {{ printf "%s-preferred-%d" $rel $i }}
+  preference: PREFERRED
+  {{- else if eq $i $pref }}
+  name: {{ printf "%s-backup" $epp }}
+  policy: {{ printf "%s-backup" $rel }}
+  preference: DEFAULT
+  {{- else }}
+  name: {{ printf "%s-backup-%d" $epp (sub $i $pref) }}
+  policy: {{ printf "%s-backup-%d" $rel (sub $i $pref) }}
+  preference: DEFAULT
+  {{- end }}
+{{- end }}
+{{- end -}}
 {{- end -}}

@@ -49,7 +49,12 @@
 {{- end -}}
 {{- $pb := default dict (default dict .Values.provider.gke).preferredBackends -}}
 {{- if $pb.enabled -}}
-{{- fail "provider.gke.preferredBackends is not supported by pyepp's chart (a StatefulSet of EPP pods pinned to GKE's PREFERRED/DEFAULT backend tiers); pyepp runs its replicas active-active instead: set inferenceExtension.haMode=active-active with router.epp.replicas, see docs/migration.md" -}}
+{{- if lt (int (default 1 $pb.preferredReplicas)) 1 }}{{ fail "provider.gke.preferredBackends.preferredReplicas must be at least 1 when preferredBackends.enabled is true" }}{{ end -}}
+{{- if lt (int (default 1 $pb.defaultReplicas)) 1 }}{{ fail "provider.gke.preferredBackends.defaultReplicas must be at least 1 when preferredBackends.enabled is true" }}{{ end -}}
+{{- if .Values.pyeppStandalone }}{{ fail "provider.gke.preferredBackends needs an InferencePool (not router.inferencePool.create=false)" }}{{ end -}}
+{{- end -}}
+{{- if and (not .Values.pyeppStandalone) (ne (toString .Values.inferencePool.apiVersion) "inference.networking.k8s.io/v1") -}}
+{{- fail (printf "inferencePool.apiVersion %s is not rendered: this chart renders the GA InferencePool (inference.networking.k8s.io/v1), as GIE v1.5's and llm-d-router's charts do; the pre-GA v1alpha2 pool has another schema (remove the value to get v1)" (toString .Values.inferencePool.apiVersion)) -}}
 {{- end -}}
 {{- $ports := .Values.inferencePool.targetPorts -}}
 {{- if or (lt (len $ports) 1) (gt (len $ports) 8) -}}

@@ -75,15 +75,24 @@ def _stdlib_decode(body: bytes, max_depth: int) -> Any:
 
 
 def _check_depth(root: dict[str, Any], max_depth: int) -> None:
-    """Iterative (no recursion): the decoded body's containers nest at most `max_depth` deep."""
-    stack: list[tuple[Any, int]] = [(root, 1)]
-    while stack:
-        node, depth = stack.pop()
+    """Iterative (no recursion), a level at a time: the decoded body's containers nest at most `max_depth` deep.
+    Only containers are visited further, tested by exact type (decoded JSON has no subclasses below the root):
+    4x faster than a stack of (node, depth) pairs with isinstance on every value, which cost more than the
+    decode itself on a body of many small objects (200k content parts: 1.7 s)."""
+    level: list[Any] = [root]
+    depth = 1
+    while level:
         if depth > max_depth:
             raise BadRequest(f"request body nests deeper than {max_depth} levels")
-        for v in node.values() if isinstance(node, dict) else node:
-            if isinstance(v, dict | list):
-                stack.append((v, depth + 1))
+        deeper: list[Any] = []
+        add = deeper.append
+        for node in level:
+            for v in node.values() if isinstance(node, dict) else node:
+                t = type(v)
+                if t is dict or t is list:
+                    add(v)
+        level = deeper
+        depth += 1
 
 
 def encode_json_body(parsed: dict[str, Any], nonfinite: bool = False) -> bytes:
