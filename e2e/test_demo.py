@@ -22,9 +22,9 @@ def test_demo_quick_compares_strategies(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "demo-results.json").read_text())
     by_label = {s["label"]: s for s in doc["summaries"]}
     assert by_label["precise"]["ok"] == by_label["precise"]["n"] > 20
-    assert doc["cells"][0]["workload"] == "shared-prefix-demo" and 0.5 < doc["cells"][0]["bound"] < 1
+    assert doc["cells"][0]["workload"] == "demo" and 0.5 < doc["cells"][0]["bound"] < 1
     # every request carries its serving pod, and the pods' KV hit rates come from real cache hits
     assert all(r["served_by"] for r in doc["results"]["precise"])
     assert by_label["precise"]["kv_hit_rate"] > by_label["random"]["kv_hit_rate"]
     assert (tmp_path / "demo-ttft.png").stat().st_size > 10_000
-    assert (tmp_path / "shared-prefix-demo.png").stat().st_size > 10_000
+    assert (tmp_path / "demo.png").stat().st_size > 10_000

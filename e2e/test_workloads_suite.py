@@ -92,3 +92,26 @@ def test_every_strategy_config_builds() -> None:
             assert "prefill-cost-scorer" in p.plugins and "precise-prefix-cache-producer" in p.plugins
     ours = config_text(OURS, sims, ours_overrides={"uncachedWeight": 3})  # type: ignore[arg-type]
     assert "uncachedWeight: 3" in ours
+
+
+def test_suite_tables_medians_and_time_scale() -> None:
+    """bench_routing's pieces that need no processes: repeated runs become medians, one markdown table per cell,
+    and another simulator time scale replays the arrivals in proportion."""
+    from e2e.bench.bench_routing import WORKLOADS, Cell, SimModel, median_summary, table
+
+    def run(label: str, p90: float, ok: int = 10) -> dict[str, object]:
+        return {"label": label, "ok": ok, "n": 10, "ttft_p50": p90 / 2, "ttft_p90": p90, "ttft_p99": p90 * 2,
+                "ttft_mean": p90, "e2e_p50": p90, "throughput_rps": 1.0, "output_tok_s": 8.0, "kv_hit_rate": 0.5,
+                "load_cv": 0.1, "captured": 0.5, "bound": 1.0, "wall_s": 20.0}  # fmt: skip
+
+    med = median_summary([run("a", 1.0), run("a", 3.0, ok=9), run("a", 2.0)])
+    assert med["ttft_p90"] == 2.0 and (med["ok"], med["n"], med["runs"]) == (29, 30, 3)
+    cell = Cell("multi-turn", 4, 16, 10, 5.0, 1.0, {}, summaries=[run("a", 1.0), run("b", 4.0)])
+    lines = table(cell).splitlines()
+    assert lines[0].startswith("| strategy |") and len(lines) == 4
+    assert lines[2].endswith("| 0.25x |") and lines[3].endswith("| 4.00x |")  # p90 vs the best other strategy
+    spec = WORKLOADS["no-reuse"]
+    w, warmup = SimModel(time_scale=1.5).timed(spec.make(4, 0.3), spec.warmup)
+    ref = spec.make(4, 0.3)
+    assert warmup == spec.warmup / 2
+    assert [r.arrival for r in w.requests] == [r.arrival / 2 for r in ref.requests]

@@ -13,6 +13,11 @@ Envoy + the EPP (each chain). Added latency = path − Envoy alone; ours over th
 
     python -m e2e.bench.bench_breakdown                     # both parts
     python -m e2e.bench.bench_breakdown --part 2 --points 1024:10,50 --chains precise --sims 4 --repeats2 5
+    python -m e2e.bench.bench_breakdown --part 3 --chains precise [--epp-args '--refresh-metrics-interval 10s']
+
+Part 3, without Envoy: requests one at a time straight to the EPP's and the floor's gRPC ports (the messages Envoy
+would send), alternated; the request phase (headers + body → destination + body) and the response phase (response
+headers + body messages) per server. Their difference is what the EPP process adds per message, transport included.
 """
 
 from __future__ import annotations
@@ -482,9 +487,96 @@ def _summarize(
     return rows
 
 
+# -- part 3: ext_proc over gRPC, no Envoy ---------------------------------------------------------------------
+
+
+async def _grpc_one(
+    stub: Any, req: list[pb.ProcessingRequest], resp: list[pb.ProcessingRequest]
+) -> tuple[float, float]:
+    """One request as Envoy sends it (FULL_DUPLEX_STREAMED): (request phase, response phase) in seconds."""
+    call = stub.Process()
+    t0 = time.perf_counter()
+    for m in req:
+        await call.write(m)
+    await call.read()  # the headers response (destination)
+    await call.read()  # the streamed body
+    t1 = time.perf_counter()
+    for m in resp:
+        await call.write(m)
+        await call.read()
+    t2 = time.perf_counter()
+    await call.done_writing()
+    await call.read()
+    return t1 - t0, t2 - t1
+
+
+async def _grpc_ab(ports: dict[str, int], n: int, stream: bool, prompts: Sequence[str]) -> dict[str, Any]:
+    import grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+    reqs = [[pb.ProcessingRequest.FromString(w) for w in request_wire(p, stream)] for p in prompts]
+    resp = [pb.ProcessingRequest.FromString(w) for w in response_wire(stream)]
+    chans = {k: grpc.aio.insecure_channel(f"127.0.0.1:{p}") for k, p in ports.items()}
+    stubs = {k: pb_grpc.ExternalProcessorStub(c) for k, c in chans.items()}
+    for stub in stubs.values():  # warm up (connections, the tokenizer's cache)
+        for i in range(30):
+            await _grpc_one(stub, reqs[i % len(reqs)], resp)
+    res: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in stubs}
+    names = list(stubs)
+    for i in range(n):
+        for k in names if i % 2 else names[::-1]:  # alternated, one request at a time
+            a, b = await _grpc_one(stubs[k], reqs[i % len(reqs)], resp)
+            res[k][0].append(a)
+            res[k][1].append(b)
+            await asyncio.sleep(0.002)
+    for c in chans.values():
+        await c.close()
+    med = statistics.median
+    return {
+        k: {"request_ms": med(a) * 1e3, "response_ms": med(b) * 1e3, "messages": len(resp)} for k, (a, b) in res.items()
+    }
+
+
+def part3(chain: str, n: int, n_sims: int, epp_args: Sequence[str], responses: Sequence[bool]) -> list[dict[str, Any]]:
+    """Sequential requests straight to the EPP's and the floor's gRPC ports (what Envoy would send), alternated:
+    the transport and the server without Envoy, so the difference is what the EPP process adds per message."""
+    from e2e.harness.procs import EppPorts, EppProcess
+
+    texts = TextFactory(3)
+    prefix = texts.text(("prefix", 1024), 512)
+    prompts = [prefix + texts.text(("q", 1024, i), 512) for i in range(8)]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="pyepp-grpc-") as tmp, start_simulators(n_sims, base_args=SIM_ARGS) as sims:
+        work = Path(tmp)
+        cfg = work / "epp.yaml"
+        cfg.write_text(config_text(chain, sims))
+        epp = EppProcess(cfg, work, EppPorts(*free_ports(3)), log_level="warning", extra_args=list(epp_args))
+        floor = FloorProcess(work, ",".join(s.hostport for s in sims))
+        try:
+            epp.wait_ready()
+            floor.wait_ready()
+            print(f"\n# part 3: ext_proc over gRPC without Envoy, {chain}, epp args {list(epp_args)}; median ms")
+            for stream in responses:
+                r = asyncio.run(_grpc_ab({"epp": epp.ports.grpc, "floor": floor.port}, n, stream, prompts))
+                e, f = r["epp"], r["floor"]
+                row = {"chain": chain, "sse": stream, "epp_args": list(epp_args), **{k: v for k, v in r.items()}}
+                rows.append(row)
+                print(
+                    f"{'sse' if stream else 'json':>5}  request phase epp {e['request_ms']:.3f} floor "
+                    f"{f['request_ms']:.3f} (+{e['request_ms'] - f['request_ms']:.3f});  response phase "
+                    f"({e['messages']} msgs) epp {e['response_ms']:.3f} floor {f['response_ms']:.3f} "
+                    f"(+{e['response_ms'] - f['response_ms']:.3f})",
+                    flush=True,
+                )
+        finally:
+            epp.stop()
+            floor.stop()
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_breakdown")
-    p.add_argument("--part", choices=("1", "2", "all"), default="all")
+    p.add_argument("--part", choices=("1", "2", "3", "all"), default="all")
     p.add_argument("-n", type=int, default=200, help="part 1: requests per repeat")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--points", default="1024:10,50;8192:10", help="part 2: prompt tokens:rates per path")
@@ -492,7 +584,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--chains", default="approximate,precise")
     p.add_argument("--sims", type=int, default=4, help="part 2: simulators in the pool (one saturates at 50/s)")
     p.add_argument("--repeats2", type=int, default=3, help="part 2: alternated repeats per point")
-    p.add_argument("--responses", default="json,sse", help="part 2: json, sse or both")
+    p.add_argument("--responses", default="json,sse", help="part 2/3: json, sse or both")
+    p.add_argument("-n3", type=int, default=300, help="part 3: requests per server")
+    p.add_argument("--epp-args", default="", help="part 3: extra `epp serve` flags")
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="part 1: process CPU time or wall time")
     p.add_argument("--json", help="write the rows here")
     ns = p.parse_args(argv)
@@ -508,6 +602,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         responses = [r == "sse" for r in ns.responses.split(",")]
         out["part2"] = part2(points, ns.duration, ns.chains.split(","), ns.sims, ns.repeats2, responses)
+    if ns.part == "3":
+        responses = [r == "sse" for r in ns.responses.split(",")]
+        out["part3"] = [
+            row
+            for chain in ns.chains.split(",")
+            for row in part3(chain, ns.n3, ns.sims, ns.epp_args.split(), responses)
+        ]
     if ns.json:
         Path(ns.json).write_text(json.dumps(out, indent=1))
     return 0

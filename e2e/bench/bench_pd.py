@@ -2,12 +2,12 @@
 
 P/D: 2 prefill simulators + 2 decode simulators, each decode one behind `epp-pd-sidecar`, EPP with the anchors'
 P/D config (`config/llm-d-pd.yaml`, `nonCachedTokens` swept). Aggregated: 4 simulators (role both), EPP with the
-anchors' approximate-prefix config (`config/llm-d-approx-prefix.yaml`). Same simulator cost model everywhere,
-with prefill interference on (a decode step is slower while prefills run on the same engine, as with chunked
-prefill), and the same open-loop workload: long prompts (a shared system prompt + a unique document) with mixed
-output lengths. Reports TTFT and inter-token latency p50/p90 and output throughput.
+anchors' approximate-prefix config (`config/llm-d-approx-prefix.yaml`). Same simulator cost model everywhere
+(default: vLLM's chunked prefill, calibrated in docs/benchmarks.md: a decode step next to a prefill chunk pays the
+chunk's compute), and the same open-loop workload: prompts (a shared system prompt + a unique document) with mixed
+output lengths. Reports TTFT and inter-token latency p50/p90, output throughput and CPU per request.
 
-    python -m e2e.bench.bench_pd --n 150 --rate 6 --sweep 0,256,1024,2048,4096
+    python -m e2e.bench.bench_pd --n 120 --rate 4 --time-scale 3 --outputs 16,64,256 --sweep 0,256,2048,4096
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 from e2e.bench.loadgen import percentile
 from e2e.harness.sidecar import SidecarProcess, start_sidecar
@@ -56,6 +57,8 @@ class Summary:
     ttft_p90_ms: float
     itl_p50_ms: float
     itl_p90_ms: float
+    itl_p99_ms: float  # the chunked-prefill stalls: few steps, long ones
+    tpot_mean_ms: float  # mean over requests of (end - first token) / (tokens - 1)
     output_tok_s: float
     disaggregated: int  # requests whose prompt a prefill pod computed
     sidecar_cpu_ms_per_req: float = 0.0  # CPU (user+system) of the sidecar processes, per request
@@ -64,7 +67,8 @@ class Summary:
     def row(self) -> str:
         return (
             f"| {self.label} | {self.ok}/{self.n} | {self.ttft_p50_ms:.0f} | {self.ttft_p90_ms:.0f} | "
-            f"{self.itl_p50_ms:.1f} | {self.itl_p90_ms:.1f} | {self.output_tok_s:.0f} | {self.disaggregated} | "
+            f"{self.itl_p50_ms:.1f} | {self.itl_p90_ms:.1f} | {self.itl_p99_ms:.0f} | {self.tpot_mean_ms:.1f} | "
+            f"{self.output_tok_s:.0f} | {self.disaggregated} | "
             f"{self.sidecar_cpu_ms_per_req:.1f} | {self.sim_cpu_ms_per_req:.1f} |"
         )
 
@@ -162,21 +166,38 @@ def metric_sum(urls: Sequence[str], name: str) -> float:
     return total
 
 
+TIME_SCALE = 1.0  # --time-scale: measured durations are divided by it (model time)
+
+
 def summarize(label: str, samples: list[Sample], duration: float, disaggregated: int) -> Summary:
     ok = [s for s in samples if s.status == 200 and s.ttft is not None]
     ttfts = [s.ttft for s in ok if s.ttft is not None]
     itls = [d for s in ok for d in s.itls]
+    ms = 1000 / TIME_SCALE
     return Summary(
         label=label,
         ok=len(ok),
         n=len(samples),
-        ttft_p50_ms=percentile(ttfts, 0.5) * 1000,
-        ttft_p90_ms=percentile(ttfts, 0.9) * 1000,
-        itl_p50_ms=percentile(itls, 0.5) * 1000,
-        itl_p90_ms=percentile(itls, 0.9) * 1000,
-        output_tok_s=sum(s.tokens for s in ok) / duration,
+        ttft_p50_ms=percentile(ttfts, 0.5) * ms,
+        ttft_p90_ms=percentile(ttfts, 0.9) * ms,
+        itl_p50_ms=percentile(itls, 0.5) * ms,
+        itl_p90_ms=percentile(itls, 0.9) * ms,
+        itl_p99_ms=percentile(itls, 0.99) * ms,
+        tpot_mean_ms=sum(sum(s.itls) / len(s.itls) for s in ok if s.itls) / max(1, sum(1 for s in ok if s.itls)) * ms,
+        output_tok_s=sum(s.tokens for s in ok) / duration * TIME_SCALE,
         disaggregated=disaggregated,
     )
+
+
+def with_active_requests(config: str, weight: int) -> str:
+    """The config plus `active-request-scorer` (in-flight requests the EPP sent, prefill picks included) in every
+    profile: the anchors' P/D sample balances prefill pods only by `queue-scorer`, which sees vLLM's waiting
+    queue, empty while requests wait for prefill compute inside the running batch."""
+    data = yaml.safe_load(config)
+    data["plugins"].append({"type": "active-request-scorer"})
+    for profile in data["schedulingProfiles"]:
+        profile["plugins"].append({"pluginRef": "active-request-scorer", "weight": weight})
+    return str(yaml.safe_dump(data, sort_keys=False))
 
 
 def pids(sims: Sequence[SimProcess]) -> list[int]:
@@ -209,6 +230,7 @@ def run_one(
     sim_pids: Sequence[int] = (),
 ) -> Summary:
     stack = start_stack(workdir, backends=[], config=config)
+    split0 = [metric_sum([u], "sim:remote_decode_requests_total") for u in prefill_urls]
     try:
         before = metric_sum(prefill_urls, "sim:remote_decode_requests_total") if prefill_urls else 0.0
         cpu0 = (cpu_seconds(sidecar_pids), cpu_seconds(sim_pids))
@@ -218,6 +240,11 @@ def run_one(
     finally:
         stack.close()
     s = summarize(label, samples, duration, int(after - before))
+    split = [
+        int(metric_sum([u], "sim:remote_decode_requests_total") - b) for u, b in zip(prefill_urls, split0, strict=True)
+    ]
+    if prefill_urls:
+        print(f"  prefills per prefill pod: {split}", flush=True)
     s.sidecar_cpu_ms_per_req = (cpu1[0] - cpu0[0]) * 1000 / len(reqs)
     s.sim_cpu_ms_per_req = (cpu1[1] - cpu0[1]) * 1000 / len(reqs)
     print(s.row(), flush=True)
@@ -233,28 +260,54 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", default="0,256,1024,2048,4096", help="nonCachedTokens values for the P/D runs")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-num-seqs", default="64", help="simulator batch slots per pod")
-    p.add_argument("--interference", default="1.0", help="simulator --prefill-interference")
+    p.add_argument(
+        "--engine-model", choices=["chunked", "per-request"], default="chunked",
+        help="chunked: vLLM's chunked prefill (a shared prefill at --prefill-tps, --chunk tokens per step, decode "
+        "steps next to a chunk pay its compute); per-request: each prefill on its own, --interference factor",
+    )  # fmt: skip
+    p.add_argument("--prefill-tps", default="10000", help="chunked: prefill tokens/s per engine")
+    p.add_argument("--chunk", default="2048", help="chunked: --max-num-batched-tokens")
+    p.add_argument("--interference", default="1.0", help="per-request: simulator --prefill-interference")
+    p.add_argument(
+        "--time-scale", type=float, default=1.0,
+        help="modelled durations x this, arrival rate / this; latencies are reported / this (model time), so the "
+        "machine's CPU cost per request weighs that much less",
+    )  # fmt: skip
+    p.add_argument(
+        "--active-request-weight", type=int, default=0,
+        help="> 0: add active-request-scorer with this weight to every profile of both configs (0: the anchors' "
+        "configs unchanged)",
+    )  # fmt: skip
     p.add_argument("--json", default="", help="write the summaries here")
     a = p.parse_args(argv)
     sim_args = [
         "--model", QWEN25_MODEL, "--block-size", "16", "--num-gpu-blocks", "16384", "--max-num-seqs", a.max_num_seqs,
-        "--prefill-overhead", "0.01", "--prefill-time-per-token", "0.0001", "--inter-token-latency", "0.01",
-        "--time-factor-under-load", "1.5", "--prefill-interference", a.interference,
-        "--kv-transfer-overhead", "0.002", "--kv-transfer-time-per-block", "0.0001",
+        "--prefill-overhead", "0.01", "--inter-token-latency", "0.01", "--time-factor-under-load", "1.5",
+        "--kv-transfer-overhead", "0.002", "--kv-transfer-time-per-block", "0.0001", "--time-scale", str(a.time_scale),
     ]  # fmt: skip
+    if a.engine_model == "chunked":
+        sim_args += ["--prefill-tokens-per-second", a.prefill_tps, "--max-num-batched-tokens", a.chunk]
+    else:
+        sim_args += ["--prefill-time-per-token", "0.0001", "--prefill-interference", a.interference]
+    global TIME_SCALE
+    TIME_SCALE = a.time_scale
     outputs = [int(x) for x in a.outputs.split(",")]
     lo, _, hi = a.prompt_tokens.partition(",")
-    reqs = workload(a.n, a.rate, (int(lo), int(hi or lo)), outputs, a.seed)
+    reqs = workload(a.n, a.rate / a.time_scale, (int(lo), int(hi or lo)), outputs, a.seed)
     pd_base = (CONFIG_DIR / "llm-d-pd.yaml").read_text()
     agg_base = (CONFIG_DIR / "llm-d-approx-prefix.yaml").read_text()
+    pd_base = pd_base.replace("nonCachedTokens: 16", "nonCachedTokens: THRESHOLD")
+    if a.active_request_weight > 0:
+        pd_base = with_active_requests(pd_base, a.active_request_weight)
+        agg_base = with_active_requests(agg_base, a.active_request_weight)
     summaries: list[Summary] = []
     with tempfile.TemporaryDirectory(prefix="bench-pd-") as tmp:
         workdir = Path(tmp)
         print(
-            "| setup | ok | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | output tok/s | via prefill pod "
-            "| sidecar CPU ms/req | sim CPU ms/req |"
+            "| setup | ok | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | ITL p99 ms | TPOT mean ms "
+            "| output tok/s | via prefill pod | sidecar CPU ms/req | sim CPU ms/req |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         roles = ["prefill", "prefill", "decode", "decode", "both", "both", "both", "both"]
         with start_simulators(
             8, base_args=sim_args, per_sim_args=lambda i: ["--role", roles[i]], events=False, timeout=300
@@ -267,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for threshold in [int(x) for x in a.sweep.split(",")]:
                     reset(sims[:4])
-                    cfg = pd_base.replace("nonCachedTokens: 16", f"nonCachedTokens: {threshold}")
+                    cfg = pd_base.replace("nonCachedTokens: THRESHOLD", f"nonCachedTokens: {threshold}")
                     assert f"nonCachedTokens: {threshold}" in cfg
                     label = f"P/D 2+2, nonCachedTokens {threshold}" + (" (off)" if threshold == 0 else "")
                     cfg += endpoints(prefill, sidecars, [])
@@ -292,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r.label} vs aggregated: TTFT p50 x{r.ttft_p50_ms / agg.ttft_p50_ms:.2f}, "
             f"ITL p50 x{r.itl_p50_ms / agg.itl_p50_ms:.2f}, ITL p90 x{r.itl_p90_ms / agg.itl_p90_ms:.2f}, "
+            f"ITL p99 x{r.itl_p99_ms / agg.itl_p99_ms:.2f}, TPOT x{r.tpot_mean_ms / agg.tpot_mean_ms:.2f}, "
             f"throughput x{r.output_tok_s / agg.output_tok_s:.2f}"
         )
     return 0

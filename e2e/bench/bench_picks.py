@@ -55,8 +55,11 @@ def grpc_frames(body: bytes, path: str = "/v1/completions") -> bytes:
 
 
 def h2load(port: int, frames: Path, streams: int, clients: int, per_client: int) -> dict[str, float]:
+    log_file = frames.with_suffix(".log")
+    log_file.unlink(missing_ok=True)
     cmd = [
         "h2load", "-n", str(streams), "-c", str(clients), "-m", str(per_client), "-d", str(frames),
+        f"--log-file={log_file}",
         "-H", "content-type: application/grpc", "-H", "te: trailers",
         f"http://127.0.0.1:{port}/envoy.service.ext_proc.v3.ExternalProcessor/Process",
     ]  # fmt: skip
@@ -76,6 +79,12 @@ def h2load(port: int, frames: Path, streams: int, clients: int, per_client: int)
     if lat:
         res["mean_ms"] = ms(lat.group(5), lat.group(6))
         res["max_ms"] = ms(lat.group(3), lat.group(4))
+    # Per-stream latency (h2load's log: start µs, status, µs to the end of the response): the pick as a client sees
+    # it, queueing behind the other streams in flight included.
+    us = sorted(int(line.split("\t")[2]) for line in log_file.read_text().splitlines() if line.count("\t") >= 2)
+    if us:
+        res["p50_ms"] = us[len(us) // 2] / 1e3
+        res["p99_ms"] = us[min(len(us) - 1, int(len(us) * 0.99))] / 1e3
     return res
 
 
@@ -123,9 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 epp.stop()
             res["workers"] = w
             rows.append(res)
-            mean = res.get("mean_ms", float("nan"))
+            mean, p50, p99 = (res.get(k, float("nan")) for k in ("mean_ms", "p50_ms", "p99_ms"))
             print(f"workers={w}: {res['picks_per_s']:.0f} picks/s ({res['succeeded']:.0f} ok, {res['failed']:.0f} "
-                  f"failed, mean {mean:.1f} ms; EPP counted {res['picks_counted']:.0f} picks)", flush=True)  # fmt: skip
+                  f"failed; latency mean {mean:.1f} ms, p50 {p50:.1f} ms, p99 {p99:.1f} ms at "
+                  f"{ns.clients * ns.per_client} in flight; EPP counted {res['picks_counted']:.0f} picks)",
+                  flush=True)  # fmt: skip
     base = rows[0]["picks_per_s"]
     for r in rows[1:]:
         print(f"workers={r['workers']:.0f} / workers={rows[0]['workers']:.0f}: {r['picks_per_s'] / base:.2f}x")

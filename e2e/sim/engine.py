@@ -8,7 +8,9 @@ latency.
 
 With `prefill_tokens_per_second` > 0 prefill is the engine's shared resource, as with vLLM's chunked
 prefill: admitted requests prefill one after the other (FCFS) at that many uncached tokens per second
-(plus prefill_overhead), so a pod that receives much uncached work builds a prefill backlog; only the
+(plus prefill_overhead), so a pod that receives much uncached work builds a prefill backlog; a request's cache hit
+is looked up again when its prefill starts (as vLLM looks it up when it schedules the prefill), so it reuses what
+the prefills ahead of it computed; only the
 prefill being computed counts for `prefill_interference` (decode steps slowed while prefills share the
 engine). `time_scale` multiplies every modelled duration, so a workload can be replayed time-compressed.
 
@@ -91,6 +93,7 @@ class Engine:
         self.prefilling = 0  # requests computing their prefill right now (they slow this engine's decodes)
         self._prefill_lock = asyncio.Lock()  # FIFO: the shared prefill of prefill_tokens_per_second mode
         self._chunk_tokens = 0  # chunked prefill: prefill tokens in each step of the prefill being computed
+        self._prefill_queue = 0  # requests waiting for or computing the shared prefill (not decoding yet)
         self._next_block_id = 0
 
     # --- events -----------------------------------------------------------------------------------------
@@ -149,23 +152,38 @@ class Engine:
             return 1.0 if n < cap else self.cfg.time_factor_under_load
         return 1.0 + (self.cfg.time_factor_under_load - 1.0) * (min(n, cap) - 1) / (cap - 1)
 
-    async def _prefill(self, uncached: int) -> None:
+    def _hit(self, req: SimRequest, queued: float) -> int:
+        """The request's cache hit, final now that its prefill starts; returns the tokens left to compute."""
+        self.metrics.on_admit(len(req.prompt_ids), req.cached_tokens, queued)
+        return len(req.prompt_ids) - req.cached_tokens
+
+    async def _prefill(self, req: SimRequest, queued: float) -> None:
         cfg = self.cfg
         if cfg.prefill_tokens_per_second > 0:
-            async with self._prefill_lock:  # waiting for the lock is not computing: no interference
-                t = cfg.prefill_overhead + uncached / cfg.prefill_tokens_per_second
-                budget = cfg.max_num_batched_tokens
-                if budget > 0:
-                    self._chunk_tokens = min(budget, uncached)
-                    if len(self.running) > 1:  # each step also computes the running decodes' tokens
-                        t += -(-uncached // budget) * cfg.inter_token_latency * self.load_factor()
-                self.prefilling += 1
-                try:
-                    await asyncio.sleep(t * cfg.time_scale)
-                finally:
-                    self.prefilling -= 1
-                    self._chunk_tokens = 0
+            self._prefill_queue += 1
+            try:
+                async with self._prefill_lock:  # waiting for the lock is not computing: no interference
+                    # the prefills ahead of this one may have computed part of its prompt: it is looked up again
+                    assert req.alloc is not None
+                    self.kv.extend_hit(req.alloc, len(req.prompt_ids))
+                    req.cached_tokens = req.alloc.hit_blocks * cfg.block_size
+                    uncached = self._hit(req, queued)
+                    t = cfg.prefill_overhead + uncached / cfg.prefill_tokens_per_second
+                    budget = cfg.max_num_batched_tokens
+                    if budget > 0:
+                        self._chunk_tokens = min(budget, uncached)
+                        if len(self.running) > self._prefill_queue:  # each step also computes the decodes' tokens
+                            t += -(-uncached // budget) * cfg.inter_token_latency * self.load_factor()
+                    self.prefilling += 1
+                    try:
+                        await asyncio.sleep(t * cfg.time_scale)
+                    finally:
+                        self.prefilling -= 1
+                        self._chunk_tokens = 0
+            finally:
+                self._prefill_queue -= 1
             return
+        uncached = self._hit(req, queued)
         t = (cfg.prefill_overhead + uncached * cfg.prefill_time_per_token) * self.load_factor()
         self.prefilling += 1
         try:
@@ -204,12 +222,11 @@ class Engine:
         try:
             await req.admitted
             queued = time.monotonic() - req.arrival
-            uncached = len(req.prompt_ids) - req.cached_tokens
-            self.metrics.on_admit(len(req.prompt_ids), req.cached_tokens, queued)
             if req.remote_blocks is not None:
-                await self._pull_remote_kv(req, uncached)
+                self.metrics.on_admit(len(req.prompt_ids), req.cached_tokens, queued)
+                await self._pull_remote_kv(req, len(req.prompt_ids) - req.cached_tokens)
             else:
-                await self._prefill(uncached)
+                await self._prefill(req, queued)
             if req.remote_decode:
                 self.metrics.on_remote_decode()
             assert req.alloc is not None

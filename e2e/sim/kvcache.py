@@ -201,6 +201,19 @@ class KVCache:
         if not copies:
             del self.by_hash[b.hash]
 
+    def extend_hit(self, alloc: Allocation, num_tokens: int) -> None:
+        """Leading blocks cached since the allocation (a request ahead of this one computed them) become hits,
+        freeing as many reserved blocks: vLLM looks the prefix up when it schedules the request's prefill."""
+        if not self.enable_prefix_caching or alloc.released or alloc.registered:
+            return
+        for h in alloc.hashes[alloc.hit_blocks : self.lookup(alloc.hashes, num_tokens)]:
+            b = self._pick(h)
+            b.ref += 1
+            self.evictable.pop(id(b), None)
+            alloc.hit.append(b)
+            alloc.private_blocks -= 1
+            self.private_used -= 1
+
     def register(
         self,
         alloc: Allocation,

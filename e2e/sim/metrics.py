@@ -97,20 +97,27 @@ class SimMetrics:
             "vllm:lora_requests_info", "Running stats on lora requests.",
             ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=r,
         )  # fmt: skip
-        cache_info = Gauge(
+        self.cache_info = Gauge(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
             ["block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching", "cache_dtype", "engine"],
             registry=r,
         )  # fmt: skip
-        for rank in ranks:
-            cache_info.labels(
-                block_size=str(block_size), num_gpu_blocks=str(num_gpu_blocks), num_cpu_blocks="0",
-                enable_prefix_caching=str(enable_prefix_caching), cache_dtype="auto", engine=str(rank),
-            ).set(1)  # fmt: skip
+        self._cache_config = (block_size, enable_prefix_caching, tuple(ranks))
+        self.set_num_gpu_blocks(num_gpu_blocks)
         self.max_loras = max_loras
         self._lora_state: tuple[str, str] | None = None
         self._state: Callable[[], EngineStates] | None = None
         self.model_name = model_name
+
+    def set_num_gpu_blocks(self, num_gpu_blocks: int) -> None:
+        """(Re)publish vllm:cache_config_info: the KV capacity can change at run time (/admin/config)."""
+        block_size, enable_prefix_caching, ranks = self._cache_config
+        self.cache_info.clear()
+        for rank in ranks:
+            self.cache_info.labels(
+                block_size=str(block_size), num_gpu_blocks=str(num_gpu_blocks), num_cpu_blocks="0",
+                enable_prefix_caching=str(enable_prefix_caching), cache_dtype="auto", engine=str(rank),
+            ).set(1)  # fmt: skip
 
     def engine(self, rank: int) -> EngineMetrics:
         """The recording side for one data-parallel engine (series labelled engine=<rank>)."""

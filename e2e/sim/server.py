@@ -571,6 +571,7 @@ async def admin_config(request: web.Request) -> web.Response:
             for e in sim.engines:
                 e.kv.reset()
                 e.kv.num_blocks = int(value)
+            sim.metrics.set_num_gpu_blocks(int(value))
         setattr(sim.cfg, key, want(value))
     for e in sim.engines:
         e.schedule()

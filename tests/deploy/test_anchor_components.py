@@ -361,3 +361,18 @@ def test_tracing_values_reach_the_exporter() -> None:
     assert (env["OTEL_TRACES_SAMPLER"], env["OTEL_TRACES_SAMPLER_ARG"]) == ("parentbased_traceidratio", "0.5")
     assert env["OTEL_SERVICE_NAME"] == "llm-d-router/epp"
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in {e["name"] for e in containers(rendered("router-gw-gke"))["epp"]["env"]}
+
+
+def test_renamed_proxy_config_and_extra_volumes() -> None:
+    """llm-d's multi-cluster hub renames the Envoy ConfigMap (two routers in one namespace) and restates its volume;
+    the preset's envoy.yaml follows the new name, and the EPP's own volumes are kept."""
+    docs = rendered("guide-sa:llm-d__guides__multi-cluster-routing__router__hub.values.yaml")
+    cm = named(docs, "ConfigMap", "mc-hub-envoy")
+    assert "ext_proc" in cm["data"]["envoy.yaml"] and not [
+        c for c in by_kind(docs, "ConfigMap") if c["metadata"]["name"] == "envoy"
+    ]
+    assert pod_volumes(docs)["config"]["configMap"]["name"] == "mc-hub-envoy"
+    assert pod_volumes(docs)["clusters"]["configMap"]["name"] == "mc-hub-clusters"
+    mounts = {m["name"]: m["mountPath"] for m in containers(docs)["epp"]["volumeMounts"]}
+    assert mounts["clusters"] == "/etc/epp/clusters"
+    assert "--allow-experimental-plugins=true" in container_args(docs)

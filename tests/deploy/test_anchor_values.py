@@ -196,6 +196,8 @@ def guide_cases() -> dict[str, tuple[list[str], dict[str, Any]]]:
             files = [*GIE_POOL, name]
             if "__scheduler__" in name:
                 files = [*GIE_POOL, "llm-d__guides__recipes__scheduler__base.values.yaml", name]
+            if "__scheduler__features__" in name:  # over its guide (precise-prefix-cache-aware)
+                files.insert(-1, name.split("__features__")[0] + ".values.yaml")
             out[f"guide-gie:{name}"] = (files, {} if has_labels(layered(*files)) else POOL_LABELS)
     return out
 

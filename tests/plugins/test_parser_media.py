@@ -116,3 +116,13 @@ def test_media_check_fuzz_never_crashes(kind: str | None, value: Any, extra: dic
     part[kind or "image_url"] = value
     with contextlib.suppress(BadRequest):  # a ParsedRequest or a 400, nothing else
         parse("/v1/chat/completions", chat(part))
+
+
+def test_media_parts_are_bounded_as_vllms_default_limit() -> None:
+    url = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    parts: list[dict[str, Any]] = [url] * 999
+    body = {"model": "m", "messages": [{"role": "user", "content": parts}]}
+    assert parse("/v1/chat/completions", body).messages
+    parts.append(url)
+    with pytest.raises(BadRequest, match="at most 999 media items"):
+        parse("/v1/chat/completions", body)

@@ -16,7 +16,7 @@ from epp.framework import (
     SchedulingResult,
     TokenizedPrompt,
 )
-from epp.plugins.scorers.prefill_cost_scorer import PrefillCostScorer
+from epp.plugins.scorers.prefill_cost_scorer import PrefillCostScorer, _Queue
 from tests.helpers import build
 
 KEY = PREFIX_CACHE_MATCH_INFO.of("precise-prefix-cache-producer")
@@ -50,7 +50,9 @@ def test_cost_is_uncached_tokens_when_idle() -> None:
 
 
 def test_backlog_moves_work_off_a_busy_cached_pod_and_drains() -> None:
-    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "uncachedWeight": 1})
+    s = build(
+        PrefillCostScorer, {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "uncachedWeight": 1, "evictionWeight": 0}
+    )
     e = eps()
     # three cold 2000-token prompts in a row: each goes where no prefill is queued
     chosen = [pick(s, req(f"cold{i}", 2000, {}), e).name for i in range(3)]
@@ -104,3 +106,41 @@ def test_parameters_are_checked() -> None:
         build(PrefillCostScorer, {"decodeWeight": -1})
     s = build(PrefillCostScorer, {"prefixMatchInfoProducerName": "mine", "defaultOutputTokens": 7})
     assert s.info_key == PREFIX_CACHE_MATCH_INFO.of("mine") and s.default_output == 7
+
+
+def with_capacity(endpoints: list[Endpoint], tokens: int, block: int = 16) -> list[Endpoint]:
+    for e in endpoints:
+        e.metrics.cache_num_blocks, e.metrics.cache_block_size = tokens // block, block
+    return endpoints
+
+
+def test_kv_pressure_is_the_share_of_capacity_written_there() -> None:
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "decodeWeight": 1, "evictionWeight": 0})
+    e = with_capacity(eps(), 4000)
+    r = req("r1", 1000, {}, max_tokens=1000)  # writes 2000 tokens on a: half its KV
+    assert pick(s, r, e).name == "a"
+    assert s.fullness(e[0], s.queues.get("a")) == 0.5 and s.fullness(e[1], s.queues.get("b")) == 0.0
+    # in-flight tokens cost in proportion to the pressure: 0.5 x 2000 on a
+    assert s.costs(req("q", 1000, {}), e, now=1e12) == [2000.0 + 1000.0, 2000.0, 2000.0]
+    s.response_complete(r, e[0], None)
+    pick(s, req("r2", 2000, {"a": 125}), e)  # nothing uncached on a: only its 10 output tokens are written
+    assert s.queues["a"].written == 2010
+    # an unknown capacity (no vllm:cache_config_info) counts as full: the in-flight tokens cost in full
+    assert s.fullness(eps()[0], None) == 1.0
+
+
+def test_a_full_cache_charges_the_expected_recompute_of_what_it_evicts() -> None:
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 1})
+    e = with_capacity(eps(), 1000)
+    for i in range(3):  # every prompt is fully cached on a: the pool's reuse moves towards 1
+        s.costs(req(f"hot{i}", 1024, {"a": 64}), e, now=0.0)
+    assert s.reuse == pytest.approx(1 - (1 - 1 / 50) ** 3)
+    s.queues["b"] = _Queue(written=1000)  # b is full: what it computes evicts cached tokens that get reused
+    s.queues["c"] = _Queue(written=0)  # c has free KV: it evicts nothing
+    reuse = s.reuse
+    cost = s.costs(req("cold", 1024, {}), e, now=0.0)
+    assert cost[1] == pytest.approx((2 + reuse) * 1024) and cost[2] == 2 * 1024
+    # a workload without reuse charges no eviction, however full the cache
+    fresh = build(PrefillCostScorer, {"evictionWeight": 1})
+    fresh.queues["b"] = _Queue(written=1000)
+    assert fresh.costs(req("x", 1024, {}), e, now=0.0) == [2048.0, 2048.0, 2048.0]

@@ -15,7 +15,7 @@ from epp.framework import TokenizationError
 from epp.kvcache.tokens import TokenProcessor, request_extra_keys
 from epp.tokenization.multimodal import VisionConfig, decode_data_url, hash_image, inspect_image
 from epp.tokenization.prompt import HFBackend, PromptTokenizer, expand_placeholders
-from epp.tokenization.qwen import QWEN25_VL_MODEL, qwen25_vl_tokenizer_dir
+from epp.tokenization.qwen import QWEN25_VL_MODEL, qwen25_tokenizer_dir, qwen25_vl_tokenizer_dir
 from tests.tokenization import vllm_mm_source as vllm
 
 PAD = 151655  # <|image_pad|>
@@ -186,7 +186,7 @@ async def test_media_errors_are_tokenization_errors() -> None:
         )
     with pytest.raises(TokenizationError, match="fetching"):  # nothing listens there: refused at once
         await tok.tokenize_prompt(QWEN25_VL_MODEL, messages=chat("http://127.0.0.1:9/x.png"))
-    text = PromptTokenizer(HFBackend({}, None))  # the bundled text model's template renders no image
+    text = PromptTokenizer(HFBackend({}, qwen25_tokenizer_dir()))  # the bundled text model's template renders no image
     with pytest.raises(TokenizationError):
         await text.tokenize_prompt("m", messages=chat(data_url(IMAGES["rgb-png"])))
 
@@ -276,3 +276,11 @@ async def test_simulator_renders_the_prompt_the_epp_computes() -> None:
     got = await vl_tokenizer().tokenize_prompt(QWEN25_VL_MODEL, messages=messages)
     assert got.token_ids == ids
     assert [(f.hash, f.offset, f.length) for f in got.mm_features or []] == mm
+
+
+async def test_a_text_only_template_refuses_media_before_loading_any() -> None:
+    """The bundled Qwen2.5 (text) template renders no image parts: refused at once, nothing fetched or decoded."""
+    text = PromptTokenizer(HFBackend({}, qwen25_tokenizer_dir()))
+    with pytest.raises(TokenizationError, match="renders no image parts"):
+        await text.tokenize_prompt("m", messages=chat("http://10.255.255.1/never-fetched.png"))
+    assert not text._images

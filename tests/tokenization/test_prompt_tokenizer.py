@@ -125,3 +125,28 @@ async def test_render_backend_against_the_simulators_render_api() -> None:
             await bad.tokenize(QWEN25_MODEL, messages=msgs)
     finally:
         sim.stop()
+
+
+def test_cache_key_is_unambiguous_and_stable() -> None:
+    key = PromptTokenizer._key
+    msgs = [{"role": "user", "content": "hi\nthere é \ud800"}]  # a lone surrogate is a prompt like any other
+    assert key("m", "chat", [msgs, {}, None]) == key("m", "chat", [[dict(msgs[0])], {}, None])
+    distinct: list[object] = [
+        ["ab"],
+        ["a", "b"],
+        {"a": "b"},
+        ["a", "b", None],
+        [True],
+        [1],
+        [1.0],
+        ["1"],
+        [[]],
+        [{}],
+        [None],
+        [{"role": "user", "content": "x"}],
+        [{"content": "x", "role": "user"}],  # key order renders: distinct
+        [{"role": "user", "content": [{"type": "text", "text": "x"}]}],
+    ]
+    keys = [key("m", "chat", [c, {}, None]) for c in distinct]
+    assert len(set(keys)) == len(distinct)
+    assert key("m", "completion", "x") != key("m2", "completion", "x") != key("m", "chat", "x")

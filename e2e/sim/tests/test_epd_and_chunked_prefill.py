@@ -32,23 +32,23 @@ def timed(url: str, body: dict[str, Any]) -> tuple[float, int, Any]:
 
 
 def test_encode_role_hands_its_items_to_the_prefill_pod(thread_sim_factory: Any) -> None:
-    encoder: Sim = thread_sim_factory("--role", "encode", "--encode-time-per-item", "0.3", events=False)
-    prefill: Sim = thread_sim_factory("--role", "prefill", "--encode-time-per-item", "0.3", events=False)
+    encoder: Sim = thread_sim_factory("--role", "encode", "--encode-time-per-item", "1.5", events=False)
+    prefill: Sim = thread_sim_factory("--role", "prefill", "--encode-time-per-item", "1.5", events=False)
     status, answer = post(encoder.url + "/v1/chat/completions", chat(IMAGE))
     assert status == 200
     params = answer["ec_transfer_params"]
     assert len(params) == 1 and next(iter(params.values()))["remote_port"] == encoder.http_port
     assert items(encoder, "computed") == 1
-    # The prefill pod given those params loads the item (1 ms) instead of encoding it (300 ms).
+    # The prefill pod given those params loads the item (1 ms) instead of encoding it (1.5 s).
     with_params, status, answer = timed(prefill.url + "/v1/chat/completions", chat(IMAGE, ec_transfer_params=params))
     assert status == 200 and "ec_transfer_params" not in answer  # only an encoder answers them
     assert items(prefill, "transferred") == 1 and items(prefill, "computed") == 0
     other = {"type": "image_url", "image_url": {"url": "https://example.com/dog.png"}}
     alone, _, _ = timed(prefill.url + "/v1/chat/completions", chat(other))
     assert items(prefill, "computed") == 1
-    assert alone > 0.3 > with_params
+    assert alone > 1.5 and with_params < alone - 1.0
     again, _, _ = timed(prefill.url + "/v1/chat/completions", chat(other))
-    assert items(prefill, "cached") == 1 and again < 0.3  # the pod's own encoder cache
+    assert items(prefill, "cached") == 1 and again < alone - 1.0  # the pod's own encoder cache
     status, answer = post(prefill.url + "/v1/chat/completions", chat(IMAGE, ec_transfer_params=[1]))
     assert status == 400 and "ec_transfer_params" in answer["error"]["message"]
 
@@ -65,12 +65,12 @@ def test_shared_storage_encoder_cache(thread_sim_factory: Any, tmp_path: Path) -
 
 def test_chunked_prefill_stalls_decode_steps_by_the_chunk(thread_sim_factory: Any) -> None:
     """--max-num-batched-tokens with --prefill-tokens-per-second: a decode step taken while a prefill computes
-    costs ITL + chunk / rate (2048 / 20,000 tok/s = 102 ms here), as vLLM's mixed steps; P/D removes it."""
+    costs ITL + chunk / rate (2048 / 5,000 tok/s = 410 ms here), as vLLM's mixed steps; P/D removes it."""
     sim: Sim = thread_sim_factory(
-        "--inter-token-latency", "0.01", "--prefill-tokens-per-second", "20000", "--max-num-batched-tokens", "2048",
+        "--inter-token-latency", "0.01", "--prefill-tokens-per-second", "5000", "--max-num-batched-tokens", "2048",
         "--max-num-seqs", "8", events=False,
     )  # fmt: skip
-    long_prompt = "word " * 12000  # ~12k tokens: 0.6 s of prefill in 6 chunks
+    long_prompt = "word " * 12000  # ~12k tokens: 2.4 s of prefill in 6 chunks
 
     def decode_time() -> float:
         t0 = time.monotonic()
@@ -80,9 +80,8 @@ def test_chunked_prefill_stalls_decode_steps_by_the_chunk(thread_sim_factory: An
     alone = decode_time()
     with ThreadPoolExecutor(2) as pool:
         prefill = pool.submit(post, sim.url + "/v1/completions", {"prompt": long_prompt, "max_tokens": 1})
-        time.sleep(0.15)
+        time.sleep(0.3)
         together = pool.submit(decode_time).result()
         status, _ = prefill.result()
     assert status == 200
-    assert alone < 0.2
-    assert together > alone + 3 * 0.1  # five decode steps, most of them next to a 2048-token chunk
+    assert together > alone + 3 * 0.4  # five decode steps, each next to a 2048-token chunk (0.41 s)

@@ -79,6 +79,26 @@ def test_shared_prefill_throughput_queues_prefills(thread_sim_factory: Any) -> N
     assert warm < one / 3
 
 
+def test_a_queued_prefill_reuses_what_the_prefill_ahead_computed(thread_sim_factory: Any) -> None:
+    """--prefill-tokens-per-second: the cache hit is looked up when the prefill starts (as vLLM schedules it), so
+    a request queued behind another with the same prompt computes only what that one did not."""
+    sim: Sim = thread_sim_factory(
+        "--prefill-tokens-per-second", "2000", "--prefill-overhead", "0.001", "--max-num-seqs", "4", events=False
+    )
+    body = {"prompt": "Omega: " + PROMPT, "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(post, sim.url + "/v1/completions", {**body, "stream": False})
+        time.sleep(0.05)  # admitted while the first one is still prefilling (~0.33 s)
+        t0 = time.perf_counter()
+        second = pool.submit(post, sim.url + "/v1/completions", {**body, "stream": False})
+        (_, r1), (_, r2) = first.result(), second.result()
+        waited = time.perf_counter() - t0
+    n = r1["usage"]["prompt_tokens"]
+    assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16
+    assert waited < 2 * n / 2000  # it waited for the first prefill, then computed less than a block
+
+
 def test_prefill_slows_running_decodes(thread_sim_factory: Any) -> None:
     """--prefill-interference with shared prefill: decode steps are slower while another request prefills."""
     sim: Sim = thread_sim_factory(

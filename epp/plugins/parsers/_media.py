@@ -4,6 +4,7 @@ is a 400 in the API's own error shape here rather than a request the model serve
 - `image_url` / `audio_url` / `video_url`: an object with a non-empty string `url` (a bare string only for a part
   without `type` or with a `uuid`, as vLLM accepts); `input_image` (Responses): a string `image_url`;
   `input_audio`: an object with string `data` and `format`.
+- At most 999 media parts (vLLM's default `--limit-mm-per-prompt` per modality, applied to all of them here).
 - URLs: `data:` (RFC 2397, base64 only, strictly valid and non-empty, as vLLM decodes them), `http(s)://`; anything
   else (file://, ftp://, a bare path) is refused, as vLLM refuses it without `--allowed-local-media-path`.
 """
@@ -19,17 +20,28 @@ from epp.framework import BadRequest
 _URL_PARTS = {"image_url": "image_url", "audio_url": "audio_url", "video_url": "video_url"}
 _UNTYPED = ("image_url", "audio_url", "video_url", "input_audio")
 FULL_CHECK_CHARS = 1 << 20
+MAX_MEDIA_PARTS = 999  # vLLM's default limit per modality
+_NOT_MEDIA = frozenset({"text", "input_text", "output_text", "refusal", "thinking", "tool_reference"})
 
 
 def check_media_parts(messages: Sequence[Any], what: str = "messages") -> None:
-    """Raise BadRequest naming the first malformed media part."""
+    """Raise BadRequest naming the first malformed media part, or when there are more than vLLM's default
+    `--limit-mm-per-prompt` (999) media parts: the EPP never loads more than a model server would."""
+    media = 0
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
-            if isinstance(part, dict):
-                _check_part(part, f"{what}[{i}].content[{j}]")
+            # text parts go by at dict-lookup speed (a body may hold 200k of them); the path is built on failure
+            if type(part) is dict and (part.get("type") not in _NOT_MEDIA or "uuid" in part):
+                media += 1
+                if media > MAX_MEDIA_PARTS:
+                    raise BadRequest(f"at most {MAX_MEDIA_PARTS} media items may be provided in one prompt")
+                try:
+                    _check_part(part, "")
+                except BadRequest as e:
+                    raise BadRequest(f"{what}[{i}].content[{j}]{e.message}") from None
 
 
 def _check_part(part: dict[str, Any], where: str) -> None:

@@ -1,9 +1,17 @@
 """prefill-cost-scorer (pyepp): score each endpoint by the work, in prompt tokens, that stands between this request
 and its first token there.
 
-    cost(e) = uncachedWeight x uncached(e)      prompt tokens e does not hold (precise prefix match)
+    cost(e) = (uncachedWeight + evictionWeight x reuse x full(e)) x uncached(e)
             + backlog(e)                        prefill tokens already routed to e and not yet processed
-            + decodeWeight x active(e)          prompt + output tokens of the requests in flight on e
+            + decodeWeight x full(e) x active(e)   prompt + output tokens of the requests in flight on e
+
+uncached(e) is the prompt tokens e does not hold (precise prefix match). full(e) is KV pressure: the share of e's KV
+capacity (`vllm:cache_config_info` blocks x block size, scraped) this scorer has already filled with tokens routed
+there, capped at 1 (1 when the capacity is unknown). Once a pod's cache is full, every token computed there evicts
+a cached one, which is computed again later with probability `reuse` (the share of recent prompts' tokens some pod
+held, a moving average): that expected recompute is charged to the tokens the request computes there. The tokens
+held by in-flight requests cost only then too: while there is free KV they evict nothing, and their decode does
+not delay a new request's prefill (the queued prefill is in the backlog).
 
 The backlog is an estimate on a per-endpoint clock: each pick appends its uncached tokens to e's FCFS prefill
 queue, which drains at `prefillTokensPerSecond` (the engine's prefill throughput, llm-d's
@@ -17,6 +25,8 @@ of the same length: the tokens a pod
 computes again delay every request queued behind them, not only this one (with 1 the pick is greedy for this
 request's TTFT and, under a burst, spreads a prefix over pods that all compute it). The score is min-max
 normalized and inverted (lowest cost = 1).
+
+With `evictionWeight` 0 and every capacity unknown this is the earlier cost (uncached, backlog, in-flight tokens).
 
 A request without a prefix match (no tokens, cold index) costs the same uncached tokens everywhere, so the
 choice falls to backlog and decode load: the scorer degrades to a token-load balancer.
@@ -66,6 +76,7 @@ class _Queue:
     busy_until: float = 0.0  # when the endpoint's estimated prefill queue drains
     active_tokens: int = 0
     active: int = 0
+    written: int = 0  # tokens computed there (uncached prompt + output) since this scorer started: fills its KV
 
 
 COST = DataKey[_Cost]("prefill-cost")
@@ -83,6 +94,8 @@ class PrefillCostScorer(Plugin):
         uncached_weight: float = 2.0,
         default_output_tokens: int = 256,
         request_timeout: float = 300.0,
+        eviction_weight: float = 1.0,
+        reuse_window: int = 50,
     ) -> None:
         super().__init__(name)
         self.producer = producer
@@ -93,6 +106,9 @@ class PrefillCostScorer(Plugin):
         self.uncached_weight = uncached_weight
         self.default_output = default_output_tokens
         self.request_timeout = request_timeout
+        self.eviction_weight = eviction_weight
+        self.reuse_alpha = 1.0 / max(1, reuse_window)
+        self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
         self.queues: dict[str, _Queue] = {}
         self._inflight: dict[str, _InFlight] = {}
         self._next_sweep = 0.0
@@ -108,6 +124,8 @@ class PrefillCostScorer(Plugin):
             uncached_weight=params.float("uncachedWeight", 2.0, min=0.0),
             default_output_tokens=params.int("defaultOutputTokens", 256, min=0),
             request_timeout=params.duration("requestTimeout", 300.0),
+            eviction_weight=params.float("evictionWeight", 1.0, min=0.0),
+            reuse_window=params.int("reuseWindow", 50, min=1),
         )
 
     def consumes(self) -> Collection[DataKey[Any]]:
@@ -129,18 +147,33 @@ class PrefillCostScorer(Plugin):
         uncached: dict[str, int] = {}
         out: list[float] = []
         rate, dw, uw, queues = self.rate, self.decode_weight, self.uncached_weight, self.queues
+        evict = self.eviction_weight * self.reuse
+        best = 0
         for ep in endpoints:
             u = max(0, n - int(matches.get(ep.name, 0) * bs))
             uncached[ep.name] = u
+            best = max(best, n - u)
             q = queues.get(ep.name)
-            cost = uw * u
+            full = self.fullness(ep, q)
+            cost = (uw + evict * full) * u
             if q is not None:
                 if q.busy_until > now:
                     cost += (q.busy_until - now) * rate
-                cost += dw * q.active_tokens
+                cost += dw * full * q.active_tokens
             out.append(cost)
+        if n > 0:
+            self.reuse += self.reuse_alpha * (best / n - self.reuse)
         request.data.put(self.cost_key, _Cost(n, uncached))
         return out
+
+    @staticmethod
+    def fullness(ep: Endpoint, q: _Queue | None) -> float:
+        """KV pressure on `ep`, 0..1: tokens written there over its KV capacity (1 when the capacity is unknown)."""
+        m = ep.metrics
+        capacity = m.cache_num_blocks * m.cache_block_size
+        if capacity <= 0:
+            return 1.0
+        return min(1.0, q.written / capacity) if q is not None else 0.0
 
     def score(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         costs = self.costs(request, endpoints, time.monotonic())
@@ -172,6 +205,7 @@ class PrefillCostScorer(Plugin):
         tokens = cost.prompt_tokens + max(0, out)
         q.active_tokens += tokens
         q.active += 1
+        q.written += uncached + max(0, out)
         self._inflight[request.request_id] = _InFlight(name, tokens, now)
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
