@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -37,11 +38,48 @@ from e2e.sim.launch import SimProcess, start_simulators
 from e2e.strategies import endpoints_yaml
 from e2e.workloads.shared_prefix import shared_prefix
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, user + system CPU seconds) from /proc (Linux), None if the process is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "; fields[0] is the state
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _cpu_seconds(pid: int, children: bool = True) -> float:
+    """User + system CPU of a live process and (unless `children` is false) its live descendants."""
+    if not children:
+        st = _proc_stat(pid)
+        return st[1] if st else 0.0
+    stats = {int(d): st for d in os.listdir("/proc") if d.isdigit() and (st := _proc_stat(int(d))) is not None}
+    kids: dict[int, list[int]] = {}
+    for p, (ppid, _) in stats.items():
+        kids.setdefault(ppid, []).append(p)
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats:
+            total += stats[p][1]
+        todo.extend(kids.get(p, ()))
+    return total
+
+
+def cpu_snapshot(groups: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds per group; the bench's own process without its children (the stack it started)."""
+    return {g: sum(_cpu_seconds(pid, g != "bench") for pid in pids) for g, pids in groups.items()}
+
+
 MODES = ("1", "2-shared", "2-local", "1+idle")
 DEFAULT_MODES = ("1", "2-shared", "2-local")
 
 
 def config(sims: Sequence[SimProcess], redis_url: str, mode: str, ns: argparse.Namespace, run: int) -> str:
+    mode, _, interval = mode.partition(":")
     sync = "false" if mode == "2-local" else "true"
     return f"""\
 plugins:
@@ -61,15 +99,40 @@ plugins:
 schedulingProfiles:
 - name: default
   plugins: [{{pluginRef: prefix-cache-affinity-filter}}, {{pluginRef: token-load-scorer}}]
-dataLayer: {{crossReplicaSyncerPluginRef: xr, crossReplicaSyncInterval: {ns.sync_interval}}}
+dataLayer: {{crossReplicaSyncerPluginRef: xr, crossReplicaSyncInterval: {interval or ns.sync_interval}}}
 """ + endpoints_yaml(sims)
+
+
+def paired_ratios(
+    rows: Sequence[dict[str, object]], modes: Sequence[str], baseline: str = "1"
+) -> dict[str, dict[str, list[float]]]:
+    """Per mode other than `baseline`: TTFT p50/p90/p99 over the same repeat's `baseline` run, as [median, min, max]
+    over the repeats (a ratio taken between adjacent runs cancels most of the machine's drift)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    base = {r["repeat"]: r for r in rows if r["mode"] == baseline}
+    for mode in modes:
+        if mode == baseline:
+            continue
+        per: dict[str, list[float]] = {}
+        for r in rows:
+            b = base.get(r["repeat"])
+            if r["mode"] != mode or b is None:
+                continue
+            for k in ("ttft_p50", "ttft_p90", "ttft_p99"):
+                per.setdefault(k, []).append(float(r[k]) / float(b[k]))  # type: ignore[arg-type]
+        if per:
+            out[mode] = {k: [statistics.median(v), min(v), max(v)] for k, v in per.items()}
+    return out
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_replicas", description=__doc__.split("\n\n")[0])
     a = p.add_argument
     a("--pods", type=int, default=4)
-    a("--modes", default=",".join(DEFAULT_MODES), help=f"comma list of {', '.join(MODES)}")
+    a(
+        "--modes", default=",".join(DEFAULT_MODES),
+        help=f"comma list of {', '.join(MODES)}; `mode:interval` (2-shared:10ms) overrides --sync-interval",
+    )  # fmt: skip
     a("--repeats", type=int, default=3)
     a("--groups", type=int, default=16)
     a("--prompts-per-group", type=int, default=8)
@@ -87,6 +150,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--load-factor", type=float, default=2.0)
     a("--max-ttft-penalty-ms", type=float, default=1000.0)
     a("--sync-interval", default="100ms")
+    a(
+        "--time-scale", type=float, default=1.0,
+        help="simulator time scale; arrivals are stretched by the same factor (2 = half the CPU per modelled second)",
+    )  # fmt: skip
     a("--quick", action="store_true")
     a("--workdir", default="", help="keep the EPP and Envoy logs here (default: a temporary directory)")
     a("--out", default="e2e/out/bench-replicas.json")
@@ -101,13 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
     workload = shared_prefix(
         num_groups=ns.groups, num_prompts_per_group=ns.prompts_per_group, system_prompt_len=ns.system_len,
-        question_len=ns.question_len, output_len=ns.output_len, rate=ns.rate, num_requests=ns.requests, seed=ns.seed,
+        question_len=ns.question_len, output_len=ns.output_len, rate=ns.rate / ns.time_scale,
+        num_requests=ns.requests, seed=ns.seed,
     )  # fmt: skip
     sim_args = [
         "--block-size", str(ns.block_size), "--num-gpu-blocks", str(ns.gpu_blocks),
         "--max-num-seqs", str(ns.max_num_seqs), "--prefill-time-per-token", str(ns.prefill_per_token),
         "--inter-token-latency", str(ns.itl), "--time-factor-under-load", str(ns.load_factor),
-        "--prefill-overhead", "0.005",
+        "--prefill-overhead", "0.005", "--time-scale", str(ns.time_scale),
     ]  # fmt: skip
     print(f"workload {workload.name}: {len(workload.requests)} requests over {workload.duration:.0f}s")
     print(f"{ns.pods} simulated pods: {' '.join(sim_args)}")
@@ -121,10 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         pods = [f"sim-{s.http_port}" for s in sims]
         tmp = ns.workdir or tmp_default
         for rep in range(ns.repeats):
-            for mode in modes:
+            for mode in modes if rep % 2 == 0 else modes[::-1]:  # ABBA: a drift in the machine's load cancels
                 run += 1
-                replicas = 1 if mode == "1" else 2
-                serving = 1 if mode == "1+idle" else replicas
+                kind = mode.partition(":")[0]
+                replicas = 1 if kind == "1" else 2
+                serving = 1 if kind == "1+idle" else replicas
                 workdir = Path(tmp) / f"run{run}"
                 stack = start_replicas(workdir, config(sims, url, mode, ns, run), replicas, serving=serving)
                 try:
@@ -132,38 +201,55 @@ def main(argv: Sequence[str] | None = None) -> int:
                         warm_up(stack.url, str(workload.requests[0].body["model"]))
                     reset_caches(sims)
                     time.sleep(0.5)
+                    groups = {f"epp{i}": [e.proc.pid] for i, e in enumerate(stack.epps)}
+                    groups |= {"envoy": [stack.envoy.proc.pid], "sims": [s.proc.pid for s in sims]}
+                    groups["bench"] = [os.getpid()]
+                    cpu0 = cpu_snapshot(groups)
                     results, duration = asyncio.run(
                         loadgen.run(stack.url, workload.requests, served_header=SERVED_HEADER)
                     )
+                    cpu = {g: v - cpu0[g] for g, v in cpu_snapshot(groups).items()}
+                    load1 = os.getloadavg()[0]
                 finally:
                     stack.close()
                 s = loadgen.summarize(mode, results, duration, pods)
-                row = {"mode": mode, "repeat": rep, **s.as_dict()}
+                total_cpu = sum(cpu.values())
+                row = {"mode": mode, "repeat": rep, **s.as_dict(), "cpu": cpu, "cpu_total": total_cpu, "load1": load1}
                 rows.append(row)
+                epp_cpu = "+".join(f"{cpu[g]:.1f}" for g in cpu if g.startswith("epp"))
                 print(
-                    f"  {mode:<9} rep {rep}: TTFT p50 {s.ttft_p50 * 1000:7.1f} ms  p90 {s.ttft_p90 * 1000:7.1f} ms"
-                    f"  p99 {s.ttft_p99 * 1000:7.1f} ms  hit {s.kv_hit_rate:.3f}  cv {s.load_cv:.2f}  ok {s.ok}/{s.n}",
+                    f"  {mode:<14} rep {rep}: TTFT p50 {s.ttft_p50 * 1000:7.1f} ms  p90 {s.ttft_p90 * 1000:7.1f} ms"
+                    f"  p99 {s.ttft_p99 * 1000:7.1f} ms  hit {s.kv_hit_rate:.3f}  cv {s.load_cv:.2f}  ok {s.ok}/{s.n}"
+                    f"  CPU s: epp {epp_cpu} envoy {cpu['envoy']:.1f} sims {cpu['sims']:.1f} bench {cpu['bench']:.1f}"
+                    f" (={total_cpu / duration:.2f} cores)  load {load1:.1f}",
                     flush=True,
                 )
     print("\nmedians over repeats")
-    print(f"{'mode':<10}{'TTFT p50':>10}{'p90':>10}{'p99':>10}{'KV hit':>9}{'pod CV':>8}{'p90 / 1':>9}")
+    print(f"{'mode':<15}{'TTFT p50':>10}{'p90':>10}{'p99':>10}{'KV hit':>9}{'pod CV':>8}{'CPU s':>8}{'p90 / 1':>9}")
     med: dict[str, dict[str, float]] = {}
     for mode in modes:
         mine = [r for r in rows if r["mode"] == mode]
         med[mode] = {
             k: statistics.median(float(r[k]) for r in mine)  # type: ignore[arg-type]
-            for k in ("ttft_p50", "ttft_p90", "ttft_p99", "kv_hit_rate", "load_cv")
+            for k in ("ttft_p50", "ttft_p90", "ttft_p99", "kv_hit_rate", "load_cv", "cpu_total")
         }
     base = med.get("1", {}).get("ttft_p90")
     for mode, m in med.items():
         ratio = f"{m['ttft_p90'] / base:9.2f}" if base else f"{'-':>9}"
         print(
-            f"{mode:<10}{m['ttft_p50'] * 1000:10.1f}{m['ttft_p90'] * 1000:10.1f}{m['ttft_p99'] * 1000:10.1f}"
-            f"{m['kv_hit_rate']:9.3f}{m['load_cv']:8.2f}{ratio}"
+            f"{mode:<15}{m['ttft_p50'] * 1000:10.1f}{m['ttft_p90'] * 1000:10.1f}{m['ttft_p99'] * 1000:10.1f}"
+            f"{m['kv_hit_rate']:9.3f}{m['load_cv']:8.2f}{m['cpu_total']:8.1f}{ratio}"
         )
+    ratios: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for baseline in ("1", "1+idle"):
+        ratios[baseline] = paired_ratios(rows, modes, baseline)
+        if ratios[baseline]:
+            print(f"\nper-repeat ratios to `{baseline}` (each against that run of its own repeat): median [min, max]")
+        for mode, r in ratios[baseline].items():
+            print(f"{mode:<15}" + "  ".join(f"{k[5:]} {v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for k, v in r.items()))
     out = Path(ns.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(ns), "runs": rows, "medians": med}, indent=1))
+    out.write_text(json.dumps({"args": vars(ns), "runs": rows, "medians": med, "ratios": ratios}, indent=1))
     print(f"\nwrote {out}")
     failed = sum(int(r["n"]) - int(r["ok"]) for r in rows)  # type: ignore[call-overload]
     if failed:

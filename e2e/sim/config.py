@@ -74,6 +74,7 @@ class SimConfig:
     kv_events_drop_rate: float = 0.0  # 0..1: share of KV events silently lost before numbering (no seq gap)
     kv_events_drop_types: list[str] = field(default_factory=list)  # only these event types (default: all)
     kv_events_mode: str = "on"  # initial publisher mode: on | off (drop events) | lossy (buffer, do not send)
+    prompt_tokens_details: bool = True  # usage.prompt_tokens_details.cached_tokens (vLLM needs a flag for it)
     seed: int = 0
 
     @property
@@ -165,6 +166,10 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         help="lose only these event types (BlockRemoved: evictions the engine never announces)",
     )
     a("--kv-events-mode", choices=["on", "off", "lossy"], default=d.kv_events_mode)
+    a(
+        "--no-prompt-tokens-details", dest="prompt_tokens_details", action="store_false",
+        help="usage without prompt_tokens_details.cached_tokens (vLLM without --enable-prompt-tokens-details)",
+    )  # fmt: skip
     a("--seed", type=int, default=d.seed)
     ns = p.parse_args(argv)
     cfg = SimConfig(**{k: v for k, v in vars(ns).items()})

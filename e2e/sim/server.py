@@ -38,7 +38,7 @@ RUNTIME_SETTABLE = {
     "prefill_overhead", "prefill_time_per_token", "inter_token_latency", "time_factor_under_load",
     "failure_rate", "failure_status", "max_num_seqs", "prefill_tokens_per_second",
     "kv_transfer_overhead", "kv_transfer_time_per_block", "prefill_interference", "num_gpu_blocks",
-    "kv_events_drop_rate", "omit_kv_transfer_params",
+    "kv_events_drop_rate", "omit_kv_transfer_params", "prompt_tokens_details",
 }  # fmt: skip
 
 APP_KEY: web.AppKey[Simulator] = web.AppKey("simulator")
@@ -186,13 +186,13 @@ async def _json(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt,
-        "total_tokens": prompt + completion,
-        "completion_tokens": completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
+def _usage(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
+    """`cached` None: no prompt_tokens_details (vLLM without --enable-prompt-tokens-details)."""
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion}
+    usage["completion_tokens"] = completion
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
 @web.middleware
@@ -286,7 +286,7 @@ async def _generate(request: web.Request, chat: bool, body: dict[str, Any] | Non
         "created": created,
         "model": model,
         "choices": [choice],
-        "usage": _usage(len(ids), len(out), req.cached_tokens),
+        "usage": _usage(len(ids), len(out), req.cached_tokens if sim.cfg.prompt_tokens_details else None),
     }
     if transfer and not sim.cfg.omit_kv_transfer_params:
         resp["kv_transfer_params"] = kv_transfer_response(sim, engine, req)
@@ -362,7 +362,8 @@ async def _write_stream(
                 c = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish, "stop_reason": None}
             await resp.write(chunk([c]))
     if usage:
-        await resp.write(chunk([], {"usage": _usage(len(req.prompt_ids), n, req.cached_tokens)}))
+        cached = req.cached_tokens if sim.cfg.prompt_tokens_details else None
+        await resp.write(chunk([], {"usage": _usage(len(req.prompt_ids), n, cached)}))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
@@ -550,6 +551,11 @@ async def admin_config(request: web.Request) -> web.Response:
     for key, value in body.items():
         if key not in RUNTIME_SETTABLE:
             raise EngineError(400, f"`{key}` cannot be changed at run time (allowed: {sorted(RUNTIME_SETTABLE)}).")
+        if types[key] in (bool, "bool"):
+            if not isinstance(value, bool):
+                raise EngineError(400, f"`{key}` must be true or false.")
+            setattr(sim.cfg, key, value)
+            continue
         want = int if types[key] in (int, "int") else float
         if (
             not isinstance(value, int | float)

@@ -67,6 +67,8 @@ class EngineConfig:
     cache_info: tuple[Selector, ...]
     block_size_label: str = "block_size"
     num_blocks_label: str = "num_gpu_blocks"
+    prefix_queries: tuple[Selector, ...] = ()
+    prefix_hits: tuple[Selector, ...] = ()
 
     @classmethod
     def from_specs(
@@ -79,6 +81,8 @@ class EngineConfig:
         cache_info: str = "",
         block_size_label: str = "block_size",
         num_blocks_label: str = "num_gpu_blocks",
+        prefix_queries: str = "",
+        prefix_hits: str = "",
     ) -> EngineConfig:
         return cls(
             name,
@@ -89,6 +93,8 @@ class EngineConfig:
             tuple(parse_spec(cache_info)),
             block_size_label,
             num_blocks_label,
+            tuple(parse_spec(prefix_queries)),
+            tuple(parse_spec(prefix_hits)),
         )
 
 
@@ -100,6 +106,8 @@ BUILTIN_ENGINES: dict[str, EngineConfig] = {
         "vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc",
         "vllm:lora_requests_info",
         "vllm:cache_config_info",
+        prefix_queries="vllm:prefix_cache_queries_total|vllm:prefix_cache_queries",
+        prefix_hits="vllm:prefix_cache_hits_total|vllm:prefix_cache_hits",
     ),
     "sglang": EngineConfig.from_specs(
         "sglang",
@@ -110,6 +118,8 @@ BUILTIN_ENGINES: dict[str, EngineConfig] = {
         "sglang:cache_config_info",
         block_size_label="page_size",
         num_blocks_label="num_pages",
+        prefix_queries="sglang:prompt_tokens_total",
+        prefix_hits="sglang:cached_tokens_total",  # summed over cache_source
     ),
     "trtllm-serve": EngineConfig.from_specs(
         "trtllm-serve",
@@ -203,6 +213,12 @@ class CoreMetricsExtractor:
                 m.cache_num_blocks = _int_label(labels, eng.num_blocks_label)
             else:
                 m.cache_block_size, m.cache_num_blocks = prev.cache_block_size, prev.cache_num_blocks
+        if eng.prefix_queries and eng.prefix_hits:  # counters: both or neither (the delivered-hits loop's deltas)
+            pq = self._samples(text, eng.prefix_queries, endpoint)
+            ph = self._samples(text, eng.prefix_hits, endpoint)
+            if pq and ph:
+                m.prefix_cache_queries = sum(v for _, v in pq)
+                m.prefix_cache_hits = sum(v for _, v in ph)
         return m
 
 

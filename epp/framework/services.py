@@ -68,6 +68,21 @@ class KVCacheIndex(Protocol):
         the engine reported `delivered_tokens` cached of `prompt`. Repairs the pod's entries when they are wrong."""
         ...
 
+    def report_counted(
+        self,
+        pod: str,
+        keys_len: int,
+        predicted_blocks: int,
+        block_size: int,
+        prompt: int,
+        engine_hits: float | None,
+        engine_queries: float | None,
+    ) -> None:
+        """The closed loop for a response without cached_tokens: `pod` served a `prompt`-token request (`keys_len`
+        blocks, `predicted_blocks` of them predicted there); `engine_hits`/`engine_queries` are the pod's last
+        scraped prefix-cache counters, compared per scrape interval."""
+        ...
+
 
 class Services(Protocol):
     """Factories for the shared services, configured from the asking plugin's parameters."""

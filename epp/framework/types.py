@@ -26,6 +26,10 @@ class Metrics:
     max_active_models: int = 0  # ... max_lora
     cache_block_size: int = 0  # vllm:cache_config_info{block_size}
     cache_num_blocks: int = 0  # vllm:cache_config_info{num_gpu_blocks}
+    # The engine's prefix-cache counters (tokens looked up / found cached since it started), None when the page has
+    # none: vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total (SGLang: prompt / cached tokens).
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
     update_time: float = 0.0
 
     def age(self, now: float | None = None) -> float:

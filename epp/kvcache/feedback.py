@@ -13,6 +13,16 @@ Per pod it exports predicted, delivered and regret (predicted − delivered, whe
   the publisher's buffer from seq 0 would not help there: the buffer holds the same lossy history.
 A single short hit is normal (a burst's speculative entries, an eviction racing the request), which is why the
 decision is over a window; after a resync the window starts again.
+
+**Engine counters**, for responses that carry no `cached_tokens` (a stream without `include_usage`, SGLang, a
+client that strips usage): the engine's prefix-cache counters, already scraped with its other metrics
+(`vllm:prefix_cache_queries_total` / `vllm:prefix_cache_hits_total`; SGLang's prompt / cached tokens), stand in.
+Between two scrapes of a pod the counters' deltas give the hit share the engine delivered (hits / queried tokens);
+the requests this EPP routed there and saw complete in that interval give the share the index predicted (predicted
+tokens / prompt tokens). Once the closed intervals hold `window` requests with a predicted hit, the pod is resynced
+when the delivered share falls short of the predicted one by more than `maxShortfall` (the same rule, on shares: the
+counters also count other replicas' and direct traffic, so tokens cannot be compared one for one). Counters that go
+backwards (an engine restart) start the comparison again. Confirming blocks needs per-request hits: not from counters.
 """
 
 from __future__ import annotations
@@ -76,6 +86,12 @@ class FeedbackMetrics:
             ["pod"],
             registry=r,
         )
+        self.counter_intervals = Counter(
+            p + "counter_intervals",
+            "Scrape intervals compared through the engine's prefix-cache counters (responses without cached_tokens)",
+            ["pod"],
+            registry=r,
+        )
 
 
 _default: FeedbackMetrics | None = None
@@ -96,6 +112,28 @@ class _PodWindow:
     resyncs: int = 0
 
 
+@dataclass(slots=True)
+class _CounterWindow:
+    """One pod's comparison through the engine's counters: the base (the counters at the last closed interval),
+    what was routed since, and the closed intervals (predicted, prompt, engine hits, engine queries, requests with
+    a predicted hit)."""
+
+    base_hits: float | None = None
+    base_queries: float = 0.0
+    predicted: int = 0
+    prompt: int = 0
+    requests: int = 0
+    predicted_requests: int = 0
+    intervals: deque[tuple[int, int, float, float, int]] = field(default_factory=deque)
+
+    def totals(self) -> tuple[int, int, float, float, int]:
+        p = t = n = 0
+        h = q = 0.0
+        for a, b, c, d, e in self.intervals:
+            p, t, h, q, n = p + a, t + b, h + c, q + d, n + e
+        return p, t, h, q, n
+
+
 class DeliveredHits:
     """The loop for one KV service: `report()` per response; `clear_pod` and `speculate` act on the index."""
 
@@ -111,6 +149,7 @@ class DeliveredHits:
         self._speculate = speculate
         self.metrics = metrics or default_feedback_metrics()
         self.pods: dict[str, _PodWindow] = {}
+        self.counter_pods: dict[str, _CounterWindow] = {}
 
     def report(
         self, pod: str, keys: Sequence[int], predicted_blocks: int, delivered_tokens: int, block_size: int, prompt: int
@@ -150,15 +189,85 @@ class DeliveredHits:
             return
         shortfall = (w.predicted - w.delivered) / w.predicted
         if shortfall > self.cfg.max_shortfall:
-            log.warning(
-                "KV index: %s delivered %.0f%% fewer cached tokens than predicted over its last %d requests; "
-                "clearing its index entries (they rebuild from its events and delivered hits)",
-                pod,
-                100 * shortfall,
-                len(w.samples),
-            )
-            self._clear(pod)
+            self._resync(pod, shortfall, len(w.samples), "requests")
             w.samples.clear()
             w.predicted = w.delivered = 0
             w.resyncs += 1
-            m.resyncs.labels(pod).inc()
+
+    def report_counted(
+        self,
+        pod: str,
+        keys_len: int,
+        predicted_blocks: int,
+        block_size: int,
+        prompt: int,
+        engine_hits: float | None,
+        engine_queries: float | None,
+    ) -> None:
+        """One response from `pod` without cached_tokens: the index predicted `predicted_blocks` of a `keys_len`-block,
+        `prompt`-token prompt there; `engine_hits`/`engine_queries` are the pod's last scraped prefix-cache counters
+        (None: its page has none, nothing to compare)."""
+        if not self.cfg.enabled or block_size <= 0 or prompt <= 0 or engine_hits is None or engine_queries is None:
+            return
+        c = self.counter_pods.get(pod)
+        if c is None:
+            c = self.counter_pods[pod] = _CounterWindow()
+        if c.base_hits is None or engine_queries < c.base_queries or engine_hits < c.base_hits:
+            # first sight, or the counters went back (an engine restart): compare from here
+            c.base_hits, c.base_queries = engine_hits, engine_queries
+            c.predicted = c.prompt = c.requests = c.predicted_requests = 0
+            c.intervals.clear()
+        elif engine_queries > c.base_queries:  # a scrape since the base, with traffic: close the interval
+            dh, dq = engine_hits - c.base_hits, engine_queries - c.base_queries
+            c.base_hits, c.base_queries = engine_hits, engine_queries
+            if c.requests:
+                self._close_interval(pod, c, dh, dq)
+        hit_limit = min(keys_len, max(0, (prompt - 1) // block_size))
+        predicted = min(predicted_blocks, hit_limit) * block_size
+        c.predicted += predicted
+        c.prompt += prompt
+        c.requests += 1
+        c.predicted_requests += predicted > 0
+
+    def _close_interval(self, pod: str, c: _CounterWindow, dh: float, dq: float) -> None:
+        m = self.metrics
+        share = min(1.0, max(0.0, dh / dq)) if dq > 0 else 0.0
+        delivered = round(share * c.prompt)  # the engine's hit share applied to the prompts routed here
+        m.counter_intervals.labels(pod).inc()
+        m.requests.labels(pod).inc(c.requests)
+        m.predicted.labels(pod).inc(c.predicted)
+        m.delivered.labels(pod).inc(delivered)
+        if c.predicted > delivered:
+            m.regret.labels(pod).inc(c.predicted - delivered)
+        # Every interval is kept, with or without a predicted hit: a request's engine counts can land one interval
+        # before its prediction (scraped between admission and completion), so choosing intervals by what was
+        # predicted would drop hits that were delivered. Over consecutive intervals the shift is one request at
+        # each end of the window.
+        c.intervals.append((c.predicted, c.prompt, dh, dq, c.predicted_requests))
+        c.predicted = c.prompt = c.requests = c.predicted_requests = 0
+        predicted, prompt, hits, queries, n = c.totals()
+        while c.intervals and (
+            n - c.intervals[0][4] >= self.cfg.window or len(c.intervals) > 8 * self.cfg.window
+        ):  # keep just over `window` requests with a predicted hit (and a bounded number of intervals)
+            p0, t0, h0, q0, n0 = c.intervals.popleft()
+            predicted, prompt, hits, queries, n = predicted - p0, prompt - t0, hits - h0, queries - q0, n - n0
+        if n < self.cfg.window or predicted <= 0 or prompt <= 0 or queries <= 0:
+            return
+        want = predicted / prompt
+        got = min(1.0, hits / queries)
+        shortfall = max(0.0, 1.0 - got / want)
+        if shortfall > self.cfg.max_shortfall:
+            self._resync(pod, shortfall, n, "requests (engine counters)")
+            c.intervals.clear()
+
+    def _resync(self, pod: str, shortfall: float, n: int, what: str) -> None:
+        log.warning(
+            "KV index: %s delivered %.0f%% fewer cached tokens than predicted over its last %d %s; "
+            "clearing its index entries (they rebuild from its events and delivered hits)",
+            pod,
+            100 * shortfall,
+            n,
+            what,
+        )
+        self._clear(pod)
+        self.metrics.resyncs.labels(pod).inc()

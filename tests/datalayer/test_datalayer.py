@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from epp.datalayer.datastore import Datastore
-from epp.datalayer.extractor import CoreMetricsExtractor, EngineConfig
+from epp.datalayer.extractor import ENGINE_LABEL, CoreMetricsExtractor, EngineConfig
 from epp.datalayer.metrics import POOL_AVG_QUEUE, POOL_READY_PODS, PoolMetricsReporter
 from epp.datalayer.promtext import find_family
 from epp.datalayer.scraper import MetricsScraper
@@ -82,6 +82,34 @@ def test_extractor_sglang_by_engine_label_and_custom_engine() -> None:
     ex = CoreMetricsExtractor({"mine": custom}, default_engine="mine")
     m2 = ex.extract('q{kind="wait"} 5\nq{kind="other"} 100\nr 1\n', Endpoint("x", "10.0.0.3", 1))
     assert (m2.waiting_queue_size, m2.running_requests_size) == (5, 1)
+
+
+def test_extractor_prefix_cache_counters() -> None:
+    """vLLM's counters (prometheus_client renders them with _total and _created), summed over engines (DP ranks);
+    SGLang's prompt / cached tokens; absent on the page or configured off: None."""
+    page = vllm_page(0, 0, 0.1) + "\n".join(
+        [
+            "# TYPE vllm:prefix_cache_queries counter",
+            'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1600.0',
+            'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 400.0',
+            'vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9',
+            "# TYPE vllm:prefix_cache_hits counter",
+            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 320.0',
+            'vllm:prefix_cache_hits_total{engine="1",model_name="m"} 0.0',
+            'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 99.0',
+        ]
+    )
+    ep = Endpoint("p", "10.0.0.1", 8000)
+    m = CoreMetricsExtractor().extract(page, ep)
+    assert (m.prefix_cache_queries, m.prefix_cache_hits) == (2000.0, 320.0)
+    bare = CoreMetricsExtractor().extract(vllm_page(0, 0, 0.1), ep)
+    assert (bare.prefix_cache_queries, bare.prefix_cache_hits) == (None, None)
+    sgl = 'sglang:num_queue_reqs 0\nsglang:prompt_tokens_total{model_name="m"} 500\n'
+    sgl += 'sglang:cached_tokens_total{cache_source="device"} 100\nsglang:cached_tokens_total{cache_source="host"} 20\n'
+    s = CoreMetricsExtractor().extract(sgl, Endpoint("s", "10.0.0.2", 1, labels={ENGINE_LABEL: "sglang"}))
+    assert (s.prefix_cache_queries, s.prefix_cache_hits) == (500.0, 120.0)
+    off = CoreMetricsExtractor({"vllm": EngineConfig.from_specs("vllm", "a", "b", "c")})
+    assert off.extract(page, ep).prefix_cache_queries is None
 
 
 @dataclass
@@ -250,3 +278,15 @@ async def test_runtime_routes_away_from_a_loaded_server(metrics_servers: list[Fa
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_core_metrics_extractor_prefix_cache_specs() -> None:
+    from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlugin
+    from tests.helpers import build
+
+    spec = {"name": "vllm", "queuedRequestsSpec": "w", "runningRequestsSpec": "r", "kvUsageSpec": "k"}
+    spec |= {"prefixCacheQueriesSpec": "my_queries_total", "prefixCacheHitsSpec": 'my_hits_total{tier="gpu"}'}
+    plugin = build(CoreMetricsExtractorPlugin, {"engineConfigs": [spec]})
+    page = 'w 0\nmy_queries_total 90\nmy_hits_total{tier="gpu"} 30\nmy_hits_total{tier="cpu"} 5\n'
+    m = plugin.extractor.extract(page, Endpoint("p", "10.0.0.1", 8000))
+    assert (m.prefix_cache_queries, m.prefix_cache_hits) == (90.0, 30.0)

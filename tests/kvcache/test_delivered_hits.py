@@ -78,3 +78,90 @@ def test_delivered_hits_config_from_the_producer_parameters() -> None:
     assert s.feedback == FeedbackConfig(enabled=True, window=32, max_shortfall=0.8, confirm_ttl=120.0)
     with pytest.raises(PluginConfigError, match="maxShortfall"):
         KVCacheSettings.from_params(Params("p", {"deliveredHitsConfig": {"maxShortfall": 0}}))
+
+
+class Engine:
+    """An engine's prefix-cache counters, as the scraper would last have read them."""
+
+    def __init__(self) -> None:
+        self.hits = 1000.0
+        self.queries = 5000.0
+
+    def serve(self, prompt: int, cached: int) -> None:
+        self.queries += prompt
+        self.hits += cached
+
+
+async def test_engine_counters_detect_a_shortfall_without_cached_tokens() -> None:
+    svc, _, reg = service(window=8, max_shortfall=0.5)
+    svc.index.add(None, KEYS, "a:80", 0)  # the index believes pod a holds all 10 blocks; it holds 2
+    eng = Engine()
+    for i in range(8):  # one request per scrape interval: 8 requests with a predicted hit close 7 intervals
+        svc.report_counted("a:80", 10, 10, 16, 160, eng.hits, eng.queries)
+        eng.serve(160, 32)
+        if i < 7:
+            assert await blocks(svc, "a:80") == 10, i
+    assert value(reg, "kv_cache_delivered_hits_counter_intervals_total", "a:80") == 7
+    svc.report_counted("a:80", 10, 10, 16, 160, eng.hits, eng.queries)  # the 8th interval closes: 80% short
+    assert await blocks(svc, "a:80") == 0
+    assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 1
+    # per interval: 9 blocks predicted (the engine computes the last token), the engine's 32/160 share delivered
+    assert value(reg, "kv_cache_delivered_hits_predicted_tokens_total", "a:80") == 8 * 9 * 16
+    assert value(reg, "kv_cache_delivered_hits_delivered_tokens_total", "a:80") == 8 * 32
+    assert value(reg, "kv_cache_delivered_hits_requests_total", "a:80") == 8
+
+
+async def test_engine_counters_compare_shares_not_tokens() -> None:
+    svc, _, reg = service(window=8, max_shortfall=0.5)
+    svc.index.add(None, KEYS, "a:80", 0)
+    eng = Engine()
+    for _ in range(40):
+        # other replicas' traffic in the same interval: 3 more prompts, delivered as predicted
+        svc.report_counted("a:80", 10, 9, 16, 160, eng.hits, eng.queries)
+        for _ in range(4):
+            eng.serve(160, 144)
+    assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 0
+    assert await blocks(svc, "a:80") == 10
+    # several requests between two scrapes make one interval; no scrape (unchanged counters) closes nothing
+    before = value(reg, "kv_cache_delivered_hits_counter_intervals_total", "a:80")
+    for _ in range(5):
+        svc.report_counted("a:80", 10, 9, 16, 160, eng.hits, eng.queries)
+    assert value(reg, "kv_cache_delivered_hits_counter_intervals_total", "a:80") == before + 1
+    # without counters on the pod's page there is nothing to compare
+    for _ in range(20):
+        svc.report_counted("b:80", 10, 9, 16, 160, None, None)
+    assert value(reg, "kv_cache_delivered_hits_counter_intervals_total", "b:80") == 0
+
+
+async def test_engine_counters_that_go_back_restart_the_comparison() -> None:
+    svc, _, reg = service(window=4, max_shortfall=0.5)
+    svc.index.add(None, KEYS, "a:80", 0)
+    eng = Engine()
+    for _ in range(3):  # 2 short intervals closed (the first report only sets the base)
+        svc.report_counted("a:80", 10, 10, 16, 160, eng.hits, eng.queries)
+        eng.serve(160, 0)
+    eng.hits, eng.queries = 0.0, 0.0  # the engine restarted: the counters start again
+    for _ in range(3):  # a new base, then 2 intervals: the 2 before the restart no longer count, no window yet
+        svc.report_counted("a:80", 10, 10, 16, 160, eng.hits, eng.queries)
+        eng.serve(160, 0)
+    assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 0
+    assert await blocks(svc, "a:80") == 10
+    for _ in range(2):
+        svc.report_counted("a:80", 10, 10, 16, 160, eng.hits, eng.queries)
+        eng.serve(160, 0)
+    assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 1
+
+
+async def test_engine_counts_scraped_before_the_response_ends_do_not_fake_a_shortfall() -> None:
+    """Each request is scraped between its admission and its completion, so its engine counts close the interval
+    before the one its prediction lands in; hits and misses alternate. Healthy: no resync."""
+    svc, _, reg = service(window=8, max_shortfall=0.5)
+    svc.index.add(None, KEYS, "a:80", 0)
+    eng = Engine()
+    for i in range(60):
+        hit = i % 2 == 0
+        eng.serve(160, 144 if hit else 0)  # admitted and scraped before the response completes
+        svc.report_counted("a:80", 10, 9 if hit else 0, 16, 160, eng.hits, eng.queries)
+    assert value(reg, "kv_cache_delivered_hits_counter_intervals_total", "a:80") == 59
+    assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 0
+    assert await blocks(svc, "a:80") == 10

@@ -20,6 +20,7 @@ from epp.framework import (
     CycleState,
     Endpoint,
     InferenceRequest,
+    Metrics,
     ProfileResult,
     SchedulingResult,
     Usage,
@@ -299,6 +300,28 @@ async def test_delivered_hits_loop_ignores_hits_predicted_from_our_own_speculati
     assert reports == []  # not counted against pod2: no resync from a burst
     plugin.response_complete(first, EPS[2], Usage(prompt_tokens=n, cached_tokens=0, cached_tokens_reported=True))
     assert reports == [EPS[2].hostport]  # the first request's own match was not speculative
+
+
+async def test_delivered_hits_loop_reads_the_engine_counters_when_usage_has_no_cached_tokens(vllm_kv: Any) -> None:
+    plugin, rig = make({**PARAMS, "speculativeIndexing": False, "deliveredHitsConfig": {"window": 4}})
+    eps = [Endpoint(f"pod{i}", f"10.0.1.{i}", 8000) for i in range(3)]
+    req = chat_request(LONG)
+    await rig.prepare(req, eps)
+    toks = tokens(req)
+    store_tokens(vllm_kv, rig.svc, eps[1].hostport, toks, len(toks) // BS, 7100)  # the index: pod1 has it all
+    hits, queries = 0.0, 0.0
+    for i in range(5):  # a scrape between responses; the engine served every prompt uncached
+        eps[1].metrics = Metrics(prefix_cache_hits=hits, prefix_cache_queries=queries, update_time=time.monotonic())
+        r = chat_request(LONG, f"q{i}")
+        await rig.prepare(r, eps)
+        assert plugin.score(CycleState(), r, eps) == [0.0, 1.0, 0.0], i
+        usage = None if i % 2 else Usage(prompt_tokens=len(toks))  # no usage / usage without cached_tokens
+        plugin.response_complete(r, eps[1], usage)
+        queries += len(toks)
+    # four closed intervals, nothing delivered of the predicted prefix: pod1's entries are cleared
+    again = chat_request(LONG, "after")
+    await rig.prepare(again, eps)
+    assert plugin.score(CycleState(), again, eps) == [0.0, 0.0, 0.0]
 
 
 async def test_multimodal_items_key_the_blocks_as_the_engines_events_do(vllm_kv: Any) -> None:

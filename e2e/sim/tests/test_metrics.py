@@ -89,3 +89,30 @@ def test_metrics_names_labels_and_values(thread_sim_factory: Any) -> None:
         == r2["usage"]["prompt_tokens_details"]["cached_tokens"]
     )
     assert value(m, "vllm:prompt_tokens_total", model_name=MODEL) == 4 * n
+
+
+def test_prefix_cache_counters_are_vllms_and_count_without_prompt_tokens_details(thread_sim_factory: Any) -> None:
+    """The counter names are the ones vLLM's own Prometheus logger registers (read from the installed package's
+    source: importing it needs torch); `--no-prompt-tokens-details` drops cached_tokens from usage, not the counts."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations
+    loggers = (Path(next(iter(spec.submodule_search_locations))) / "v1" / "metrics" / "loggers.py").read_text()
+    for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"):
+        assert f'name="{name}"' in loggers, name
+    sim: Sim = thread_sim_factory("--no-prompt-tokens-details", events=False)
+    prompt = "Tell me about the sea. " * 20
+    _, r1 = post(sim.url + "/v1/completions", {"prompt": prompt, "max_tokens": 1})
+    _, r2 = post(sim.url + "/v1/completions", {"prompt": prompt, "max_tokens": 1})
+    assert "prompt_tokens_details" not in r1["usage"] and "prompt_tokens_details" not in r2["usage"]
+    n = r1["usage"]["prompt_tokens"]
+    m = scrape(sim)
+    assert value(m, "vllm:prefix_cache_queries_total", model_name=MODEL) == 2 * n
+    assert value(m, "vllm:prefix_cache_hits_total", model_name=MODEL) == (n - 1) // 16 * 16
+    # switched back at run time: reported again
+    assert post(sim.url + "/admin/config", {"prompt_tokens_details": True})[0] == 200
+    assert post(sim.url + "/admin/config", {"prompt_tokens_details": 1})[0] == 400
+    _, r3 = post(sim.url + "/v1/completions", {"prompt": prompt, "max_tokens": 1})
+    assert r3["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16

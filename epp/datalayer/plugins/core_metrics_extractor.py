@@ -1,5 +1,6 @@
 """core-metrics-extractor (GIE): which Prometheus families give queue, running, KV usage, LoRA and cache info, per
-engine (`engineLabelKey` picks the engine of a pod; `defaultEngine`, `engineConfigs` add or override engines)."""
+engine (`engineLabelKey` picks the engine of a pod; `defaultEngine`, `engineConfigs` add or override engines).
+pyepp adds `prefixCacheQueriesSpec`/`prefixCacheHitsSpec`: the prefix-cache counters the delivered-hits loop reads."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ class CoreMetricsExtractorPlugin(Plugin):
             if not isinstance(e, dict) or not isinstance(e.get("name"), str):
                 raise PluginConfigError(f"{where}: needs a name", key="engineConfigs")
             specs = {}
-            for key in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec", "loraSpec", "cacheInfoSpec"):
+            keys = ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec", "loraSpec", "cacheInfoSpec")
+            for key in (*keys, "prefixCacheQueriesSpec", "prefixCacheHitsSpec"):
                 v = e.get(key, "")
                 if not isinstance(v, str):
                     raise PluginConfigError(f"{where}.{key}: expected a string, got {v!r}", key="engineConfigs")
@@ -37,6 +39,8 @@ class CoreMetricsExtractorPlugin(Plugin):
                     specs["kvUsageSpec"],
                     specs["loraSpec"],
                     specs["cacheInfoSpec"],
+                    prefix_queries=specs["prefixCacheQueriesSpec"],
+                    prefix_hits=specs["prefixCacheHitsSpec"],
                 )
             except ValueError as err:
                 raise PluginConfigError(f"{where}: {err}", key="engineConfigs") from None

@@ -194,19 +194,36 @@ class PrecisePrefixCacheProducer(Plugin):
         spec[(pod, first_key)] = now + self.speculative_ttl
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
-        """The closed loop on delivered hits: tell the index what the engine delivered against what it predicted."""
+        """The closed loop on delivered hits: tell the index what the engine delivered against what it predicted
+        (the response's cached_tokens, else the engine's scraped prefix-cache counters)."""
         info = request.data.get(self.match_key)
-        if info is None or endpoint is None or usage is None or not usage.cached_tokens_reported:
+        if info is None or endpoint is None:
             return
         decision = request.data.get(DISAGG_DECISION)
         if decision is not None and decision.prefill is not None:
             return  # P/D: the decode pod's cached tokens came over the KV transfer, not from its own cache
-        if endpoint.hostport in info.speculated:
-            return  # a burst: the predicted hit may be our own speculation, not yet in the engine's cache
-        prompt = usage.prompt_tokens
+        prompt = usage.prompt_tokens if usage is not None else 0
         if prompt <= 0:
             tokens = request.data.get(TOKENIZED_PROMPT)
             prompt = len(tokens.token_ids) if tokens is not None else 0
+        # a burst: the predicted hit may be our own speculation, not yet in the engine's cache
+        speculated = endpoint.hostport in info.speculated
+        if usage is None or not usage.cached_tokens_reported:
+            m = endpoint.metrics
+            # the engine still counts this prompt's queries (and any hits): it is in the interval, predicting none
+            predicted = 0 if speculated else info.blocks.get(endpoint.hostport, 0)
+            self.index.report_counted(
+                endpoint.hostport,
+                len(info.keys),
+                predicted,
+                info.block_size,
+                prompt,
+                m.prefix_cache_hits,
+                m.prefix_cache_queries,
+            )
+            return
+        if speculated:
+            return
         self.index.report_delivered(
             endpoint.hostport,
             info.keys,
