@@ -195,12 +195,12 @@ def test_slow_prefiller_times_out_and_falls_back(pd: PD) -> None:
 
 def test_prefiller_without_kv_transfer_params_falls_back(pd: PD) -> None:
     c, odd = pd.sidecars[0], pd.prefill[1]
-    assert post_json(odd.url + "/admin/config", {"omit_kv_transfer_params": 1}).status == 200
+    assert post_json(odd.url + "/admin/config", {"omit_kv_transfer_params": True}).status == 200
     try:
         body = {"model": QWEN25_MODEL, "messages": [{"role": "user", "content": LONG + " no params"}], "max_tokens": 2}
         r = post_json(c.url + "/v1/chat/completions", body, headers={"x-prefiller-host-port": odd.hostport})
     finally:
-        post_json(odd.url + "/admin/config", {"omit_kv_transfer_params": 0})
+        post_json(odd.url + "/admin/config", {"omit_kv_transfer_params": False})
     assert r.status == 200 and r.json()["usage"]["completion_tokens"] == 2
     reason = {"reason": "no_kv_transfer_params"}
     assert metric_value(c.metrics_text(), "pd_sidecar_prefill_fallbacks_total", reason) >= 1
