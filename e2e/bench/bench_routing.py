@@ -328,7 +328,7 @@ class Stacks:
         )  # fmt: skip
         d = self.workdir / f"{strategy.replace('/', '_')}-{time.monotonic_ns()}"
         d.mkdir(parents=True, exist_ok=True)
-        return start_stack(d, backends=[], config=text, epp_args=["--log-level", "warning"])
+        return start_stack(d, backends=[], config=text, epp_args=["--log-level", "warning"], ready_timeout=180.0)
 
     def prestart(self, strategy: str) -> Future[Stack]:
         started = self._starter.submit(self._start, strategy)

@@ -57,10 +57,15 @@ class Stack:
         return next(b for b in self.backends if b.port == port)
 
     def close(self) -> None:
-        self.envoy.stop()
-        self.epp.stop()
-        if self.pool is not None:
-            self.pool.close()
+        """Stops every part even when stopping one fails (a failure must not leave the others running)."""
+        try:
+            self.envoy.stop()
+        finally:
+            try:
+                self.epp.stop()
+            finally:
+                if self.pool is not None:
+                    self.pool.close()
 
 
 def start_stack(workdir: Path, attempts: int = 3, **kwargs: Any) -> Stack:
@@ -85,8 +90,10 @@ def _start_stack(
     subset_hints: dict[str, list[str]] | None = None,
     envoy_overrides: dict[str, object] | None = None,
     epp_args: list[str] | None = None,
+    ready_timeout: float = 30.0,
 ) -> Stack:
-    """Start backends (unless given), the EPP and Envoy; everything is torn down if any part fails to start."""
+    """Start backends (unless given), the EPP and Envoy; everything is torn down if any part fails to start.
+    `ready_timeout` bounds the EPP's readiness wait (benchmarks on a loaded machine need more than 30 s)."""
     pool: BackendPool | None = None
     if isinstance(backends, int):
         pool = BackendPool()
@@ -121,7 +128,7 @@ def _start_stack(
         for k, v in (envoy_overrides or {}).items():
             setattr(opts, k, v)
         envoy = EnvoyProcess(opts, workdir)
-        epp.wait_ready()
+        epp.wait_ready(ready_timeout)
         envoy.wait_ready()
         subset_urls = {name: f"http://127.0.0.1:{ports[2 + i]}" for i, name in enumerate(names)}
         return Stack(envoy=envoy, epp=epp, backends=bs, pool=pool, subset_urls=subset_urls)
