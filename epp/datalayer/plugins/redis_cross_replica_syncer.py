@@ -85,6 +85,14 @@ def sum_snapshots(snapshots: Sequence[Any]) -> dict[str, list[int]]:
     return total
 
 
+def _cancel_requested() -> bool:
+    """Whether this task was asked to stop. redis-py can swallow a cancellation: when its socket timeout expires at
+    the same moment (a loaded box), the CancelledError becomes its TimeoutError, which its retry policy then retries
+    and the call returns normally. The loop would keep syncing and whoever awaits the task (shutdown) would hang."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class RedisCrossReplicaSyncer(Plugin):
     type_name = "redis-cross-replica-syncer"
 
@@ -150,12 +158,16 @@ class RedisCrossReplicaSyncer(Plugin):
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:
+                    if _cancel_requested():
+                        raise asyncio.CancelledError from e
                     failures += 1
                     SYNCS.labels("error").inc()
                     if failures == 1 or failures % 100 == 0:
                         log.warning("%s: cross-replica sync with %s failed (%d): %s", self.name, url, failures, e)
                     if time.monotonic() - self._last_ok > self.ttl:
                         self._clear_remote()
+                if _cancel_requested():
+                    raise asyncio.CancelledError
                 await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
         finally:
             await client.aclose()
