@@ -97,7 +97,7 @@ DEFAULT_MODES = ("1", "2-shared", "2-local")
 
 
 def config(sims: Sequence[SimProcess], redis_url: str, mode: str, ns: argparse.Namespace, run: int) -> str:
-    mode, _, interval = mode.partition(":")
+    mode, interval, _ = split_mode(mode)
     sync = "false" if mode == "2-local" else "true"
     spec_sync = "false" if mode in ("2-local", "2-load") else "true"
     return f"""\
@@ -125,16 +125,26 @@ dataLayer: {{crossReplicaSyncerPluginRef: xr, crossReplicaSyncInterval: {interva
 """ + endpoints_yaml(sims)
 
 
+def split_mode(mode: str) -> tuple[str, str, str]:
+    """`kind[:sync interval][@metrics refresh interval]` → (kind, sync interval or "", refresh interval or "")."""
+    mode, _, refresh = mode.partition("@")
+    kind, _, interval = mode.partition(":")
+    return kind, interval, refresh
+
+
 def paired_ratios(
     rows: Sequence[dict[str, object]], modes: Sequence[str], baseline: str = "1"
 ) -> dict[str, dict[str, list[float]]]:
-    """Per mode other than `baseline`: TTFT p50/p90/p99 over the same repeat's `baseline` run, as [median, min, max]
-    over the repeats (a ratio taken between adjacent runs cancels most of the machine's drift)."""
+    """Per mode other than `baseline`: TTFT p50/p90/p99 over the same repeat's `baseline` run (the one with the same
+    metrics refresh interval, `@…`), as [median, min, max] over the repeats (a ratio taken between adjacent runs
+    cancels most of the machine's drift)."""
     out: dict[str, dict[str, list[float]]] = {}
-    base = {r["repeat"]: r for r in rows if r["mode"] == baseline}
     for mode in modes:
-        if mode == baseline:
+        refresh = split_mode(mode)[2]
+        base_mode = f"{baseline}@{refresh}" if refresh else baseline
+        if mode == base_mode:
             continue
+        base = {r["repeat"]: r for r in rows if r["mode"] == base_mode}
         per: dict[str, list[float]] = {}
         for r in rows:
             b = base.get(r["repeat"])
@@ -153,7 +163,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--pods", type=int, default=4)
     a(
         "--modes", default=",".join(DEFAULT_MODES),
-        help=f"comma list of {', '.join(MODES)}; `mode:interval` (2-shared:10ms) overrides --sync-interval",
+        help=f"comma list of {', '.join(MODES)}; `mode:interval` (2-shared:10ms) overrides --sync-interval,"
+        " `mode@interval` (1@1s) the replicas' --refresh-metrics-interval (the pods' scrape period)",
     )  # fmt: skip
     a("--repeats", type=int, default=3)
     a("--groups", type=int, default=16)
@@ -203,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"workload {workload.name}: {len(workload.requests)} requests over {workload.duration:.0f}s")
     print(f"{ns.pods} simulated pods: {' '.join(sim_args)}")
     rows: list[dict[str, object]] = []
+    per_run: list[tuple[str, dict[str, float]]] = []  # mode, the per-request checks and the TTFT split of one run
     run = 0
     with (
         tempfile.TemporaryDirectory(prefix="pyepp-replicas-") as tmp_default,
@@ -214,12 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rep in range(ns.repeats):
             for mode in modes if rep % 2 == 0 else modes[::-1]:  # ABBA: a drift in the machine's load cancels
                 run += 1
-                kind = mode.partition(":")[0]
+                kind, _, refresh = split_mode(mode)
+                epp_args = ns.epp_args.split() + (["--refresh-metrics-interval", refresh] if refresh else [])
                 replicas = 1 if kind == "1" else 2
                 serving = 1 if kind == "1+idle" else replicas
                 workdir = Path(tmp) / f"run{run}"
                 stack = start_replicas(
-                    workdir, config(sims, url, mode, ns, run), replicas, serving=serving, extra_args=ns.epp_args.split()
+                    workdir, config(sims, url, mode, ns, run), replicas, serving=serving, extra_args=epp_args
                 )
                 try:
                     for _ in range(2 * serving):  # Envoy round-robins: every replica loads its tokenizer
@@ -254,6 +267,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row["engine_ttft_mean"] = sim["ttft_sum"] / n_sim
                 row["engine_queue_mean"] = sim["queue_sum"] / n_sim
                 row["gateway_mean"] = s.ttft_mean - row["engine_ttft_mean"]
+                per_run.append(
+                    (
+                        mode,
+                        aff
+                        | {
+                            "split": aff["split_computing"] + aff["split_held"],
+                            "engine_ttft_mean": row["engine_ttft_mean"],
+                            "gateway_mean": row["gateway_mean"],
+                        },
+                    )
+                )
                 row["classes"] = affinity_trace.classify(workload.requests, results)
                 row["per_request"] = [[r.served_by, r.ttft, r.e2e, r.cached_tokens] for r in results]
                 rows.append(row)
@@ -285,6 +309,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{mode:<15}{m['ttft_p50'] * 1000:10.1f}{m['ttft_p90'] * 1000:10.1f}{m['ttft_p99'] * 1000:10.1f}"
             f"{m['kv_hit_rate']:9.3f}{m['load_cv']:8.2f}{m['cpu_total']:8.1f}{ratio}"
+        )
+    print(
+        f"\n{'mode':<15}{'stuck':>7}{'split':>7}{'recomp':>8}{'busy':>6}{'engine ms':>11}{'before ms':>11}  (medians)"
+    )
+    for mode in modes:
+        mine_aff = [a for m, a in per_run if m == mode]
+        m_aff = {k: statistics.median(a[k] for a in mine_aff) for k in mine_aff[0]}
+        med[mode] |= m_aff
+        print(
+            f"{mode:<15}{m_aff['stuck']:7.0f}{m_aff['split']:7.1f}{m_aff['recomputed']:8.1f}{m_aff['busy_mean']:6.2f}"
+            f"{m_aff['engine_ttft_mean'] * 1000:11.0f}{m_aff['gateway_mean'] * 1000:11.0f}"
         )
     ratios: dict[str, dict[str, dict[str, list[float]]]] = {}
     for baseline in ("1", "1+idle"):
