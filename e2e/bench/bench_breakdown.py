@@ -387,7 +387,7 @@ def part2(
     n_sims: int = 4,
     repeats: int = 1,
     responses: Sequence[bool] = (False, True),
-    variants: Sequence[tuple[str, list[str]]] = (),
+    variants: Sequence[tuple[str, list[str], Path | None]] = (),
 ) -> list[dict[str, Any]]:
     """Each point runs `repeats` times (the path order rotated each time); per path the median over the repeats of
     its p50/p99 is reported, and ours/floor is the median of the per-repeat ratios of added p50. `variants` adds,
@@ -405,7 +405,7 @@ def part2(
         try:
             names = []
             for chain in chains:
-                for i, (variant, extra) in enumerate([("", []), *variants]):
+                for i, (variant, extra, tree) in enumerate([("", [], None), *variants]):
                     d = work / f"{chain}-{i}"
                     d.mkdir()
                     names.append(f"epp {chain} {variant}".rstrip())
@@ -416,6 +416,8 @@ def part2(
                             config=config_text(chain, sims),
                             epp_args=["--log-level", "warning", *extra],
                             envoy_overrides={"direct_port": free_port()},
+                            epp_source=tree,
+                            ready_timeout=120.0,
                         )
                     )
             floor.wait_ready()
@@ -427,15 +429,17 @@ def part2(
                 "envoy alone": (direct, [{DEST: s.hostport} for s in sims]),
                 "python floor": (envoy_floor.url, [{}]),
             }
+            pids = {"python floor": floor.proc.pid}
             for name, st in zip(names, stacks, strict=True):
                 paths[name] = (st.url, [{}])
+                pids[name] = st.epp.proc.pid
             print(
                 f"\n# part 2: through Envoy, ms (added = path − envoy alone); {n_sims} simulators, {duration:.0f} s "
                 f"per point, median of {repeats} alternated repeats"
             )
             print(
                 f"{'tokens':>6}{'rate':>6}{'resp':>6}  {'path':24}{'p50':>8}{'p99':>8}{'+p50':>8}{'+p99':>8}"
-                f"{'vs floor p50':>14}{'ratios':>24}"
+                f"{'vs floor p50':>14}{'ratios':>24}{'CPU µs/req':>12}"
             )
             for size, rates in points:
                 prefix = texts.text(("prefix", size), size // 2)
@@ -444,14 +448,18 @@ def part2(
                     asyncio.run(_measure(paths, prompts, 5, 1.0, stream))  # warm up
                     for rate in rates:
                         runs: list[dict[str, tuple[float, float]]] = []
+                        cpu: dict[str, list[float]] = {k: [] for k in pids}
                         err = 0
                         for r in range(repeats):
+                            c0 = {k: _cpu_seconds(pid) for k, pid in pids.items()}
                             lat, e = asyncio.run(_measure(paths, prompts, rate, duration, stream, order=r))
+                            for k, pid in pids.items():  # the server process's CPU (idle work included) per request
+                                cpu[k].append((_cpu_seconds(pid) - c0[k]) / max(1, len(lat[k])) * 1e6)
                             err += e
                             runs.append(
                                 {k: (percentile(v, 0.5) * 1e3, percentile(v, 0.99) * 1e3) for k, v in lat.items()}
                             )
-                        rows.extend(_summarize(size, rate, stream, runs, err))
+                        rows.extend(_summarize(size, rate, stream, runs, err, cpu))
                         if err:
                             print(f"  ({err} errors)")
         finally:
@@ -464,7 +472,12 @@ def part2(
 
 
 def _summarize(
-    size: int, rate: float, stream: bool, runs: list[dict[str, tuple[float, float]]], errors: int
+    size: int,
+    rate: float,
+    stream: bool,
+    runs: list[dict[str, tuple[float, float]]],
+    errors: int,
+    cpu: dict[str, list[float]] | None = None,
 ) -> list[dict[str, Any]]:
     rows = []
     med = statistics.median
@@ -485,13 +498,15 @@ def _summarize(
             "vs_floor_p50": med(ratios) if ratios else None,
             "vs_floor_p50_runs": ratios,
             "errors": errors,
+            "cpu_us_per_request": med((cpu or {}).get(name) or [float("nan")]),
         }
         rows.append(row)
         vs = row["vs_floor_p50"]
         print(
             f"{size:>6}{rate:>6.0f}{'sse' if stream else 'json':>6}  {name:24}"
             f"{row['p50_ms']:>8.2f}{row['p99_ms']:>8.2f}{row['added_p50_ms']:>8.2f}{row['added_p99_ms']:>8.2f}"
-            f"{(f'{vs:.2f}x' if vs is not None else ''):>14}{' '.join(f'{x:.2f}' for x in ratios):>24}",
+            f"{(f'{vs:.2f}x' if vs is not None else ''):>14}{' '.join(f'{x:.2f}' for x in ratios):>24}"
+            f"{row['cpu_us_per_request']:>12.0f}",
             flush=True,
         )
     return rows
@@ -593,7 +608,9 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def part4(chain: str, seconds: float, repeats: int, n_sims: int, variants: Sequence[tuple[str, list[str]]]) -> Any:
+def part4(
+    chain: str, seconds: float, repeats: int, n_sims: int, variants: Sequence[tuple[str, list[str], Path | None]]
+) -> Any:
     """Idle CPU (% of one core) of the EPP with each variant's flags and of the floor, all up at once next to the
     same simulators: background work (scrapes, KV-event subscriptions, gauges) that competes with serving."""
     from e2e.harness.procs import EppPorts, EppProcess
@@ -605,9 +622,9 @@ def part4(chain: str, seconds: float, repeats: int, n_sims: int, variants: Seque
         cfg.write_text(config_text(chain, sims))
         procs: dict[str, Any] = {}
         try:
-            for name, extra in [("", []), *variants]:
+            for name, extra, tree in [("", [], None), *variants]:
                 procs[f"epp {chain} {name}".rstrip()] = EppProcess(
-                    cfg, work, EppPorts(*free_ports(3)), log_level="warning", extra_args=list(extra)
+                    cfg, work, EppPorts(*free_ports(3)), log_level="warning", extra_args=list(extra), source_tree=tree
                 )
             procs["python floor"] = FloorProcess(work, ",".join(s.hostport for s in sims))
             for p in procs.values():
@@ -629,6 +646,15 @@ def part4(chain: str, seconds: float, repeats: int, n_sims: int, variants: Seque
     return rows
 
 
+def _variant(spec: str) -> tuple[str, list[str], Path | None]:
+    """`name[@/path/to/checkout]=flags` → (name, flags, checkout)."""
+    head, _, flags = spec.partition("=")
+    name, _, tree = head.partition("@")
+    if tree and not (Path(tree) / "epp" / "__init__.py").exists():
+        raise SystemExit(f"--variants {spec!r}: {tree} holds no epp package")
+    return name, flags.split(), Path(tree) if tree else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_breakdown")
     p.add_argument("--part", choices=("1", "2", "3", "4", "all"), default="all")
@@ -645,7 +671,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--variants",
         default="",
-        help="part 2: extra EPPs per chain, 'name=flags;name=flags' (e.g. 'scrape10s=--refresh-metrics-interval 10s')",
+        help="part 2/4: extra EPPs per chain, 'name[@checkout]=flags;...' (e.g. 'scrape10s=--refresh-metrics-interval "
+        "10s' or 'main@/tmp/main-tree=': another commit's EPP)",
     )
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="part 1: process CPU time or wall time")
     p.add_argument("--json", help="write the rows here")
@@ -656,12 +683,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.part in ("1", "all"):
         out["part1"] = part1(ns.n, ns.repeats)
         print_part1(out["part1"])
+    variants = [_variant(v) for v in ns.variants.split(";") if v]
     if ns.part in ("2", "all"):
         points = [
             (int(s), [float(r) for r in rs.split(",")]) for s, rs in (pt.split(":") for pt in ns.points.split(";"))
         ]
         responses = [r == "sse" for r in ns.responses.split(",")]
-        variants = [(v.partition("=")[0], v.partition("=")[2].split()) for v in ns.variants.split(";") if v]
         out["part2"] = part2(points, ns.duration, ns.chains.split(","), ns.sims, ns.repeats2, responses, variants)
     if ns.part == "3":
         responses = [r == "sse" for r in ns.responses.split(",")]
@@ -671,7 +698,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             for row in part3(chain, ns.n3, ns.sims, ns.epp_args.split(), responses)
         ]
     if ns.part == "4":
-        variants = [(v.partition("=")[0], v.partition("=")[2].split()) for v in ns.variants.split(";") if v]
         out["part4"] = part4(ns.chains.split(",")[0], ns.duration, ns.repeats2, ns.sims, variants)
     if ns.json:
         Path(ns.json).write_text(json.dumps(out, indent=1))

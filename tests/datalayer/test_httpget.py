@@ -80,7 +80,7 @@ async def test_content_length_keeps_the_connection(raw: Callable[..., RawServer]
     s = raw(lambda i: ok(b"page %d" % i))
     await s.start()
     c = KeepAliveGet("127.0.0.1", s.port, "/metrics")
-    assert [await c.get(1.0) for _ in range(3)] == [(200, b"page 0"), (200, b"page 1"), (200, b"page 2")]
+    assert [await c.get(10.0) for _ in range(3)] == [(200, b"page 0"), (200, b"page 1"), (200, b"page 2")]
     assert s.connections == 1 and c.connects == 1
     assert s.requests[0].startswith(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % s.port)
     c.close()
@@ -94,8 +94,8 @@ async def test_chunked_with_extensions_and_trailers(raw: Callable[..., RawServer
     s = raw(lambda i: reply)
     await s.start()
     c = KeepAliveGet("127.0.0.1", s.port, "/m")
-    assert await c.get(1.0) == (200, b"hello world")
-    assert await c.get(1.0) == (200, b"hello world")
+    assert await c.get(10.0) == (200, b"hello world")
+    assert await c.get(10.0) == (200, b"hello world")
     assert s.connections == 1
     c.close()
 
@@ -110,7 +110,7 @@ async def test_close_delimited_and_connection_close_reconnect(raw: Callable[...,
     s = raw(lambda i: replies[i])
     await s.start()
     c = KeepAliveGet("127.0.0.1", s.port, "/m")
-    got = [await c.get(1.0) for _ in range(4)]
+    got = [await c.get(10.0) for _ in range(4)]
     assert got == [(200, b"read to the end"), (200, b"closing"), (503, b"busy"), (200, b"again")]
     assert s.connections == 4
     c.close()
@@ -134,8 +134,8 @@ async def test_malformed_responses_fail_and_drop_the_connection(
     await s.start()
     c = KeepAliveGet("127.0.0.1", s.port, "/m", max_bytes=1024)
     with pytest.raises(HTTPGetError, match=error):
-        await c.get(1.0)
-    assert await c.get(1.0) == (200, b"fine")  # a fresh connection
+        await c.get(10.0)
+    assert await c.get(10.0) == (200, b"fine")  # a fresh connection
     assert s.connections == 2
     c.close()
 
@@ -145,14 +145,14 @@ async def test_truncated_body_timeout_and_refused(raw: Callable[..., RawServer])
     await s.start()
     c = KeepAliveGet("127.0.0.1", s.port, "/m")
     with pytest.raises(ConnectionError):
-        await c.get(1.0)
+        await c.get(10.0)
     with pytest.raises(TimeoutError):
         await c.get(0.1)  # accepted, never answered
     await s.close()
     s.server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # another port; the old one refuses
     c2 = KeepAliveGet("127.0.0.1", s.port, "/m")
     with pytest.raises(OSError):
-        await c2.get(1.0)
+        await c2.get(10.0)
 
 
 async def test_scraper_over_tls_with_verification_skipped(tmp_path: Path) -> None:
