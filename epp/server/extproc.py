@@ -19,6 +19,7 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -41,7 +42,14 @@ from epp.framework.errors import (
     TooManyRequests,
 )
 from epp.framework.keys import DISAGG_HEADERS
-from epp.framework.parsing import NoParser, ParserRegistry, request_path
+from epp.framework.parsing import (
+    LARGE_BODY_BYTES,
+    NoParser,
+    ParsedRequest,
+    ParserRegistry,
+    RequestParser,
+    request_path,
+)
 from epp.framework.types import InferenceRequest, Usage
 from epp.protocol.openai import bodyless_request, build_request
 from epp.protocol.rewrite import ModelNameRewriter
@@ -199,6 +207,13 @@ class ServerState:
         self._bodyless_next = 0
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
         self.tracing: Any = None  # epp.server.tracing.Tracing with --tracing (spans per request)
+        self._parse_pool: ThreadPoolExecutor | None = None
+
+    def parse_pool(self) -> ThreadPoolExecutor:
+        """The one thread that parses large request bodies (one at a time: each is bounded by the body limits)."""
+        if self._parse_pool is None:
+            self._parse_pool = ThreadPoolExecutor(1, thread_name_prefix="epp-parse")
+        return self._parse_pool
 
     def pick_bodyless(self, subset: list[str] | None) -> RoutingDecision:
         """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
@@ -448,19 +463,22 @@ class RequestStream:
             self._release_body()
 
     async def _decide(self, end_of_stream: bool) -> Iterable[pb.ProcessingResponse]:
-        gathered = self._body
-        self._body = b""
-        # One copy into bytes, the bytearray let go at once: a large body is held one time over while it is parsed.
-        raw = gathered if isinstance(gathered, bytes) else bytes(gathered)
-        del gathered
+        # The body goes in a box that `_parse` empties: no reference to the gathered bytes stays here meanwhile.
+        box, self._body = [self._body], b""
         path = request_path(self.headers)
         try:
             parser = self.s.parsers.resolve(path)
         except NoParser as e:
             raise BadRequest(str(e)) from None
         self._error_format = parser.error_format
-        parsed = parser.parse(self.headers, raw)
-        request, forward = build_request(self.headers, parsed, raw, self.s.model_rewrites)
+        if len(box[0]) >= LARGE_BODY_BYTES:
+            # Parsed on the parse thread (decoded in pieces there, see LARGE_BODY_BYTES): on the loop, a 100 MiB
+            # prompt stalled every other stream for the whole parse.
+            parsed, request, forward, rewritten = await asyncio.get_running_loop().run_in_executor(
+                self.s.parse_pool(), self._parse, parser, box
+            )
+        else:
+            parsed, request, forward, rewritten = self._parse(parser, box)
         if parsed.skip_response:
             self._skip_response = True
         request.subset = self.subset
@@ -478,8 +496,6 @@ class RequestStream:
         self.s.metrics.request_started(request.model, request.target_model, request.priority, len(forward))
         if request.target_model != request.model:
             self._rewriter = ModelNameRewriter(request.target_model, request.model)
-        rewritten = forward is not raw
-        del raw  # only `forward` goes on (the body itself unless rewritten)
         if self.request_mode == BUFFERED:
             common = self._routing_common(len(forward))
             if rewritten:
@@ -498,6 +514,20 @@ class RequestStream:
             common.body_mutation.streamed_response.end_of_stream = end_of_stream
             out.append(pb.ProcessingResponse(request_body=pb.BodyResponse(response=common)))
         return out
+
+    def _parse(
+        self, parser: RequestParser, box: list[bytes | bytearray]
+    ) -> tuple[ParsedRequest, InferenceRequest, bytes, bool]:
+        """Parse the body (taken out of `box`) and build the request: the parsed body, the request, the body to
+        forward and whether that is a rewrite. Runs on the parse thread for a large body: it touches no shared
+        state."""
+        gathered = box.pop()
+        # One copy into bytes, the bytearray let go at once: a large body is held one time over while it is parsed.
+        raw = gathered if isinstance(gathered, bytes) else bytes(gathered)
+        del gathered
+        parsed = parser.parse(self.headers, raw)
+        request, forward = build_request(self.headers, parsed, raw, self.s.model_rewrites)
+        return parsed, request, forward, forward is not raw
 
     def _routing_common(self, content_length: int | None) -> pb.CommonResponse:
         """The header mutation (and the dynamic metadata, set by the caller's response) for the decision."""

@@ -9,7 +9,8 @@ from typing import Any, ClassVar
 import msgspec
 
 from epp.framework import BadRequest, Plugin
-from epp.framework.parsing import ParsedRequest
+from epp.framework.parsing import LARGE_BODY_BYTES, ParsedRequest
+from epp.plugins.parsers._bigjson import decode_big
 
 # Deeper JSON is refused with 400: no API body nests this deep, and every walk over the body (templates,
 # re-encoding, plugins) would otherwise pay for it (or hit Python's recursion limit).
@@ -47,6 +48,13 @@ def decode_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str
     NaN, numbers out of float range, malformed JSON) goes through the stdlib, which decides and words the error."""
     if not body:
         raise BadRequest("request body is empty")
+    if len(body) >= LARGE_BODY_BYTES:  # on the parse thread: in pieces, letting the event loop run between them
+        big = decode_big(body)
+        if big is not None:
+            if not isinstance(big, dict):
+                raise BadRequest("request body must be a JSON object")
+            _check_depth(big, max_depth)  # its containers are what is left once the huge strings are out: few
+            return big
     try:
         parsed = _fast_decode(body)
     except Exception:  # whatever msgspec refuses, the stdlib judges
