@@ -59,6 +59,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--scale", type=float, default=1.0, help="workload length factor")
     a("--quick", action="store_true", help="a small, fast run (one workload, scale 0.6)")
     a("--out", default="e2e/out/demo", help="directory for the JSON and PNGs")
+    a("--variants", default="", help='JSON {"name": {params}}: adds strategies pyepp-default/<name> (tuning)')
     ns = p.parse_args(argv)
     if ns.quick:
         ns.scale = 0.6
@@ -70,7 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parse_args(argv)
     strategies = [s.strip() for s in ns.strategies.split(",") if s.strip()]
     workloads = [w.strip() for w in ns.workloads.split(",") if w.strip()]
-    bad = [s for s in strategies if s not in available_strategies()] + [w for w in workloads if w not in WORKLOADS]
+    if ns.variants:
+        suite.VARIANTS.update(json.loads(ns.variants))
+    known = available_strategies() + [f"{OURS}/{v}" for v in suite.VARIANTS]
+    bad = [s for s in strategies if s not in known] + [w for w in workloads if w not in WORKLOADS]
     if bad:
         print(f"unknown strategy or workload: {', '.join(bad)}", file=sys.stderr)
         return 2
@@ -83,11 +87,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="pyepp-demo-") as tmp,
         suite.start_sims(model, ns.pods, ns.block_size, max(WORKLOADS[w].kv_tokens for w in workloads)) as sims,
     ):
-        for w in workloads:
-            scale = ns.scale * SCALES.get(w, 1.0)
-            cells.append(
-                suite.run_cell(WORKLOADS[w], ns.pods, ns.block_size, strategies, model, scale, Path(tmp), raw, sims)
-            )
+        # one set of stacks for every workload: the next workload's first EPP starts during this one's last run
+        stacks = suite.Stacks(sims, ns.block_size, Path(tmp), model)
+        try:
+            for i, w in enumerate(workloads):
+                scale = ns.scale * SCALES.get(w, 1.0)
+                then = strategies[0] if i + 1 < len(workloads) else None
+                cells.append(
+                    suite.run_cell(
+                        WORKLOADS[w], ns.pods, ns.block_size, strategies, model, scale, Path(tmp), raw, sims,
+                        stacks=stacks, then=then,
+                    )
+                )  # fmt: skip
+        finally:
+            stacks.close()
     print()
     for c in cells:
         base = next((s for s in c.summaries if s["label"] == OURS), None)
