@@ -4,9 +4,10 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # ---- build: a venv with pyepp and its runtime dependencies (no compilers reach the final image) ----
 FROM ${PYTHON_IMAGE} AS build
+# Bytecode is written in this stage (the base has none for the standard library, and each pip run would compile
+# what it imports again); every __pycache__ under /opt/venv is deleted before the venv is copied.
 ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
@@ -47,7 +48,7 @@ from transformers.models.qwen2 import Qwen2TokenizerFast; import epp.cli, epp.se
 # this stage. The libraries auditwheel vendored (*.libs) stay as they are: strip breaks patchelf's layout (numpy's
 # OpenBLAS then fails to load). The check after it loads every extension module and exercises what the EPP uses.
 # hadolint ignore=DL3008,DL3009
-RUN command -v strip >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends binutils >/dev/null; } \
+RUN command -v strip >/dev/null || { apt-get update -qq -o Acquire::Languages=none && apt-get install -y -qq --no-install-recommends binutils >/dev/null; } \
     && find /opt/venv -type f -name '*.so*' ! -path '*.libs/*' -exec strip --strip-unneeded {} + \
     && python -c "import pathlib, importlib; \
 sp = pathlib.Path('/opt/venv/lib/python3.11/site-packages'); \

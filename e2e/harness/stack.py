@@ -90,11 +90,12 @@ def _start_stack(
     subset_hints: dict[str, list[str]] | None = None,
     envoy_overrides: dict[str, object] | None = None,
     epp_args: list[str] | None = None,
-    ready_timeout: float = 30.0,
+    ready_timeout: float = 120.0,
     epp_source: Path | None = None,
 ) -> Stack:
     """Start backends (unless given), the EPP and Envoy; everything is torn down if any part fails to start.
-    `ready_timeout` bounds the EPP's readiness wait (benchmarks on a loaded machine need more than 30 s);
+    `ready_timeout` bounds the EPP's readiness wait (it returns as soon as the EPP is SERVING; on a loaded 2-core box
+    an EPP start took 22-30 s here, so 30 s left the P/D and E/P/D fixtures no margin);
     `epp_source` runs the EPP of another checkout (A/B benchmarks)."""
     pool: BackendPool | None = None
     if isinstance(backends, int):
