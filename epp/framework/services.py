@@ -59,6 +59,11 @@ class KVCacheIndex(Protocol):
 
     async def match(self, keys: Sequence[int], pods: Iterable[str] | None = None) -> Mapping[str, PrefixMatch]: ...
 
+    def publishes(self, pod: str) -> bool:
+        """Whether `pod`'s KV events have stored blocks in the index since it joined the pool (a pod that publishes
+        none, or whose events are not received, is known only from what the EPP routed there)."""
+        ...
+
     def speculate(self, keys: Sequence[int], pod: str, ttl: float) -> None: ...
 
     def report_delivered(

@@ -125,6 +125,9 @@ class KVCacheService:
     async def match(self, keys: Sequence[int], pods: Iterable[str] | None = None) -> dict[str, PrefixMatch]:
         return await self.index.lookup(keys, pods)
 
+    def publishes(self, pod: str) -> bool:
+        return pod in self.applier.publishing
+
     def speculate(self, keys: Sequence[int], pod: str, ttl: float) -> None:
         self.index.add_speculative(keys, pod, ttl)
 

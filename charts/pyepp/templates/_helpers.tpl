@@ -71,11 +71,24 @@ plugins:
     defaultEngine: {{ $engine }}
 {{- end }}
 {{- range $s.extraPlugins }}
+{{- $params := deepCopy (default dict .parameters) }}
+{{- if eq (toString .type) "precise-prefix-cache-producer" }}
+{{- /* The engine the pool runs: SGLang's events, or none at all (the producer's approximateFallback routes). */}}
+{{- $kec := deepCopy (default dict $params.kvEventsConfig) }}
+{{- if and (eq $engine "sglang") (not (hasKey $kec "engineType")) }}
+{{- $_ := set $kec "engineType" "sglang" }}
+{{- else if and (not (has $engine (list "vllm" "sglang"))) (not (hasKey $kec "enabled")) }}
+{{- $_ := set $kec "enabled" false }}
+{{- end }}
+{{- if $kec }}
+{{- $_ := set $params "kvEventsConfig" $kec }}
+{{- end }}
+{{- end }}
 - type: {{ required "scheduling.extraPlugins[].type is required" .type }}
   {{- with .name }}
   name: {{ . }}
   {{- end }}
-  {{- with .parameters }}
+  {{- with $params }}
   parameters:
     {{- toYaml . | nindent 4 }}
   {{- end }}
