@@ -55,7 +55,7 @@ from epp.framework.plugins import (
     UsageLimitPolicy,
 )
 from epp.framework.registry import REGISTRY, PluginRegistry, get_factory, known_types
-from epp.framework.services import KVCacheIndex, NoServices, Services, Tokenizer
+from epp.framework.services import CountedReport, KVCacheIndex, NoServices, Services, Tokenizer
 from epp.framework.state import CycleState, DataKey, DataMap
 from epp.framework.types import (
     DisaggDecision,
@@ -95,6 +95,7 @@ __all__ = [
     "Admitter",
     "BackgroundTask",
     "BadRequest",
+    "CountedReport",
     "CrossReplicaContributor",
     "CrossReplicaSyncer",
     "CycleState",

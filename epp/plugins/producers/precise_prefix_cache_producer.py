@@ -28,6 +28,7 @@ from epp.framework import (
     DISAGG_DECISION,
     PREFIX_CACHE_MATCH_INFO,
     TOKENIZED_PROMPT,
+    CountedReport,
     DataKey,
     Endpoint,
     InferenceRequest,
@@ -304,13 +305,15 @@ class PrecisePrefixCacheProducer(Plugin):
             # the engine still counts this prompt's queries (and any hits): it is in the interval, predicting none
             predicted = 0 if speculated else info.blocks.get(endpoint.hostport, 0)
             self.index.report_counted(
-                endpoint.hostport,
-                len(info.keys),
-                predicted,
-                info.block_size,
-                prompt,
-                m.prefix_cache_hits,
-                m.prefix_cache_queries,
+                CountedReport(
+                    endpoint.hostport,
+                    len(info.keys),
+                    predicted,
+                    info.block_size,
+                    prompt,
+                    m.prefix_cache_hits,
+                    m.prefix_cache_queries,
+                )
             )
             return
         if speculated:
