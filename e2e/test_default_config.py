@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from e2e.harness.http import metric_value, post_json
+from e2e.harness.http import metric_value
 from e2e.harness.ports import free_ports
 from e2e.harness.simconfig import sim_endpoints_yaml
 from e2e.harness.stack import Stack, start_stack
 from e2e.sim.launch import SimProcess, start_simulators
+from e2e.test_kv_routing import complete
 from epp.kvcache.subscriptions import EVENTS_PORT_LABEL
 from epp.tokenization.qwen import QWEN25_MODEL
 
@@ -40,13 +41,6 @@ def default_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tu
             yield stack, sims, events
         finally:
             stack.close()
-
-
-def complete(url: str, prompt: str) -> tuple[int, int]:
-    """(port of the simulator that served it, cached prompt tokens it reported)."""
-    r = post_json(url + "/v1/completions", {"model": QWEN25_MODEL, "prompt": prompt, "max_tokens": 2})
-    assert r.status == 200, r.body
-    return int(r.headers["x-inference-port"]), int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
 def stored_blocks(stack: Stack) -> float:
