@@ -86,6 +86,22 @@ async def test_without_the_fallback_an_endpoint_without_events_has_no_match(vllm
     assert matches(rig, again) == {}  # llm-d's behaviour, kept for explicit configs
 
 
+async def test_a_prompt_longer_than_the_history_is_not_credited_past_it() -> None:
+    p, rig = producer(FALLBACK)
+    eps = endpoints()
+    long = " ".join(f"Paragraph {i}: the committee reviewed the figures and approved them." for i in range(600))
+    first = chat_request(long, "r1")
+    await rig.prepare(first, eps)
+    assert p.fallback is not None and len(long) > 2 * p.fallback.max_blocks * 4 * BS  # twice what it hashes
+    await pick(p, first, eps[0])
+    again = chat_request(long, "r2")
+    await rig.prepare(again, eps)
+    info = again.data.require(PREFIX_CACHE_MATCH_INFO.of("p"))
+    # the history vouches for its 256 blocks of 16 tokens (4 characters a token), not for the whole prompt
+    assert info.matches["pod0"] == pytest.approx(p.fallback.max_blocks)
+    assert info.matches["pod0"] < 0.6 * info.total_blocks
+
+
 async def test_a_request_the_index_cannot_key_is_matched_from_the_history() -> None:
     # no block size configured, learned or scraped: the index cannot key the prompt
     p, rig = producer({**FALLBACK, "tokenProcessorConfig": {"hashSeed": "42"}})

@@ -241,7 +241,12 @@ class PrecisePrefixCacheProducer(Plugin):
         if info is None or not info.total_blocks:
             request.data.put(self.info_key, approx)
         elif approx.total_blocks:
-            scale = info.total_blocks / approx.total_blocks
+            # the history's share of the prompt, in the index's blocks; a prompt longer than the history hashes
+            # (maxPrefixBlocksToMatch) is converted by tokens instead (4 characters a token, as the history counts)
+            if approx.total_blocks < fallback.max_blocks:
+                scale = info.total_blocks / approx.total_blocks
+            else:
+                scale = approx.block_size_tokens / max(1, info.block_size_tokens)
             for name, blocks in approx.matches.items():
                 info.matches[name] = min(float(info.total_blocks), blocks * scale)
 
