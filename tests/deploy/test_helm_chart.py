@@ -297,6 +297,22 @@ def test_sample_kv_events_values_render() -> None:
     assert producer["parameters"]["kvEventsConfig"]["podDiscoveryConfig"]["socketPort"] == 5557
 
 
+def test_default_config_tokenizes_through_the_tokenizer_sidecar() -> None:
+    """llm-d-router's `router.tokenizer` sidecar (vLLM's render server on loopback): the default's precise producer
+    tokenizes through it, for its model, instead of the bundled tokenizer."""
+    image = {"registry": "docker.io", "repository": "vllm/vllm-openai", "tag": "v0.11.0"}
+    tokenizer = {"enabled": True, "modelName": "meta-llama/Llama-3.1-8B", "port": 8100, "image": image}
+    values = {**BASE, "router": {"tokenizer": tokenizer}}
+    config = parse_config(one(render(values), "ConfigMap")["data"]["default-plugins.yaml"])
+    (tok,) = [p for p in config.plugins if p.type == "token-producer"]
+    assert tok.parameters == {"modelName": "meta-llama/Llama-3.1-8B", "vllm": {"url": "http://localhost:8100"}}
+    pipeline = build_pipeline(config, plugin_context(Datastore(), "qwen-pool"))
+    backend = pipeline.plugins["token-producer"].tokenizer.backend  # type: ignore[attr-defined]
+    assert type(backend).__name__ == "RenderBackend" and backend.base == "http://localhost:8100"
+    assert not [p for p in parse_config(one(render(), "ConfigMap")["data"]["default-plugins.yaml"]).plugins
+                if p.type == "token-producer"]  # fmt: skip
+
+
 def test_default_config_builds_with_the_plugin_registry() -> None:
     """The chart's default EndpointPickerConfig is one the EPP accepts (same path as `epp validate`)."""
     cm = one(render(), "ConfigMap")

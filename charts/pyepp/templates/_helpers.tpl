@@ -70,6 +70,17 @@ plugins:
   parameters:
     defaultEngine: {{ $engine }}
 {{- end }}
+{{- /* llm-d-router's tokenizer sidecar (router.tokenizer): the default's precise producer tokenizes through it. */}}
+{{- $tok := default dict (default dict .Values.router).tokenizer -}}
+{{- $types := list -}}
+{{- range $s.extraPlugins }}{{ $types = append $types (toString .type) }}{{ end -}}
+{{- if and $tok.enabled (has "precise-prefix-cache-producer" $types) (not (has "token-producer" $types)) (not (has "tokenizer" $types)) }}
+- type: token-producer
+  parameters:
+    modelName: {{ $tok.modelName | quote }}
+    vllm:
+      url: {{ printf "http://localhost:%d" (int (default 8000 $tok.port)) | quote }}
+{{- end }}
 {{- range $s.extraPlugins }}
 {{- $params := deepCopy (default dict .parameters) }}
 {{- if eq (toString .type) "precise-prefix-cache-producer" }}
