@@ -14,10 +14,14 @@ Envoy + the EPP (each chain). Added latency = path − Envoy alone; ours over th
     python -m e2e.bench.bench_breakdown                     # both parts
     python -m e2e.bench.bench_breakdown --part 2 --points 1024:10,50 --chains precise --sims 4 --repeats2 5
     python -m e2e.bench.bench_breakdown --part 3 --chains precise [--epp-args '--refresh-metrics-interval 10s']
+    python -m e2e.bench.bench_breakdown --part 4 --chains precise --variants 'scrape10s=--refresh-metrics-interval 10s'
 
 Part 3, without Envoy: requests one at a time straight to the EPP's and the floor's gRPC ports (the messages Envoy
 would send), alternated; the request phase (headers + body → destination + body) and the response phase (response
 headers + body messages) per server. Their difference is what the EPP process adds per message, transport included.
+
+Part 4, no requests: the idle CPU of the EPP (and of each `--variants` flag set) and of the floor next to the same
+simulators: the background work (metrics scrapes, KV-event subscriptions, gauges) that competes with serving.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import sys
@@ -382,9 +387,11 @@ def part2(
     n_sims: int = 4,
     repeats: int = 1,
     responses: Sequence[bool] = (False, True),
+    variants: Sequence[tuple[str, list[str], Path | None]] = (),
 ) -> list[dict[str, Any]]:
     """Each point runs `repeats` times (the path order rotated each time); per path the median over the repeats of
-    its p50/p99 is reported, and ours/floor is the median of the per-repeat ratios of added p50."""
+    its p50/p99 is reported, and ours/floor is the median of the per-repeat ratios of added p50. `variants` adds,
+    per chain, an EPP started with extra `epp serve` flags (an A/B of a flag in the same run)."""
     texts = TextFactory(3)
     rows: list[dict[str, Any]] = []
     with (
@@ -396,18 +403,23 @@ def part2(
         floor = FloorProcess(work, ",".join(s.hostport for s in sims))
         envoy_floor: EnvoyProcess | None = None
         try:
+            names = []
             for chain in chains:
-                d = work / chain
-                d.mkdir()
-                stacks.append(
-                    start_stack(
-                        d,
-                        backends=[],
-                        config=config_text(chain, sims),
-                        epp_args=["--log-level", "warning"],
-                        envoy_overrides={"direct_port": free_port()},
+                for i, (variant, extra, tree) in enumerate([("", [], None), *variants]):
+                    d = work / f"{chain}-{i}"
+                    d.mkdir()
+                    names.append(f"epp {chain} {variant}".rstrip())
+                    stacks.append(
+                        start_stack(
+                            d,
+                            backends=[],
+                            config=config_text(chain, sims),
+                            epp_args=["--log-level", "warning", *extra],
+                            envoy_overrides={"direct_port": free_port()},
+                            epp_source=tree,
+                            ready_timeout=120.0,
+                        )
                     )
-                )
             floor.wait_ready()
             lp, ap = free_ports(2)
             envoy_floor = EnvoyProcess(EnvoyOptions(listener_port=lp, admin_port=ap, ext_proc_port=floor.port), work)
@@ -417,15 +429,17 @@ def part2(
                 "envoy alone": (direct, [{DEST: s.hostport} for s in sims]),
                 "python floor": (envoy_floor.url, [{}]),
             }
-            for chain, st in zip(chains, stacks, strict=True):
-                paths["epp " + chain] = (st.url, [{}])
+            pids = {"python floor": floor.proc.pid}
+            for name, st in zip(names, stacks, strict=True):
+                paths[name] = (st.url, [{}])
+                pids[name] = st.epp.proc.pid
             print(
                 f"\n# part 2: through Envoy, ms (added = path − envoy alone); {n_sims} simulators, {duration:.0f} s "
                 f"per point, median of {repeats} alternated repeats"
             )
             print(
-                f"{'tokens':>6}{'rate':>6}{'resp':>6}  {'path':16}{'p50':>8}{'p99':>8}{'+p50':>8}{'+p99':>8}"
-                f"{'vs floor p50':>14}{'ratios':>24}"
+                f"{'tokens':>6}{'rate':>6}{'resp':>6}  {'path':24}{'p50':>8}{'p99':>8}{'+p50':>8}{'+p99':>8}"
+                f"{'vs floor p50':>14}{'ratios':>24}{'CPU µs/req':>12}"
             )
             for size, rates in points:
                 prefix = texts.text(("prefix", size), size // 2)
@@ -434,14 +448,18 @@ def part2(
                     asyncio.run(_measure(paths, prompts, 5, 1.0, stream))  # warm up
                     for rate in rates:
                         runs: list[dict[str, tuple[float, float]]] = []
+                        cpu: dict[str, list[float]] = {k: [] for k in pids}
                         err = 0
                         for r in range(repeats):
+                            c0 = {k: _cpu_seconds(pid) for k, pid in pids.items()}
                             lat, e = asyncio.run(_measure(paths, prompts, rate, duration, stream, order=r))
+                            for k, pid in pids.items():  # the server process's CPU (idle work included) per request
+                                cpu[k].append((_cpu_seconds(pid) - c0[k]) / max(1, len(lat[k])) * 1e6)
                             err += e
                             runs.append(
                                 {k: (percentile(v, 0.5) * 1e3, percentile(v, 0.99) * 1e3) for k, v in lat.items()}
                             )
-                        rows.extend(_summarize(size, rate, stream, runs, err))
+                        rows.extend(_summarize(size, rate, stream, runs, err, cpu))
                         if err:
                             print(f"  ({err} errors)")
         finally:
@@ -454,7 +472,12 @@ def part2(
 
 
 def _summarize(
-    size: int, rate: float, stream: bool, runs: list[dict[str, tuple[float, float]]], errors: int
+    size: int,
+    rate: float,
+    stream: bool,
+    runs: list[dict[str, tuple[float, float]]],
+    errors: int,
+    cpu: dict[str, list[float]] | None = None,
 ) -> list[dict[str, Any]]:
     rows = []
     med = statistics.median
@@ -475,13 +498,15 @@ def _summarize(
             "vs_floor_p50": med(ratios) if ratios else None,
             "vs_floor_p50_runs": ratios,
             "errors": errors,
+            "cpu_us_per_request": med((cpu or {}).get(name) or [float("nan")]),
         }
         rows.append(row)
         vs = row["vs_floor_p50"]
         print(
-            f"{size:>6}{rate:>6.0f}{'sse' if stream else 'json':>6}  {name:16}"
+            f"{size:>6}{rate:>6.0f}{'sse' if stream else 'json':>6}  {name:24}"
             f"{row['p50_ms']:>8.2f}{row['p99_ms']:>8.2f}{row['added_p50_ms']:>8.2f}{row['added_p99_ms']:>8.2f}"
-            f"{(f'{vs:.2f}x' if vs is not None else ''):>14}{' '.join(f'{x:.2f}' for x in ratios):>24}",
+            f"{(f'{vs:.2f}x' if vs is not None else ''):>14}{' '.join(f'{x:.2f}' for x in ratios):>24}"
+            f"{row['cpu_us_per_request']:>12.0f}",
             flush=True,
         )
     return rows
@@ -574,9 +599,65 @@ def part3(chain: str, n: int, n_sims: int, epp_args: Sequence[str], responses: S
     return rows
 
 
+# -- part 4: what the EPP process burns with no request at all -------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def part4(
+    chain: str, seconds: float, repeats: int, n_sims: int, variants: Sequence[tuple[str, list[str], Path | None]]
+) -> Any:
+    """Idle CPU (% of one core) of the EPP with each variant's flags and of the floor, all up at once next to the
+    same simulators: background work (scrapes, KV-event subscriptions, gauges) that competes with serving."""
+    from e2e.harness.procs import EppPorts, EppProcess
+
+    rows: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="pyepp-idle-") as tmp, start_simulators(n_sims, base_args=SIM_ARGS) as sims:
+        work = Path(tmp)
+        cfg = work / "epp.yaml"
+        cfg.write_text(config_text(chain, sims))
+        procs: dict[str, Any] = {}
+        try:
+            for name, extra, tree in [("", [], None), *variants]:
+                procs[f"epp {chain} {name}".rstrip()] = EppProcess(
+                    cfg, work, EppPorts(*free_ports(3)), log_level="warning", extra_args=list(extra), source_tree=tree
+                )
+            procs["python floor"] = FloorProcess(work, ",".join(s.hostport for s in sims))
+            for p in procs.values():
+                p.wait_ready(60)
+            time.sleep(3.0)
+            for _ in range(repeats):
+                before = {k: _cpu_seconds(p.proc.pid) for k, p in procs.items()}
+                t0 = time.monotonic()
+                time.sleep(seconds)
+                dt = time.monotonic() - t0
+                for k, p in procs.items():
+                    rows.setdefault(k, []).append((_cpu_seconds(p.proc.pid) - before[k]) / dt * 100)
+        finally:
+            for p in procs.values():
+                p.stop()
+    print(f"\n# part 4: idle CPU, % of one core, {n_sims} simulators, {repeats} x {seconds:.0f} s")
+    for k, v in rows.items():
+        print(f"  {k:32} median {statistics.median(v):6.2f}%   ({' '.join(f'{x:.2f}' for x in v)})")
+    return rows
+
+
+def _variant(spec: str) -> tuple[str, list[str], Path | None]:
+    """`name[@/path/to/checkout]=flags` → (name, flags, checkout)."""
+    head, _, flags = spec.partition("=")
+    name, _, tree = head.partition("@")
+    if tree and not (Path(tree) / "epp" / "__init__.py").exists():
+        raise SystemExit(f"--variants {spec!r}: {tree} holds no epp package")
+    return name, flags.split(), Path(tree) if tree else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_breakdown")
-    p.add_argument("--part", choices=("1", "2", "3", "all"), default="all")
+    p.add_argument("--part", choices=("1", "2", "3", "4", "all"), default="all")
     p.add_argument("-n", type=int, default=200, help="part 1: requests per repeat")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--points", default="1024:10,50;8192:10", help="part 2: prompt tokens:rates per path")
@@ -587,6 +668,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--responses", default="json,sse", help="part 2/3: json, sse or both")
     p.add_argument("-n3", type=int, default=300, help="part 3: requests per server")
     p.add_argument("--epp-args", default="", help="part 3: extra `epp serve` flags")
+    p.add_argument(
+        "--variants",
+        default="",
+        help="part 2/4: extra EPPs per chain, 'name[@checkout]=flags;...' (e.g. 'scrape10s=--refresh-metrics-interval "
+        "10s' or 'main@/tmp/main-tree=': another commit's EPP)",
+    )
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="part 1: process CPU time or wall time")
     p.add_argument("--json", help="write the rows here")
     ns = p.parse_args(argv)
@@ -596,12 +683,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.part in ("1", "all"):
         out["part1"] = part1(ns.n, ns.repeats)
         print_part1(out["part1"])
+    variants = [_variant(v) for v in ns.variants.split(";") if v]
     if ns.part in ("2", "all"):
         points = [
             (int(s), [float(r) for r in rs.split(",")]) for s, rs in (pt.split(":") for pt in ns.points.split(";"))
         ]
         responses = [r == "sse" for r in ns.responses.split(",")]
-        out["part2"] = part2(points, ns.duration, ns.chains.split(","), ns.sims, ns.repeats2, responses)
+        out["part2"] = part2(points, ns.duration, ns.chains.split(","), ns.sims, ns.repeats2, responses, variants)
     if ns.part == "3":
         responses = [r == "sse" for r in ns.responses.split(",")]
         out["part3"] = [
@@ -609,6 +697,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for chain in ns.chains.split(",")
             for row in part3(chain, ns.n3, ns.sims, ns.epp_args.split(), responses)
         ]
+    if ns.part == "4":
+        out["part4"] = part4(ns.chains.split(",")[0], ns.duration, ns.repeats2, ns.sims, variants)
     if ns.json:
         Path(ns.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -7,19 +7,28 @@ streamed body. Envoy is left out on purpose: the point is the EPP's own ceiling.
 simulators (metrics scraped, KV events subscribed) with the given strategy.
 
     python -m e2e.bench.bench_picks --workers 1,2 --strategy precise --streams 20000
+    python -m e2e.bench.bench_picks --workers 1 --strategy precise --streams 8000 --repeats 3 \
+        --sources old@/tmp/tree-64f7a9f,new@/tmp/tree-daba74d     # an A/B of two checkouts' EPPs, alternated
+
+With `--sources` every run uses the same simulators and the same frames; each checkout's EPP serves in turn
+(`python -m epp` from that checkout), `--repeats` times, and the medians are compared.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
+import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -97,49 +106,102 @@ def counted_picks(metrics_port: int, workers: int) -> float:
     )
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _has_kit_flags(tree: Path) -> bool:
+    """Older checkouts predate the anchors' flags (TLS and metrics auth on by default, --tracing): they serve
+    plaintext without them and refuse `--secure-serving=false`."""
+    out = subprocess.run(
+        [sys.executable, "-m", "epp", "serve", "--help"], cwd=tree, capture_output=True, text=True, timeout=120
+    )
+    return "--tracing" in out.stdout
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_picks")
     p.add_argument("--workers", default="1,2")
-    p.add_argument("--strategy", default="precise")
+    p.add_argument("--strategy", default="precise", help="one or more (comma-separated, alternated)")
     p.add_argument("--streams", type=int, default=20000)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--per-client", type=int, default=8, help="concurrent streams per connection")
     p.add_argument("--prompt-tokens", type=int, default=1024)
+    p.add_argument("--sources", default="", help="name@checkout,...: A/B the EPPs of these checkouts (alternated)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per worker count (and source), alternated")
     p.add_argument("--json", help="write results here")
     ns = p.parse_args(argv)
+    sources: list[tuple[str, Path | None]] = [("", None)]
+    if ns.sources:
+        sources = []
+        for item in ns.sources.split(","):
+            name, _, tree = item.partition("@")
+            if not (Path(tree) / "epp" / "__init__.py").exists():
+                raise SystemExit(f"--sources {item!r}: {tree} holds no epp package")
+            sources.append((name, Path(tree)))
     if shutil.which("h2load") is None:
         raise SystemExit("h2load not found: apt-get install nghttp2-client")
     prompt = TextFactory(5).text("picks", ns.prompt_tokens)
     body = json.dumps({"model": "Qwen/Qwen2.5-0.5B-Instruct", "prompt": prompt, "max_tokens": 16}).encode()
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pyepp-picks-") as tmp, start_simulators(4) as sims:
         frames = Path(tmp) / "frames.bin"
         frames.write_bytes(grpc_frames(body))
-        cfg = Path(tmp) / "epp.yaml"
-        cfg.write_text(config_text(ns.strategy, sims))
-        for w in (int(x) for x in ns.workers.split(",")):
+        cfgs = {}
+        for strategy in ns.strategy.split(","):
+            cfgs[strategy] = Path(tmp) / f"epp-{strategy}.yaml"
+            cfgs[strategy].write_text(config_text(strategy, sims))
+        runs = [
+            (w, strategy, src)
+            for w in (int(x) for x in ns.workers.split(","))
+            for _ in range(ns.repeats)
+            for strategy in cfgs
+            for src in sources
+        ]
+        for w, strategy, (src_name, tree) in runs:
+            cfg = cfgs[strategy]
             grpc_port, health, metrics = free_ports(3)
             epp = EppProcess(cfg, Path(tmp), EppPorts(grpc_port, health, metrics), log_level="warning",
-                             extra_args=["--workers", str(w)])  # fmt: skip
+                             extra_args=["--workers", str(w)], source_tree=tree,
+                             kit_defaults=tree is None or _has_kit_flags(tree))  # fmt: skip
             try:
-                epp.wait_ready()
+                epp.wait_ready(120)
                 time.sleep(1.0 + w)  # every worker up, subscribed and scraping
                 h2load(grpc_port, frames, min(2000, ns.streams), ns.clients, ns.per_client)  # warm up
                 before = counted_picks(metrics, w)
+                cpu0 = _cpu_seconds(epp.proc.pid)
                 res = h2load(grpc_port, frames, ns.streams, ns.clients, ns.per_client)
+                if w == 1:  # the EPP process's CPU per pick: what a loaded box does not inflate by waiting
+                    res["cpu_us_per_pick"] = (_cpu_seconds(epp.proc.pid) - cpu0) / ns.streams * 1e6
                 res["picks_counted"] = counted_picks(metrics, w) - before
             finally:
                 epp.stop()
-            res["workers"] = w
-            rows.append(res)
+            row: dict[str, Any] = {**res, "workers": w, "source": src_name, "strategy": strategy}
+            rows.append(row)
             mean, p50, p99 = (res.get(k, float("nan")) for k in ("mean_ms", "p50_ms", "p99_ms"))
-            print(f"workers={w}: {res['picks_per_s']:.0f} picks/s ({res['succeeded']:.0f} ok, {res['failed']:.0f} "
+            tag = f"{strategy} {src_name + ' ' if src_name else ''}"
+            print(f"{tag}workers={w}: {res['picks_per_s']:.0f} picks/s ({res['succeeded']:.0f} ok, {res['failed']:.0f} "
                   f"failed; latency mean {mean:.1f} ms, p50 {p50:.1f} ms, p99 {p99:.1f} ms at "
-                  f"{ns.clients * ns.per_client} in flight; EPP counted {res['picks_counted']:.0f} picks)",
+                  f"{ns.clients * ns.per_client} in flight; EPP counted {res['picks_counted']:.0f} picks; "
+                  f"EPP CPU {res.get('cpu_us_per_pick', float('nan')):.0f} µs/pick)",
                   flush=True)  # fmt: skip
-    base = rows[0]["picks_per_s"]
-    for r in rows[1:]:
-        print(f"workers={r['workers']:.0f} / workers={rows[0]['workers']:.0f}: {r['picks_per_s'] / base:.2f}x")
+    med = statistics.median
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((f"{r['strategy']} {r['source']}".strip(), float(r["workers"])), []).append(r)
+    nan = float("nan")
+    summary = {
+        k: tuple(med(float(r.get(f, nan)) for r in g) for f in ("picks_per_s", "p99_ms", "cpu_us_per_pick"))
+        for k, g in groups.items()
+    }
+    (src0, w0), (base, _, cpu_base) = next(iter(summary.items()))
+    base = base or 1.0
+    for (src, wk), (pps, p99, cpu) in summary.items():
+        label = f"{src + ' ' if src else ''}workers={wk:.0f}"
+        print(f"{label}: median {pps:.0f} picks/s, p99 {p99:.1f} ms, EPP CPU {cpu:.0f} µs/pick over "
+              f"{len(groups[(src, wk)])} runs; {pps / base:.2f}x the picks/s and {cpu / cpu_base:.2f}x the CPU "
+              f"of {src0 + ' ' if src0 else ''}workers={w0:.0f}")  # fmt: skip
     if ns.json:
         Path(ns.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -1,7 +1,9 @@
-"""What the data layer costs: CPU per scrape (aiohttp GET + extract) and the partial parser vs a full parse.
+"""What the data layer costs: CPU per scrape (GET + extract) and the partial parser vs a full parse.
 
 Serves a realistic vLLM /metrics page (~all of vLLM's families, with histograms) from a local aiohttp server and
-scrapes N endpoints at the default 50 ms interval for a few seconds, measuring this process's CPU time.
+scrapes N endpoints at the default 50 ms interval for a few seconds, measuring this process's CPU time. Then the
+GET alone, client side only (the page served by a child process): aiohttp's ClientSession vs the scraper's
+kept-alive `KeepAliveGet`, alternated, CPU µs per GET.
 
     python -m e2e.bench.bench_scraper [--endpoints 16] [--seconds 3]
 """
@@ -11,12 +13,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.extractor import CoreMetricsExtractor
+from epp.datalayer.httpget import KeepAliveGet
 from epp.datalayer.scraper import MetricsScraper
 from epp.framework import Endpoint
 
@@ -76,11 +83,67 @@ async def scrape_cost(n: int, seconds: float, page: str) -> tuple[float, int]:
     return cpu, scrapes
 
 
+def serve_page(port_file: str) -> None:
+    """The child process: serve big_vllm_page() until killed, write the port to `port_file`."""
+
+    async def run() -> None:
+        page = big_vllm_page()
+
+        async def handler(request: web.Request) -> web.Response:
+            return web.Response(text=page)
+
+        app = web.Application()
+        app.router.add_get("/metrics", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        with open(port_file, "w") as f:
+            f.write(str(site._server.sockets[0].getsockname()[1]))  # type: ignore[union-attr]
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+async def get_cost(port: int, n: int, rounds: int) -> dict[str, list[float]]:
+    """CPU µs per GET of the page (body read, decoded to str), aiohttp vs KeepAliveGet, alternated rounds."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    out: dict[str, list[float]] = {"aiohttp": [], "keepalive": []}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        raw = KeepAliveGet("127.0.0.1", port, "/metrics")
+
+        async def via_aiohttp() -> None:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=1.0)) as r:
+                await r.text(errors="replace")
+
+        async def via_raw() -> None:
+            _, body = await raw.get(1.0)
+            body.decode("utf-8", "replace")
+
+        for fn in (via_aiohttp, via_raw):  # warm up
+            for _ in range(20):
+                await fn()
+        for _ in range(rounds):
+            for name, fn in (("aiohttp", via_aiohttp), ("keepalive", via_raw)):
+                c0 = time.process_time()
+                for _ in range(n):
+                    await fn()
+                out[name].append((time.process_time() - c0) / n * 1e6)
+        raw.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--endpoints", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--gets", type=int, default=500, help="GETs per round of the client-only comparison")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.serve:
+        serve_page(args.serve)
+        return
     page = big_vllm_page()
     ex = CoreMetricsExtractor()
     ep = Endpoint("e", "127.0.0.1", 1)
@@ -101,6 +164,26 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.endpoints} endpoints @ 50 ms for {args.seconds:.0f} s: {scrapes} scrapes "
         f"({scrapes / args.seconds:.0f}/s), "
         f"CPU {cpu / args.seconds * 100:.0f}% of a core (server included), {per:.0f} µs CPU per scrape"
+    )
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file = os.path.join(tmp, "port")
+        child = subprocess.Popen([sys.executable, "-m", "e2e.bench.bench_scraper", "--serve", port_file])
+        try:
+            pf = Path(port_file)
+            while not pf.exists() or not pf.read_text():
+                time.sleep(0.05)
+            port = int(pf.read_text())
+            res = asyncio.run(get_cost(port, args.gets, args.rounds))
+        finally:
+            child.kill()
+            child.wait()
+    a, k = statistics.median(res["aiohttp"]), statistics.median(res["keepalive"])
+    print(
+        f"GET of the {kib:.0f} KiB page, client CPU only, median of {args.rounds} alternated rounds of {args.gets}: "
+        f"aiohttp {a:.0f} µs, KeepAliveGet {k:.0f} µs ({a / k:.1f}x)"
     )
 
 

@@ -48,12 +48,14 @@ def _tail(path: Path, n: int = 40) -> str:
 
 
 class _Process:
-    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
         self.name = name
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
-            argv, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            argv, cwd=cwd or REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
 
     def fail(self, why: str) -> StartError:
@@ -138,7 +140,9 @@ class EppProcess(_Process):
     """`python -m epp serve --config FILE` bound to loopback on free ports."""
 
     def __init__(self, config_path: Path, workdir: Path, ports: EppPorts | None = None, log_level: str = "info",
-                 extra_args: list[str] | None = None, kit_defaults: bool = True) -> None:  # fmt: skip
+                 extra_args: list[str] | None = None, kit_defaults: bool = True,
+                 source_tree: Path | None = None) -> None:  # fmt: skip
+        """`source_tree`: run the `epp` package of another checkout (benchmark A/Bs of two commits)."""
         self.ports = ports or EppPorts(*free_ports(3))
         argv = [
             sys.executable, "-m", "epp", "serve", "--config", str(config_path), "--bind-address", "127.0.0.1",
@@ -151,7 +155,7 @@ class EppProcess(_Process):
             *(extra_args or []),
         ]  # fmt: skip
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        super().__init__("epp", argv, workdir / f"epp-{self.ports.grpc}.log", env=env)
+        super().__init__("epp", argv, workdir / f"epp-{self.ports.grpc}.log", env=env, cwd=source_tree)
 
     @property
     def metrics_url(self) -> str:

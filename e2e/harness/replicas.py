@@ -34,8 +34,10 @@ def start_replicas(
     log_level: str = "warning",
     ready_timeout: float = 60.0,
     serving: int | None = None,
+    extra_args: list[str] | None = None,
 ) -> ReplicatedStack:
-    """`serving` (default: all) of the replicas are in Envoy's cluster; the others run idle beside them."""
+    """`serving` (default: all) of the replicas are in Envoy's cluster; the others run idle beside them.
+    `extra_args` go to every `epp serve`."""
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "epp-config.yaml"
     cfg.write_text(config)
@@ -44,7 +46,11 @@ def start_replicas(
     envoy: EnvoyProcess | None = None
     try:
         for i in range(replicas):
-            epps.append(EppProcess(cfg, workdir, ports=EppPorts(*ports[3 * i : 3 * i + 3]), log_level=log_level))
+            epps.append(
+                EppProcess(
+                    cfg, workdir, ports=EppPorts(*ports[3 * i : 3 * i + 3]), log_level=log_level, extra_args=extra_args
+                )
+            )
         opts = EnvoyOptions(
             listener_port=ports[-2],
             admin_port=ports[-1],

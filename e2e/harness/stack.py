@@ -91,9 +91,11 @@ def _start_stack(
     envoy_overrides: dict[str, object] | None = None,
     epp_args: list[str] | None = None,
     ready_timeout: float = 30.0,
+    epp_source: Path | None = None,
 ) -> Stack:
     """Start backends (unless given), the EPP and Envoy; everything is torn down if any part fails to start.
-    `ready_timeout` bounds the EPP's readiness wait (benchmarks on a loaded machine need more than 30 s)."""
+    `ready_timeout` bounds the EPP's readiness wait (benchmarks on a loaded machine need more than 30 s);
+    `epp_source` runs the EPP of another checkout (A/B benchmarks)."""
     pool: BackendPool | None = None
     if isinstance(backends, int):
         pool = BackendPool()
@@ -116,7 +118,7 @@ def _start_stack(
         # All ports in one call, so none of them repeats before the children have bound theirs.
         picked = free_ports(3 + 2 + len(names))
         epp_ports, ports = picked[:3], picked[3:]
-        epp = EppProcess(cfg, workdir, ports=EppPorts(*epp_ports), extra_args=epp_args)
+        epp = EppProcess(cfg, workdir, ports=EppPorts(*epp_ports), extra_args=epp_args, source_tree=epp_source)
         opts = EnvoyOptions(
             listener_port=ports[0],
             admin_port=ports[1],

@@ -91,6 +91,7 @@ class ParserRegistry:
         self.fallback: RequestParser | None = None
         self.parsers: list[RequestParser] = []
         self.skipped: list[str] = []
+        self._resolved: dict[str, RequestParser] = {}
         seen: set[str] = set()
         for i, parser in enumerate(parsers):
             duplicate = parser.type_name in seen
@@ -113,7 +114,20 @@ class ParserRegistry:
             else:
                 self.entries.append((parser, paths))
 
+    _CACHE_MAX = 256  # paths come from clients: the memo is bounded (cleared when full)
+
     def resolve(self, path: str) -> RequestParser:
+        """The parser for `path`; memoized per path (every request resolves one, and most share a few paths)."""
+        cache = self._resolved
+        parser = cache.get(path)
+        if parser is None:
+            parser = self._resolve(path)
+            if len(cache) >= self._CACHE_MAX:
+                cache.clear()
+            cache[path] = parser
+        return parser
+
+    def _resolve(self, path: str) -> RequestParser:
         best: RequestParser | None = None
         best_len = 0
         for parser, suffixes in self.entries:

@@ -6,7 +6,7 @@ the scheduler finds the roles with isinstance() checks against these runtime-che
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
 
 from epp.framework.params import Params
@@ -267,6 +267,36 @@ class CrossReplicaContributor(Protocol):
     def cross_replica_update(self, remote: Mapping[str, list[int]]) -> None:
         """The sum over the other live replicas, endpoint name → values (absent = 0)."""
         ...
+
+
+@runtime_checkable
+class CrossReplicaMessenger(Protocol):
+    """Events the other EPP replicas should learn as they happen, not once per sync interval (e.g. the precise
+    prefix producer's pick: "this prompt's blocks are being computed on that pod"). Messages are small JSON values,
+    broadcast best-effort by the syncers that carry messages (a lost one only costs routing quality)."""
+
+    name: str
+
+    def cross_replica_channel(self) -> str | None:
+        """The channel's name in the shared store; None opts out."""
+        ...
+
+    def cross_replica_connect(self, send: Callable[[Any], None]) -> None:
+        """`send(message)` queues one message for the other replicas; it never blocks and may drop when full."""
+        ...
+
+    def cross_replica_receive(self, message: Any) -> None:
+        """One message another replica sent (already parsed JSON, not yet validated: check its shape)."""
+        ...
+
+
+@runtime_checkable
+class CrossReplicaMessageCarrier(Protocol):
+    """A cross-replica syncer that also broadcasts messengers' events as they happen."""
+
+    name: str
+
+    def attach_messengers(self, messengers: Sequence[CrossReplicaMessenger]) -> None: ...
 
 
 @runtime_checkable

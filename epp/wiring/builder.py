@@ -15,6 +15,8 @@ from epp.config.yamlmarks import line_of
 from epp.framework import (
     Admitter,
     CrossReplicaContributor,
+    CrossReplicaMessageCarrier,
+    CrossReplicaMessenger,
     CrossReplicaSyncer,
     DataKey,
     DataProducer,
@@ -245,6 +247,10 @@ def _attach_cross_replica(b: _Builder, plugins: dict[str, Plugin]) -> None:
         )
     contributors = [p for p in plugins.values() if isinstance(p, CrossReplicaContributor) and p.cross_replica_key()]
     syncer.attach(contributors, config.cross_replica_interval)
+    if isinstance(syncer, CrossReplicaMessageCarrier):
+        syncer.attach_messengers(
+            [p for p in plugins.values() if isinstance(p, CrossReplicaMessenger) and p.cross_replica_channel()]
+        )
 
 
 def _parsers(b: _Builder, plugins: dict[str, Plugin]) -> list[Plugin]:

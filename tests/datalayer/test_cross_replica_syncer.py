@@ -4,7 +4,8 @@ share their in-flight counts, a dead replica stops counting after the TTL, and t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -12,8 +13,20 @@ from e2e.harness.redis import redis_server
 from epp.config.loader import ConfigError, parse_config
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.plugins.local_syncer import LocalSyncer
-from epp.datalayer.plugins.redis_cross_replica_syncer import RedisCrossReplicaSyncer, sum_snapshots
-from epp.framework import Endpoint, InferenceRequest, ProfileResult, SchedulingResult
+from epp.datalayer.plugins.redis_cross_replica_syncer import (
+    MAX_OUTBOX,
+    MAX_PAYLOAD,
+    RedisCrossReplicaSyncer,
+    sum_snapshots,
+)
+from epp.framework import (
+    CrossReplicaMessageCarrier,
+    CrossReplicaMessenger,
+    Endpoint,
+    InferenceRequest,
+    ProfileResult,
+    SchedulingResult,
+)
 from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
 from epp.requestcontrol.pipeline import Pipeline
 from epp.wiring import build_pipeline, plugin_context
@@ -149,3 +162,70 @@ def test_config_seam_errors_and_local_syncer() -> None:
     )
     syncer = p.plugins["local-syncer"]
     assert isinstance(syncer, LocalSyncer) and [c.name for c in syncer.contributors] == ["inflight-load-producer"]
+
+
+class Messenger:
+    """A plugin with events to share at once (what the precise producer's speculative entries are)."""
+
+    def __init__(self, name: str = "spec") -> None:
+        self.name = name
+        self.got: list[object] = []
+        self.send: Callable[[object], None] | None = None
+
+    def cross_replica_channel(self) -> str:
+        return f"speculative:{self.name}"
+
+    def cross_replica_connect(self, send: Callable[[object], None]) -> None:
+        self.send = send
+
+    def cross_replica_receive(self, message: object) -> None:
+        if message == "boom":
+            raise RuntimeError("boom")
+        self.got.append(message)
+
+
+def carrier(url: str, rid: str, prefix: str) -> tuple[RedisCrossReplicaSyncer, Messenger]:
+    syncer = RedisCrossReplicaSyncer("xr", address=url, replica_id=rid, key_prefix=prefix, ttl=30.0)
+    syncer.attach([], 10.0)  # no contributor, and a sync round every 10 s: only the message path can be quick
+    m = Messenger()
+    assert isinstance(syncer, CrossReplicaMessageCarrier) and isinstance(m, CrossReplicaMessenger)
+    syncer.attach_messengers([m])
+    return syncer, m
+
+
+async def test_messages_reach_the_other_replicas_as_they_are_sent(redis_url: str) -> None:
+    (s1, m1), (s2, m2), (s3, m3) = (carrier(redis_url, f"m{i}", "msgs") for i in (1, 2, 3))
+    tasks = [asyncio.create_task(s.run()) for s in (s1, s2, s3)]
+    try:
+        assert m1.send is not None
+        await asyncio.sleep(0.5)  # subscribed (a message published before a replica subscribes is not for it)
+        m1.send(["10.0.0.1:8000", 2000, [1, 2, 3]])
+        m1.send("boom")  # a messenger that fails on one message still gets the next
+        m1.send({"x": 1})
+        await wait_for(lambda: len(m2.got) == 2 and len(m3.got) == 2, timeout=3.0)  # well before the 10 s round
+        assert m2.got == m3.got == [["10.0.0.1:8000", 2000, [1, 2, 3]], {"x": 1}]
+        assert m1.got == []  # not echoed to the sender
+        assert s2.deliver(b'{"from":"m9","m":[["speculative:other",1],["speculative:spec",2],"junk"]}') == 1
+        for junk in (b"nope", b"[]", b'{"from":"m9"}', 7, b"x" * (MAX_PAYLOAD + 1)):
+            assert s2.deliver(junk) == 0
+        own = {"from": s2.sender, "m": [["speculative:spec", 3]]}
+        assert s2.deliver(json.dumps(own)) == 0  # its own
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_the_outbox_is_bounded_while_redis_is_unreachable() -> None:
+    syncer, m = carrier("redis://127.0.0.1:1/0", "d1", "down")
+    task = asyncio.create_task(syncer.run())
+    try:
+        assert m.send is not None
+        for i in range(MAX_OUTBOX + 100):
+            m.send(i)
+        assert len(syncer._outbox) <= MAX_OUTBOX
+        await asyncio.sleep(0.3)  # the publisher tries, fails, keeps running
+        assert not task.done()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

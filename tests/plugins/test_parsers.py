@@ -171,6 +171,21 @@ def test_default_registry_routes_like_the_router() -> None:
     ]
 
 
+def test_resolution_is_memoized_per_path_with_the_same_answers_and_bounded() -> None:
+    reg = ParserRegistry([SGLangHTTPParser(), VLLMHTTPParser(), OpenAIParser(), PassthroughParser("pt")])
+    paths = ["/inference/v1/generate", "/generate", "/v1/chat/completions/", "/v1/messages", "/x/y?z"]
+    first = [reg._resolve(p) for p in paths]  # the unmemoized walk
+    assert [reg.resolve(p) for p in paths] == first
+    assert [reg.resolve(p) for p in paths] == first  # from the memo
+    for i in range(1000):  # client-chosen paths cannot grow it without bound
+        assert reg.resolve(f"/junk/{i}") is reg.fallback
+    assert len(reg._resolved) <= ParserRegistry._CACHE_MAX
+    strict = ParserRegistry([OpenAIParser()])
+    for _ in range(2):  # an unmatched path keeps failing (failures are not memoized)
+        with pytest.raises(NoParser):
+            strict.resolve("/v1/other")
+
+
 def test_explicit_list_longest_suffix_no_fallback_and_skips() -> None:
     reg = ParserRegistry([SGLangHTTPParser(), VLLMHTTPParser(), OpenAIParser("a"), OpenAIParser("b")])
     # "inference/v1/generate" is longer than "generate": vllmhttp wins whatever the order

@@ -9,6 +9,11 @@ time), drop replicas silent for `ttl`, and read the other live replicas' snapsho
 and handed back to the contributor (`remote_*` of each endpoint's `InFlightLoad`). The replica's own counts stay
 live; only the others' are up to one interval old. A replica that dies stops counting after `ttl`. If Redis is
 unreachable the remote part is cleared after `ttl` (each replica falls back to its own view) and retried.
+
+Messengers (e.g. the precise prefix producer's "this prompt is being computed on that pod" at each pick) are not
+worth waiting an interval for: their messages go out as they are queued, batched, on one Redis pub/sub channel
+(`<prefix>:msg`), and every other replica subscribed hands them to its plugin of the same channel. Best effort: a
+full outbox drops the oldest, a Redis outage drops what was queued, and a message over `MAX_PAYLOAD` is refused.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ import logging
 import os
 import socket
 import time
+import uuid
+from collections import deque
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Self
 
 from prometheus_client import Counter, Gauge
 
-from epp.framework import CrossReplicaContributor, Params, Plugin, PluginContext
+from epp.framework import CrossReplicaContributor, CrossReplicaMessenger, Params, Plugin, PluginContext
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +40,15 @@ DEFAULT_INTERVAL = 0.2
 
 SYNCS = Counter("epp_cross_replica_syncs", "Cross-replica sync rounds by result", ["result"])
 PEERS = Gauge("epp_cross_replica_peers", "Other live EPP replicas seen in the last sync round")
+MESSAGES = Counter(
+    "epp_cross_replica_messages",
+    "Cross-replica messages (e.g. speculative prefix entries) by direction and result",
+    ["direction", "result"],
+)
+
+MAX_OUTBOX = 4096  # queued messages; the oldest are dropped beyond
+MAX_BATCH = 256  # messages per PUBLISH
+MAX_PAYLOAD = 4 << 20  # bytes; a larger published payload is refused by the receivers
 
 # KEYS: none (one Redis, keys under the prefix). ARGV: prefix, replica, now_ms, ttl_ms, n, then n × (key, json).
 # Returns: the live replicas, then for each contributor the other replicas' snapshots (false when missing).
@@ -107,6 +124,11 @@ class RedisCrossReplicaSyncer(Plugin):
         self.peers: list[str] = []
         self.rounds = 0
         self._last_ok = 0.0
+        self.messengers: dict[str, CrossReplicaMessenger] = {}
+        # who sent a message: unique per process even if two replicas were given the same replicaId
+        self.sender = f"{self.replica_id}/{uuid.uuid4().hex[:12]}"
+        self._outbox: deque[tuple[str, Any]] = deque()
+        self._wake: asyncio.Event | None = None
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
@@ -132,33 +154,143 @@ class RedisCrossReplicaSyncer(Plugin):
             log.warning("%s: ttl %.3fs <= sync interval %.3fs; using 5 intervals", self.name, self.ttl, self.interval)
             self.ttl = 5 * self.interval
 
+    def attach_messengers(self, messengers: Sequence[CrossReplicaMessenger]) -> None:
+        for m in messengers:
+            channel = m.cross_replica_channel()
+            if channel:
+                self.messengers[channel] = m
+                m.cross_replica_connect(partial(self._send, channel))
+
+    @property
+    def message_channel(self) -> str:
+        return f"{self.key_prefix}:msg"
+
+    def _send(self, channel: str, message: Any) -> None:
+        """Queue one message (never blocks; the oldest is dropped when the outbox is full)."""
+        if len(self._outbox) >= MAX_OUTBOX:
+            self._outbox.popleft()
+            MESSAGES.labels("out", "dropped").inc()
+        self._outbox.append((channel, message))
+        if self._wake is not None:
+            self._wake.set()
+
     async def run(self) -> None:
-        if not self.contributors:
+        if not self.contributors and not self.messengers:
             return
         import redis.asyncio as redis
 
         url = self.address.replace("valkey://", "redis://", 1)
         client = redis.Redis.from_url(url, socket_timeout=max(1.0, self.ttl), socket_connect_timeout=2.0)
-        script = client.register_script(_SYNC)
-        failures = 0
         try:
-            while True:
-                started = time.monotonic()
-                try:
-                    await self.sync_once(script)
-                    failures = 0
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:
-                    failures += 1
-                    SYNCS.labels("error").inc()
-                    if failures == 1 or failures % 100 == 0:
-                        log.warning("%s: cross-replica sync with %s failed (%d): %s", self.name, url, failures, e)
-                    if time.monotonic() - self._last_ok > self.ttl:
-                        self._clear_remote()
-                await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+            async with asyncio.TaskGroup() as tg:
+                if self.contributors:
+                    tg.create_task(self._sync_loop(client, url))
+                if self.messengers:
+                    tg.create_task(self._publish_loop(client, url))
+                    tg.create_task(self._subscribe_loop(client, url))
         finally:
             await client.aclose()
+
+    async def _sync_loop(self, client: Any, url: str) -> None:
+        script = client.register_script(_SYNC)
+        failures = 0
+        while True:
+            started = time.monotonic()
+            try:
+                await self.sync_once(script)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                failures += 1
+                SYNCS.labels("error").inc()
+                if failures == 1 or failures % 100 == 0:
+                    log.warning("%s: cross-replica sync with %s failed (%d): %s", self.name, url, failures, e)
+                if time.monotonic() - self._last_ok > self.ttl:
+                    self._clear_remote()
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    async def _publish_loop(self, client: Any, url: str) -> None:
+        """Publish queued messages as they come, in batches of up to MAX_BATCH."""
+        wake = self._wake = asyncio.Event()
+        failures = 0
+        while True:
+            if not self._outbox:
+                wake.clear()
+                await wake.wait()
+            batch = [self._outbox.popleft() for _ in range(min(MAX_BATCH, len(self._outbox)))]
+            payload = json.dumps({"from": self.sender, "m": batch}, separators=(",", ":"))
+            try:
+                await client.publish(self.message_channel, payload)
+                MESSAGES.labels("out", "sent").inc(len(batch))
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                failures += 1
+                MESSAGES.labels("out", "error").inc(len(batch))
+                if failures == 1 or failures % 100 == 0:
+                    log.warning("%s: publishing to %s failed (%d): %s", self.name, url, failures, e)
+                await asyncio.sleep(min(1.0, self.interval))
+
+    async def _subscribe_loop(self, client: Any, url: str) -> None:
+        """Receive the other replicas' messages; resubscribe after a failure."""
+        failures = 0
+        while True:
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.message_channel)
+                failures = 0
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is not None and msg.get("type") == "message":
+                        self.deliver(msg.get("data"))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                failures += 1
+                if failures == 1 or failures % 100 == 0:
+                    log.warning("%s: subscription on %s failed (%d): %s", self.name, url, failures, e)
+                await asyncio.sleep(min(1.0, max(0.05, self.interval)))
+            finally:
+                await pubsub.aclose()
+
+    def deliver(self, data: Any) -> int:
+        """Hand one published payload's messages to their messengers; returns how many were delivered. Our own
+        payloads and malformed ones are skipped (counted), a messenger's failure is logged and does not stop the
+        others."""
+        if not isinstance(data, bytes | str) or len(data) > MAX_PAYLOAD:
+            MESSAGES.labels("in", "invalid").inc()
+            return 0
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            MESSAGES.labels("in", "invalid").inc()
+            return 0
+        if not isinstance(payload, dict) or not isinstance(payload.get("m"), list):
+            MESSAGES.labels("in", "invalid").inc()
+            return 0
+        if payload.get("from") == self.sender:
+            return 0
+        n = 0
+        for item in payload["m"]:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+                MESSAGES.labels("in", "invalid").inc()
+                continue
+            messenger = self.messengers.get(item[0])
+            if messenger is None:
+                MESSAGES.labels("in", "unknown_channel").inc()
+                continue
+            try:
+                messenger.cross_replica_receive(item[1])
+            except Exception:
+                MESSAGES.labels("in", "error").inc()
+                log.exception("%s: %s failed on a cross-replica message", self.name, messenger.name)
+                continue
+            n += 1
+        if n:
+            MESSAGES.labels("in", "delivered").inc(n)
+        return n
 
     async def sync_once(self, script: Any) -> None:
         argv: list[Any] = [self.key_prefix, self.replica_id, int(time.time() * 1000), int(self.ttl * 1000)]

@@ -15,12 +15,19 @@ not received, an engine that publishes none) is matched from this producer's own
 `approx-prefix-cache-producer` would match it (prompt text in 4-characters-a-token blocks, an LRU per endpoint).
 Its first stored event switches it to the index and drops its history. A request the index cannot key (not
 tokenized, no block size known yet) is matched from the history for every endpoint.
+
+Active-active replicas: the speculative entries are the picking replica's own, so another replica would not know,
+until the engine's event arrives (after the prefill, queueing included), that the prompt is being computed on that
+pod, and would send the next request of the same prefix elsewhere. With a cross-replica syncer that carries
+messages (`dataLayer.crossReplicaSyncerPluginRef` naming a redis-cross-replica-syncer) each pick's entry is also
+sent to the other replicas as it is made, unless `syncCrossReplicaState: false`; they add it with the same TTL.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -31,6 +38,7 @@ from epp.framework import (
     CountedReport,
     DataKey,
     Endpoint,
+    EndpointView,
     InferenceRequest,
     KVCacheIndex,
     Params,
@@ -42,7 +50,11 @@ from epp.framework import (
 )
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 
+log = logging.getLogger(__name__)
+
 TOKEN_PRODUCER = "token-producer"
+MAX_SHARED_KEYS = 8192  # block keys per shared speculative entry (a longer prompt shares its first ones)
+MAX_SHARED_TTL = 60.0  # seconds: a received entry's TTL is capped
 DEFAULT_UDS_SOCKET = "/tmp/tokenizer/tokenizer-uds.socket"  # llm-d-kv-cache's default
 # Tokenizer settings llm-d and older pyepp configs put on this plugin; they configure the auto-added token-producer.
 TOKENIZER_KEYS = (
@@ -106,12 +118,20 @@ class PrecisePrefixCacheProducer(Plugin):
         index: KVCacheIndex,
         speculative: bool = True,
         speculative_ttl: float = 2.0,
+        *,
+        sync_cross_replica: bool = True,
+        endpoints: EndpointView | None = None,
         fallback: ApproxPrefixCacheProducer | None = None,
     ) -> None:
         super().__init__(name)
         self.index = index
         self.speculative = speculative
         self.speculative_ttl = speculative_ttl
+        self.sync_cross_replica = sync_cross_replica
+        self.endpoints = endpoints
+        self._send: Callable[[Any], None] | None = None
+        self.received = 0  # speculative entries applied from other replicas
+        self.refused = 0  # malformed ones, or for a pod not in the pool
         self.info_key = PREFIX_CACHE_MATCH_INFO.of(self.name)
         self.match_key = PRECISE_MATCH.of(self.name)
         self.fallback_key = FALLBACK_MATCHED.of(self.name)
@@ -149,6 +169,8 @@ class PrecisePrefixCacheProducer(Plugin):
             index,
             speculative=params.bool("speculativeIndexing", True),
             speculative_ttl=params.duration("speculativeTTL", 2.0),
+            sync_cross_replica=params.bool("syncCrossReplicaState", True),
+            endpoints=context.endpoints,
             fallback=fallback,
         )
         if fallback is not None:
@@ -279,8 +301,32 @@ class PrecisePrefixCacheProducer(Plugin):
                 seen.add(ep.hostport)
                 self.index.speculate(info.keys, ep.hostport, self.speculative_ttl)
                 self._note_speculation(ep.hostport, info.keys[0])
+                if self._send is not None:
+                    self._send([ep.hostport, round(self.speculative_ttl * 1000), info.keys[:MAX_SHARED_KEYS]])
 
-    def _note_speculation(self, pod: str, first_key: int) -> None:
+    # -- cross-replica: the other replicas' picks ----------------------------------------------------------------
+
+    def cross_replica_channel(self) -> str | None:
+        return f"speculative:{self.name}" if self.speculative and self.sync_cross_replica else None
+
+    def cross_replica_connect(self, send: Callable[[Any], None]) -> None:
+        self._send = send
+
+    def cross_replica_receive(self, message: Any) -> None:
+        """Another replica's pick: [pod host:port, TTL ms, [block keys]]. Applied as if this replica had made it,
+        for a pod of this pool only; anything else is refused (counted)."""
+        entry = _shared_entry(message)
+        if entry is None or (self.endpoints is not None and self.endpoints.get_by_hostport(entry[0]) is None):
+            self.refused += 1
+            if self.refused == 1 or self.refused % 1000 == 0:
+                log.warning("%s: refused a shared speculative entry (%d so far)", self.name, self.refused)
+            return
+        pod, ttl, keys = entry
+        self.index.speculate(keys, pod, ttl)
+        self._note_speculation(pod, keys[0], ttl)
+        self.received += 1
+
+    def _note_speculation(self, pod: str, first_key: int, ttl: float | None = None) -> None:
         now = time.monotonic()
         spec = self._speculated
         if len(spec) >= 4096:  # bounded: drop the expired ones, and everything if that is not enough
@@ -288,7 +334,8 @@ class PrecisePrefixCacheProducer(Plugin):
                 del spec[k]
             if len(spec) >= 65536:
                 spec.clear()
-        spec[(pod, first_key)] = now + self.speculative_ttl
+        expiry = now + (self.speculative_ttl if ttl is None else ttl)
+        spec[(pod, first_key)] = max(spec.get((pod, first_key), 0.0), expiry)
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
         """The closed loop on delivered hits: tell the index what the engine delivered against what it predicted
@@ -331,3 +378,19 @@ class PrecisePrefixCacheProducer(Plugin):
             info.block_size,
             prompt,
         )
+
+
+def _shared_entry(message: Any) -> tuple[str, float, list[int]] | None:
+    """[pod, ttl_ms, keys] checked: a host:port string, a TTL in (0, MAX_SHARED_TTL], 1..MAX_SHARED_KEYS int keys."""
+    if not isinstance(message, list) or len(message) != 3:
+        return None
+    pod, ttl_ms, keys = message
+    if not isinstance(pod, str) or not 0 < len(pod) <= 300:
+        return None
+    if not isinstance(ttl_ms, int | float) or isinstance(ttl_ms, bool) or not ttl_ms > 0:
+        return None
+    if not isinstance(keys, list) or not 0 < len(keys) <= MAX_SHARED_KEYS:
+        return None
+    if not all(type(k) is int and 0 <= k < 1 << 64 for k in keys):
+        return None
+    return pod, min(float(ttl_ms) / 1000.0, MAX_SHARED_TTL), keys
