@@ -290,7 +290,9 @@ async def test_leader_election_active_passive(tmp_path: Path) -> None:
             await wait_for(lambda: kube.objects(LEASES, "default")[0]["metadata"]["resourceVersion"] != rv, 5, "renew")
             # SIGTERM: the leader releases the lease, so the standby takes over in a retry period, not 15 s.
             t0 = time.monotonic()
-            a.stop(timeout=40)
+            # Off the loop: the fake API server runs on it and must answer the release while `a` shuts down (a
+            # blocking stop here held the release until `a` had exited, so the standby often waited out the lease).
+            await asyncio.to_thread(a.stop, 40)
             await wait_for(lambda: ready(b), 10, "standby takes over")
             assert time.monotonic() - t0 < 10
             spec = kube.objects(LEASES, "default")[0]["spec"]
