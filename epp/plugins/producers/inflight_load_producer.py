@@ -348,10 +348,10 @@ class InFlightLoadProducer(Plugin):
             booking[0] += 1
             if booking[0] < 2:
                 keep.append(booking)
-                load = self.loads.get(booking[1])
-                if load is not None:
-                    load.remote_requests += 1
-                    load.remote_tokens += booking[2]
+                booked = self.loads.get(booking[1])
+                if booked is not None:
+                    booked.remote_requests += 1
+                    booked.remote_tokens += booking[2]
         self._recent = keep
 
     def cross_replica_channel(self) -> str | None:
