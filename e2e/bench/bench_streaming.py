@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -54,14 +55,33 @@ async def _stream(session: aiohttp.ClientSession, url: str, headers: dict[str, s
     return gaps
 
 
-async def _measure(paths: dict[str, tuple[str, list[dict[str, str]]]], n: int, tokens: int) -> dict[str, Any]:
-    """`n` streams on every path at once; a path's header sets are used in turn (direct: one per simulator)."""
+def _cpu(pid: int) -> float:
+    """The process's CPU time (user + system, s) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _idle_rate(pid: int, seconds: float = 2.0) -> float:
+    """CPU s per s the process spends with no request (the EPP's scrapes, timers): subtracted from the run's."""
+    c0 = _cpu(pid)
+    time.sleep(seconds)
+    return (_cpu(pid) - c0) / seconds
+
+
+async def _measure(
+    paths: dict[str, tuple[str, list[dict[str, str]]]], n: int, tokens: int, pids: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """`n` streams on every path at once; a path's header sets are used in turn (direct: one per simulator).
+    With `pids` (path -> its ext_proc server's pid): that server's CPU per chunk, its idle rate subtracted."""
+    idle = {name: _idle_rate(pid) for name, pid in (pids or {}).items()}
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as s:
+        cpu0 = {name: _cpu(pid) for name, pid in (pids or {}).items()}
         t0 = time.perf_counter()
         tasks = [_stream(s, url, hs[i % len(hs)], tokens) for url, hs in paths.values() for i in range(n)]
         res = await asyncio.gather(*tasks)
         wall = time.perf_counter() - t0
+        cpu = {name: _cpu(pid) - cpu0[name] - idle[name] * wall for name, pid in (pids or {}).items()}
     row: dict[str, Any] = {"concurrency": n}
     for k, name in enumerate(paths):
         mine = res[k * n : (k + 1) * n]
@@ -70,6 +90,8 @@ async def _measure(paths: dict[str, tuple[str, list[dict[str, str]]]], n: int, t
             "p50_ms": percentile(gaps, 0.5) * 1e3, "p99_ms": percentile(gaps, 0.99) * 1e3,
             "chunks_per_s": len(gaps) / wall, "failed": sum(1 for r in mine if not r),
         }  # fmt: skip
+        if name in cpu:  # chunks = gaps + the first chunk of each stream
+            row[name]["cpu_us_per_chunk"] = cpu[name] / max(1, len(gaps) + len(mine)) * 1e6
     return row
 
 
@@ -113,19 +135,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 envoy_floor.wait_ready()
                 paths["floor"] = (envoy_floor.url, [{}])
+            pids = {"gateway": stack.epp.proc.pid}
+            if floor is not None:
+                pids["floor"] = floor.proc.pid
             asyncio.run(_measure(paths, 4, 10))  # warm up (tokenizer, connections)
-            print(f"per-chunk gap (ms) seen by the client; {len(sims)} simulator(s), {ns.repeats} run(s) per point")
-            print(f"{'streams':>8}{'path':>9}{'p50':>9}{'p99':>9}{'+p50':>8}{'+p99':>8}{'chunks/s':>10}{'failed':>7}")
+            print(f"per-chunk gap (ms) seen by the client; {len(sims)} simulator(s), {ns.repeats} run(s) per point;"
+                  " cpu = the path's ext_proc server's CPU per chunk (its idle rate subtracted; its share of each"
+                  " stream's request path included)")  # fmt: skip
+            print(f"{'streams':>8}{'path':>9}{'p50':>9}{'p99':>9}{'+p50':>8}{'+p99':>8}{'chunks/s':>10}{'failed':>7}"
+                  f"{'cpu us':>8}")  # fmt: skip
             for n in (int(c) for c in ns.concurrency.split(",")):
-                runs = [asyncio.run(_measure(paths, n, ns.tokens)) for _ in range(ns.repeats)]
+                runs = [asyncio.run(_measure(paths, n, ns.tokens, pids)) for _ in range(ns.repeats)]
                 row: dict[str, Any] = {"concurrency": n, "runs": runs}
                 for name in paths:
                     med = {k: statistics.median(r[name][k] for r in runs) for k in runs[0][name]}
                     med["added_p50_ms"] = statistics.median(r[name]["p50_ms"] - r["direct"]["p50_ms"] for r in runs)
                     med["added_p99_ms"] = statistics.median(r[name]["p99_ms"] - r["direct"]["p99_ms"] for r in runs)
                     row[name] = med
+                    cpu = f"{med['cpu_us_per_chunk']:>8.1f}" if "cpu_us_per_chunk" in med else f"{'':>8}"
                     print(f"{n:>8}{name:>9}{med['p50_ms']:>9.2f}{med['p99_ms']:>9.2f}{med['added_p50_ms']:>8.2f}"
-                          f"{med['added_p99_ms']:>8.2f}{med['chunks_per_s']:>10.0f}{med['failed']:>7.0f}",
+                          f"{med['added_p99_ms']:>8.2f}{med['chunks_per_s']:>10.0f}{med['failed']:>7.0f}{cpu}",
                           flush=True)  # fmt: skip
                 rows.append(row)
         finally:

@@ -23,6 +23,10 @@ DEFAULT_PATH = "/v1/completions"  # the router's default when no path header is 
 # Error shapes: "openai" (vLLM/OpenAI JSON), "anthropic" ({"type":"error","error":{...}}), "grpc" (grpc-status).
 ERROR_FORMATS = ("openai", "anthropic", "grpc")
 
+# A request body at least this large is parsed on a worker thread, not on the event loop, and the JSON parsers
+# decode it in bounded pieces so that the thread lets the loop run (epp/plugins/parsers/_bigjson.py).
+LARGE_BODY_BYTES = 4 * 1024 * 1024
+
 
 def request_path(headers: Mapping[str, str]) -> str:
     """The API path: `:path`, then `x-original-path`, then `x-forwarded-path` (query string dropped)."""

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 _throttle = LogThrottle()
 # Blocks applied between two yields to the event loop: one engine batch can carry 100k+ blocks (a long prompt's
 # prefill, a CPU-offload sweep), ~0.6 s of work at 131,072 blocks, which requests must not wait behind.
-SLICE_BLOCKS = 1024
+SLICE_BLOCKS = 512
 
 
 def slice_batch(batch: EventBatch, max_blocks: int = SLICE_BLOCKS) -> Iterator[EventBatch]:

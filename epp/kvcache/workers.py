@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from epp.framework.logthrottle import LogThrottle
@@ -26,6 +27,7 @@ from epp.kvcache.events import (
     EventBatch,
     batch_from_raw,
     decode_batch,
+    mask_steps,
     parse_topic,
     unpack_steps,
 )
@@ -36,6 +38,40 @@ from epp.kvcache.sequencing import SequenceTracker, Verdict
 
 log = logging.getLogger(__name__)
 _throttle = LogThrottle()  # one line per kind of bad message every 5 s; the counters stay exact
+
+
+# Payload bytes checksummed between two yields (a 9 MiB batch took ~2 ms in one piece on a slow core).
+CRC_STEP = 1 << 20
+
+
+async def crc32_sliced(payload: bytes) -> int:
+    """`zlib.crc32(payload)`, yielding to the event loop every CRC_STEP bytes of a large payload."""
+    if len(payload) <= CRC_STEP:
+        return zlib.crc32(payload)
+    mv = memoryview(payload)
+    crc = 0
+    for i in range(0, len(mv), CRC_STEP):
+        crc = zlib.crc32(mv[i : i + CRC_STEP], crc)
+        await asyncio.sleep(0)
+    return crc
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic GC off while one large batch is decoded, applied and let go. Its lists (two million token ids in
+    one) are new objects, and the one collection that walks them meanwhile does so whole: 11-16 ms of CPU in one
+    piece in 2 of 5 batches of 131,072 blocks (measured), however finely the work itself is sliced. Refcounting
+    frees everything as usual; collections resume when the batch is done (seconds at most: the payload is bounded
+    by maxMessageBytes). Not nested: a batch that starts while GC is off (another batch's pause, or the process's
+    own choice) leaves it as it is, so GC is never held off longer than one batch."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +249,15 @@ class ShardedWorkers:
             await asyncio.sleep(0)
 
     async def process(self, pod: str, model: str, seq: int, payload: bytes, replay: str | None) -> None:
-        """Check one live batch's seq, replay what is missing before it, then apply it."""
+        """Check one live batch's seq, replay what is missing before it, then apply it (a large one with the
+        cyclic GC paused, see `gc_paused`)."""
+        if len(payload) <= STEP_BYTES:
+            await self._process(pod, model, seq, payload, replay)
+            return
+        with gc_paused():
+            await self._process(pod, model, seq, payload, replay)
+
+    async def _process(self, pod: str, model: str, seq: int, payload: bytes, replay: str | None) -> None:
         batch = await self.decode_sliced(pod, payload)
         rank = (batch.dp_rank or 0) if batch is not None else self._sole_rank(pod)
         v = self.seq.check(pod, rank, seq)
@@ -257,7 +301,7 @@ class ShardedWorkers:
                 return
         if batch is not None:
             await self.apply_sliced(pod, model, batch)
-        self.seq.applied(pod, rank, seq, zlib.crc32(payload))
+        self.seq.applied(pod, rank, seq, await crc32_sliced(payload))
         await self.flush()
 
     async def process_resync(self, r: Resync) -> None:
@@ -296,6 +340,8 @@ class ShardedWorkers:
                     await asyncio.sleep(0)
                     continue
                 await asyncio.sleep(0)
+                for _ in mask_steps(obj):
+                    await asyncio.sleep(0)
                 return batch_from_raw(obj)
         except DecodeError as e:
             self._decode_failed(pod, e)

@@ -101,8 +101,11 @@ class SSEUsageReader:
             self._partial = data
             return
         self._partial = data[end + 1 :]
-        if b'"usage"' not in data and b"response.completed" not in data:
-            return
+        if b"response.completed" not in data:
+            n = data.count(b'"usage"')
+            # No usage key, or only include_usage's `"usage":null` (every chunk but the last): nothing to hold.
+            if not n or n == data.count(b'"usage":null') + data.count(b'"usage": null'):
+                return
         for line in data[:end].split(b"\n"):
             self._candidate(line)
 

@@ -19,6 +19,7 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -41,7 +42,14 @@ from epp.framework.errors import (
     TooManyRequests,
 )
 from epp.framework.keys import DISAGG_HEADERS
-from epp.framework.parsing import NoParser, ParserRegistry, request_path
+from epp.framework.parsing import (
+    LARGE_BODY_BYTES,
+    NoParser,
+    ParsedRequest,
+    ParserRegistry,
+    RequestParser,
+    request_path,
+)
 from epp.framework.types import InferenceRequest, Usage
 from epp.protocol.openai import bodyless_request, build_request
 from epp.protocol.rewrite import ModelNameRewriter
@@ -199,6 +207,13 @@ class ServerState:
         self._bodyless_next = 0
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
         self.tracing: Any = None  # epp.server.tracing.Tracing with --tracing (spans per request)
+        self._parse_pool: ThreadPoolExecutor | None = None
+
+    def parse_pool(self) -> ThreadPoolExecutor:
+        """The one thread that parses large request bodies (one at a time: each is bounded by the body limits)."""
+        if self._parse_pool is None:
+            self._parse_pool = ThreadPoolExecutor(1, thread_name_prefix="epp-parse")
+        return self._parse_pool
 
     def pick_bodyless(self, subset: list[str] | None) -> RoutingDecision:
         """Body-less requests (GET /v1/models...) skip scheduling: round-robin over the candidates."""
@@ -216,6 +231,7 @@ class RequestStream:
         "_body",
         "_body_size",
         "_chunks",
+        "_declared",
         "_error_format",
         "_held",
         "_resp_json",
@@ -250,6 +266,7 @@ class RequestStream:
         # of chunks left a body's worth of freed small blocks resident in the heap once joined).
         self._body: bytes | bytearray = b""
         self._body_size = 0
+        self._declared = 0  # the body's content-length when declared and within the limit (0: unknown)
         self._held = 0  # bytes of this stream's body counted in ServerState.inflight_body_bytes
         self._too_large = False  # over the size limit: chunks are dropped until the 413 at the end of the body
         self._error_format = ""  # the API's error shape, known once a parser is chosen (see _format)
@@ -353,6 +370,8 @@ class RequestStream:
             # the end of the body. Answered before that, Envoy closes the connection while the client is still
             # sending, and a client that reads only after sending (most do) sees a reset, not the 413.
             self._too_large = True
+        elif declared.isdigit():
+            self._declared = int(declared)
         if msg.request_headers.end_of_stream or self.request_mode not in (FULL_DUPLEX, BUFFERED):
             # No body will reach us before the headers must be answered: route without scheduling.
             self.request = bodyless_request(self.headers)
@@ -380,20 +399,39 @@ class RequestStream:
             return []
         if chunk:
             s = self.s
-            if s.inflight_body_bytes + len(chunk) > s.max_inflight_body_bytes:
-                self._body = b""
-                self._release_body()
-                raise ServiceUnavailable("too many request body bytes in flight; retry later")
-            s.inflight_body_bytes += len(chunk)
-            self._held += len(chunk)
             gathered = self._body
-            if not gathered:
+            size = self._body_size
+            end = size + len(chunk)
+            # A declared length is allocated at the first chunk (and its budget held at once, so that a client
+            # declaring much and sending little cannot make the EPP allocate past the budget): growing a bytearray
+            # chunk by chunk reallocates it (~12% headroom a time), which below glibc's mmap threshold copies it
+            # and leaves freed body-sized blocks in the heap (16 MiB bodies peaked at 2.5-3.1x their size).
+            prealloc = (
+                not gathered
+                and not body.end_of_stream
+                and self._declared > len(chunk)
+                and s.inflight_body_bytes + self._declared <= s.max_inflight_body_bytes
+            )
+            need = (self._declared if prealloc else end) - self._held  # bytes not yet counted in the budget
+            if need > 0:
+                if s.inflight_body_bytes + need > s.max_inflight_body_bytes:
+                    self._body = b""
+                    self._release_body()
+                    raise ServiceUnavailable("too many request body bytes in flight; retry later")
+                s.inflight_body_bytes += need
+                self._held += need
+            if isinstance(gathered, bytearray):
+                # In place: within the preallocated length no resize; past it (or without one), appended.
+                gathered[size:end] = chunk
+            elif prealloc:
+                buf = bytearray(self._declared)
+                buf[:end] = chunk
+                self._body = buf
+            elif not gathered:
                 self._body = chunk
-            elif isinstance(gathered, bytearray):
-                gathered += chunk
             else:
                 self._body = bytearray(gathered) + chunk
-            self._body_size += len(chunk)
+            self._body_size = end
             if self._body_size > s.max_body_bytes:  # let it go; the rest is dropped as it comes
                 self._body = b""
                 self._release_body()
@@ -449,9 +487,10 @@ class RequestStream:
 
     async def _decide(self, end_of_stream: bool) -> Iterable[pb.ProcessingResponse]:
         gathered = self._body
-        self._body = b""
-        # One copy into bytes, the bytearray let go at once: a large body is held one time over while it is parsed.
-        raw = gathered if isinstance(gathered, bytes) else bytes(gathered)
+        if isinstance(gathered, bytearray) and len(gathered) > self._body_size:
+            del gathered[self._body_size :]  # less came than was declared (the rest of the preallocation)
+        # The body goes in a box that `_parse` empties: no reference to the gathered bytes stays here meanwhile.
+        box, self._body = [gathered], b""
         del gathered
         path = request_path(self.headers)
         try:
@@ -459,8 +498,14 @@ class RequestStream:
         except NoParser as e:
             raise BadRequest(str(e)) from None
         self._error_format = parser.error_format
-        parsed = parser.parse(self.headers, raw)
-        request, forward = build_request(self.headers, parsed, raw, self.s.model_rewrites)
+        if len(box[0]) >= LARGE_BODY_BYTES:
+            # Parsed on the parse thread: on the loop, a 100 MiB prompt stalled every other stream for the whole
+            # parse (see LARGE_BODY_BYTES for what still holds the GIL).
+            parsed, request, forward, rewritten = await asyncio.get_running_loop().run_in_executor(
+                self.s.parse_pool(), self._parse, parser, box
+            )
+        else:
+            parsed, request, forward, rewritten = self._parse(parser, box)
         if parsed.skip_response:
             self._skip_response = True
         request.subset = self.subset
@@ -478,8 +523,6 @@ class RequestStream:
         self.s.metrics.request_started(request.model, request.target_model, request.priority, len(forward))
         if request.target_model != request.model:
             self._rewriter = ModelNameRewriter(request.target_model, request.model)
-        rewritten = forward is not raw
-        del raw  # only `forward` goes on (the body itself unless rewritten)
         if self.request_mode == BUFFERED:
             common = self._routing_common(len(forward))
             if rewritten:
@@ -498,6 +541,20 @@ class RequestStream:
             common.body_mutation.streamed_response.end_of_stream = end_of_stream
             out.append(pb.ProcessingResponse(request_body=pb.BodyResponse(response=common)))
         return out
+
+    def _parse(
+        self, parser: RequestParser, box: list[bytes | bytearray]
+    ) -> tuple[ParsedRequest, InferenceRequest, bytes, bool]:
+        """Parse the body (taken out of `box`) and build the request: the parsed body, the request, the body to
+        forward and whether that is a rewrite. Runs on the parse thread for a large body: it touches no shared
+        state."""
+        gathered = box.pop()
+        # One copy into bytes, the bytearray let go at once: a large body is held one time over while it is parsed.
+        raw = gathered if isinstance(gathered, bytes) else bytes(gathered)
+        del gathered
+        parsed = parser.parse(self.headers, raw)
+        request, forward = build_request(self.headers, parsed, raw, self.s.model_rewrites)
+        return parsed, request, forward, forward is not raw
 
     def _routing_common(self, content_length: int | None) -> pb.CommonResponse:
         """The header mutation (and the dynamic metadata, set by the caller's response) for the decision."""
