@@ -1,12 +1,12 @@
 """`make demo`: Envoy + pyepp + 4 simulated vLLM pods on loopback; a compact run of the routing suite.
 
 Two workloads: the demo's own shape (`demo`: 16 system prompts of 1024 tokens x 8 questions of 64, at the original
-demo's load: 20 req/s at full simulator speed, i.e. 6.7 req/s at the suite's time scale 3, for 40 s, the first 12 s
+demo's load: 20 req/s at full simulator speed, i.e. 6.7 req/s at the suite's time scale 3, for 30 s, the first 12 s
 not counted) and the suite's (`e2e/bench/bench_routing.py`) multi-turn chat with a shared system prompt. The suite's
 own `shared-prefix-demo` cell is the same shape at 4 req/s for ~27 s: too short for the cache-blind strategies'
-queues to build, and mostly the cold start. For each, every strategy (random, GIE's approximate
-prefix routing, llm-d's precise blend, llm-d v0.10's sticky-until-saturated default and
-pyepp's default, `config/pyepp-default.yaml`) gets the same requests at the same times through a fresh EPP and
+queues to build, and mostly the cold start. For each, every strategy (random, cache-blind load balancing, GIE's
+approximate prefix routing, llm-d's precise blend, llm-d v0.10's sticky-until-saturated default and pyepp's default,
+`config/pyepp-default.yaml`) gets the same requests at the same times through a fresh EPP and
 Envoy, with the simulators' caches reset in between. Prints a table per workload (TTFT p50/p90/p99, throughput,
 KV hit against the unlimited-cache bound, load spread) and how pyepp's default compares at p90; writes
 `demo-results.json` (summaries and per-request results), `demo-ttft.png` (TTFT distribution per strategy, first
@@ -36,7 +36,8 @@ from e2e.bench.loadgen import Result
 from e2e.strategies import LLMD, OURS, available_strategies
 
 __all__ = ["SERVED_HEADER", "main", "reset_caches", "warm_up"]  # the last three are used by other benchmarks
-DEFAULT_STRATEGIES = ["random", "approximate", "precise", LLMD, OURS]
+# every strategy of the suite but round-robin (cache-blind like random and load, and as slow to drain)
+DEFAULT_STRATEGIES = ["random", "load", "approximate", "precise", LLMD, OURS]
 DEMO = suite.WorkloadSpec(
     "demo",
     lambda pods, s: suite.demo_shape(20.0 / 3 * pods / 4, int(267 * s * pods / 4)),
@@ -46,7 +47,9 @@ DEMO = suite.WorkloadSpec(
     "questions of 64, 6.7 req/s for 40 s at time scale 3; a pod's cache holds about half of the system prompts",
 )
 WORKLOADS = {DEMO.name: DEMO, **suite.WORKLOADS}
-SCALES = {"multi-turn": 0.8}  # the suite's workloads run shorter here (the demo's time budget)
+# Shorter runs than the suite's (the demo's time budget, <= 6 minutes on 2 cores): the same rates and shapes, fewer
+# requests. The demo shape keeps 18 s counted after its 12 s cold start (120 requests).
+SCALES = {"demo": 0.75, "multi-turn": 0.6}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -59,6 +62,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--scale", type=float, default=1.0, help="workload length factor")
     a("--quick", action="store_true", help="a small, fast run (one workload, scale 0.6)")
     a("--out", default="e2e/out/demo", help="directory for the JSON and PNGs")
+    a("--variants", default="", help='JSON {"name": {params}}: adds strategies pyepp-default/<name> (tuning)')
     ns = p.parse_args(argv)
     if ns.quick:
         ns.scale = 0.6
@@ -70,7 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parse_args(argv)
     strategies = [s.strip() for s in ns.strategies.split(",") if s.strip()]
     workloads = [w.strip() for w in ns.workloads.split(",") if w.strip()]
-    bad = [s for s in strategies if s not in available_strategies()] + [w for w in workloads if w not in WORKLOADS]
+    if ns.variants:
+        suite.VARIANTS.update(json.loads(ns.variants))
+    known = available_strategies() + [f"{OURS}/{v}" for v in suite.VARIANTS]
+    bad = [s for s in strategies if s not in known] + [w for w in workloads if w not in WORKLOADS]
     if bad:
         print(f"unknown strategy or workload: {', '.join(bad)}", file=sys.stderr)
         return 2
@@ -83,11 +90,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="pyepp-demo-") as tmp,
         suite.start_sims(model, ns.pods, ns.block_size, max(WORKLOADS[w].kv_tokens for w in workloads)) as sims,
     ):
-        for w in workloads:
-            scale = ns.scale * SCALES.get(w, 1.0)
-            cells.append(
-                suite.run_cell(WORKLOADS[w], ns.pods, ns.block_size, strategies, model, scale, Path(tmp), raw, sims)
-            )
+        # one set of stacks for every workload: the next workload's first EPP starts during this one's last run
+        stacks = suite.Stacks(sims, ns.block_size, Path(tmp), model)
+        try:
+            for i, w in enumerate(workloads):
+                scale = ns.scale * SCALES.get(w, 1.0)
+                then = strategies[0] if i + 1 < len(workloads) else None
+                cells.append(
+                    suite.run_cell(
+                        WORKLOADS[w], ns.pods, ns.block_size, strategies, model, scale, Path(tmp), raw, sims,
+                        stacks=stacks, then=then,
+                    )
+                )  # fmt: skip
+        finally:
+            stacks.close()
     print()
     for c in cells:
         base = next((s for s in c.summaries if s["label"] == OURS), None)
@@ -97,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{s['ttft_p90'] / base['ttft_p90']:.1f}x vs {s['label']}" for s in c.summaries if s["label"] != OURS
         )
         print(f"{c.workload}: {OURS} TTFT p90 {base['ttft_p90'] * 1000:.0f} ms; {gains}")
+        load = next((s for s in c.summaries if s["label"] == "load"), None)
+        if load is not None and load["ttft_p99"] > 0:
+            print(f"{c.workload}: {OURS} TTFT p99 {base['ttft_p99'] / load['ttft_p99']:.2f}x load's")
     print(f"\n{len(cells)} workloads x {len(strategies)} strategies in {time.monotonic() - t0:.0f}s")
     write(out, cells, raw, ns)
     failed = sum(s["n"] - s["ok"] for c in cells for s in c.summaries)

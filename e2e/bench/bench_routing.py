@@ -319,6 +319,7 @@ class Stacks:
         self._starter = ThreadPoolExecutor(1, thread_name_prefix="stack-start", initializer=_nice_thread)
         self._stopper = ThreadPoolExecutor(1, thread_name_prefix="stack-stop")
         self._pending: list[Future[Stack]] = []
+        self._strategy: dict[Future[Stack], str] = {}
 
     def _start(self, strategy: str) -> Stack:
         base, _, variant = strategy.partition("/")
@@ -336,7 +337,15 @@ class Stacks:
     def prestart(self, strategy: str) -> Future[Stack]:
         started = self._starter.submit(self._start, strategy)
         self._pending.append(started)
+        self._strategy[started] = strategy
         return started
+
+    def pending(self, strategy: str) -> Future[Stack]:
+        """The stack of `strategy` prestarted and not taken yet (by the previous cell's last run), else a new one."""
+        for started in self._pending:
+            if self._strategy.get(started) == strategy:
+                return started
+        return self.prestart(strategy)
 
     def take(self, started: Future[Stack]) -> Stack:
         """The started stack at normal priority; one still starting is reniced first (at nice 19 it would starve on
@@ -344,6 +353,7 @@ class Stacks:
         _renice_children(0)
         stack = started.result()
         self._pending.remove(started)  # only now: if interrupted before, close() stops it
+        self._strategy.pop(started, None)
         _renice_children(0)
         return stack
 
@@ -401,10 +411,14 @@ def run_cell(
     raw_out: dict[str, Any],
     sims: Sequence[SimProcess] | None = None,
     repeats: int = 1,
+    stacks: Stacks | None = None,
+    then: str | None = None,
 ) -> Cell:
     """One workload at one pod count and block size, every strategy; `sims` (started with this block size and the
     workload's KV capacity) are reused when given, else started and stopped here. With `repeats` > 1 every
-    strategy runs that many times and the cell's summaries are the medians."""
+    strategy runs that many times and the cell's summaries are the medians. `stacks` (over the same `sims`), when
+    given, is used and left open, and during this cell's last run the stack of strategy `then` (the next cell's
+    first) is started in it, so that start-up overlaps this cell too."""
     workload, warmup = model.timed(spec.make(pods, scale), spec.warmup)
     tok = shared_tokenizer()
     ids = [prompt_ids(r, tok) for r in workload.requests]
@@ -423,20 +437,23 @@ def run_cell(
         for sim in sims:  # this workload's KV capacity (the simulators may have run another workload before)
             _post_ok(sim.url + "/admin/config", {"num_gpu_blocks": max(8, spec.kv_tokens // block_size)}, timeout=10)
         pod_names = [f"sim-{s.http_port}" for s in sims]
-        stacks = Stacks(sims, block_size, workdir, model)
-        stack.callback(stacks.close)
+        if stacks is None:
+            stacks = Stacks(sims, block_size, workdir, model)
+            stack.callback(stacks.close)
         # each repeat starts the order one strategy later, so drift on the shared machine hits none of them
         # systematically
         order = [
             (rep, strategies[(i + rep) % len(strategies)]) for rep in range(repeats) for i in range(len(strategies))
         ]
         runs: list[dict[str, dict[str, Any]]] = [{} for _ in range(repeats)]
-        started = stacks.prestart(order[0][1])
+        started = stacks.pending(order[0][1])
         for k, (rep, strategy) in enumerate(order):
             t0 = time.monotonic()
             current = stacks.take(started)
             if k + 1 < len(order):
                 started = stacks.prestart(order[k + 1][1])
+            elif then is not None:
+                stacks.prestart(then)
             try:
                 results, duration = run_strategy(strategy, current, sims, workload)
             finally:

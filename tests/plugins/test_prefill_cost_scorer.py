@@ -16,6 +16,7 @@ from epp.framework import (
     SchedulingResult,
     TokenizedPrompt,
 )
+from epp.plugins.producers.precise_prefix_cache_producer import PRECISE_MATCH, PreciseMatch
 from epp.plugins.scorers.prefill_cost_scorer import PrefillCostScorer, _Queue
 from tests.helpers import build
 
@@ -51,7 +52,14 @@ def test_cost_is_uncached_tokens_when_idle() -> None:
 
 def test_backlog_moves_work_off_a_busy_cached_pod_and_drains() -> None:
     s = build(
-        PrefillCostScorer, {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "uncachedWeight": 1, "evictionWeight": 0}
+        PrefillCostScorer,
+        {
+            "prefillTokensPerSecond": 1000,
+            "decodeWeight": 0,
+            "uncachedWeight": 1,
+            "evictionWeight": 0,
+            "saturationWeight": 0,
+        },
     )
     e = eps()
     # three cold 2000-token prompts in a row: each goes where no prefill is queued
@@ -144,3 +152,96 @@ def test_a_full_cache_charges_the_expected_recompute_of_what_it_evicts() -> None
     fresh = build(PrefillCostScorer, {"evictionWeight": 1})
     fresh.queues["b"] = _Queue(written=1000)
     assert fresh.costs(req("x", 1024, {}), e, now=0.0) == [2048.0, 2048.0, 2048.0]
+
+
+MATCH = PRECISE_MATCH.of("precise-prefix-cache-producer")
+
+
+def keyed(
+    rid: str, keys: list[int], matches: dict[str, float], extra: int = 0, max_tokens: int = 8
+) -> InferenceRequest:
+    """A request whose prompt is `keys` (16-token blocks, as the precise producer hashes them) + `extra` tokens."""
+    r = req(rid, len(keys) * 16 + extra, matches, max_tokens=max_tokens)
+    r.data.put(MATCH, PreciseMatch(total_blocks=len(keys), block_size=16, keys=keys))
+    return r
+
+
+def place(scorer: PrefillCostScorer, r: InferenceRequest, endpoints: list[Endpoint], i: int) -> None:
+    """Score `r`, then book it on endpoints[i] whatever the scores (another plugin's choice)."""
+    scorer.score(S, r, endpoints)
+    scorer.pre_request(r, SchedulingResult({"default": ProfileResult([endpoints[i]])}, "default"))
+
+
+def test_in_flight_blocks_shared_by_several_requests_count_once() -> None:
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9})
+    e = eps()
+    prefix = list(range(64))  # a 1024-token system prompt: 64 blocks
+    a, b = keyed("a1", [*prefix, 1001, 1002], {}, extra=5), keyed("a2", [*prefix, 2001, 2002], {"a": 64}, extra=5)
+    assert pick(s, a, e).name == "a"
+    assert pick(s, b, e).name == "a"
+    # 64 shared + 2 x 2 private blocks, + 2 x (5 tokens past the last full block + 8 output tokens)
+    assert s.queues["a"].active_tokens == (64 + 4) * 16 + 2 * 13
+    s.response_complete(a, e[0], None)  # the prefix is still held by the other request
+    assert s.queues["a"].active_tokens == (64 + 2) * 16 + 13
+    s.response_complete(b, e[0], None)
+    assert s.queues["a"].active_tokens == 0 and not s.queues["a"].blocks
+    # the earlier cost: every request's whole prompt (and requests without block keys count so too)
+    old = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "dedupInFlightBlocks": False})
+    pick(old, keyed("a1", [*prefix, 1001, 1002], {}, extra=5), e)
+    pick(old, keyed("a2", [*prefix, 2001, 2002], {"a": 64}, extra=5), e)
+    assert old.queues["a"].active_tokens == 2 * (66 * 16 + 13)
+
+
+def test_a_group_stays_on_the_pod_caching_its_prefix_while_its_requests_are_in_flight() -> None:
+    """make demo's overload: five requests of one group in flight on the pod caching their 1024-token prefix, an
+    idle pod without it. Charging the prefix once per request (5 x 1088 tokens) moved the sixth request to the idle
+    pod to recompute the prefix there; counted once, the cached pod stays the cheaper."""
+    prefix = list(range(64))
+    for dedup, expected in ((True, "a"), (False, "b")):
+        s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "dedupInFlightBlocks": dedup})
+        e = eps()[:2]  # capacity unknown: KV counts as full, in-flight tokens cost in full
+        for i in range(5):
+            place(s, keyed(f"g{i}", [*prefix, 100 + i], {"a": 64}), e, 0)
+        assert pick(s, keyed("g5", [*prefix, 200], {"a": 64}), e).name == expected
+
+
+def test_private_blocks_of_in_flight_requests_count_in_full() -> None:
+    """Chat sessions sharing only a system prompt: each in-flight session's own history is KV the pod holds for it,
+    so a pod with many sessions in flight stays more expensive (sessions do not pile onto one pod)."""
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9})
+    e = eps()[:2]
+    system = list(range(32))
+    for i in range(4):  # four sessions in flight on a, each with 30 blocks of its own history
+        place(s, keyed(f"s{i}", [*system, *range(1000 * (i + 1), 1000 * (i + 1) + 30)], {"a": 62}, max_tokens=0), e, 0)
+    assert s.queues["a"].active_tokens == (32 + 4 * 30) * 16
+    # a new session (system prompt + one user turn) goes to b, where nothing is in flight, though only a caches it
+    assert pick(s, keyed("new", [*system, 9000, 9001], {"a": 32}, max_tokens=0), e).name == "b"
+
+
+def test_when_every_pod_is_busy_a_request_stays_with_its_cached_prefix() -> None:
+    """make demo's overload: a group's 1024-token prefix cached on a, which has three requests more in flight than
+    b. While b is idle, recomputing the prefix there is cheaper; once every pod carries requests, a recompute delays
+    the pool's queues and the request stays on a (with saturationWeight 0, the earlier cost, it moved to b)."""
+    for weight, expected in ((1.0, "a"), (0.0, "b")):
+        s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1000, "saturationWeight": weight, "evictionWeight": 0})
+        e = eps()[:2]
+        for i in range(9):  # nine requests of the group in flight on a
+            place(s, req(f"g{i}", 1088, {"a": 64}), e, 0)
+        later = 1e12  # every prefill done, the requests still decoding
+        assert s.costs(req("idle", 1088, {"a": 64}), e, now=later)[1] < s.costs(req("x", 1088, {"a": 64}), e, later)[0]
+        for i in range(6):  # now b carries six requests of other groups
+            place(s, req(f"h{i}", 1088, {}), e, 1)
+        costs = s.costs(req("busy", 1088, {"a": 64}), e, now=later)
+        assert e[costs.index(min(costs))].name == expected
+
+
+def test_saturation_charges_only_uncached_tokens_and_is_uniform_without_reuse() -> None:
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0})
+    e = eps()
+    for i, ep in enumerate((0, 1, 2, 2)):
+        place(s, req(f"r{i}", 100, {}, max_tokens=0), e, ep)
+    # one request in flight on the least-loaded pods: a recomputed token costs uncachedWeight + 1
+    r = req("q", 1024, {"a": 64})
+    assert s.costs(r, e, now=1e12) == [0.0, 3 * 1024.0, 3 * 1024.0]
+    # a prompt nobody caches costs the same everywhere, so the term does not change where it goes
+    assert s.score(S, req("cold", 1024, {}), e) == [1.0, 1.0, 1.0]

@@ -1,9 +1,9 @@
 """prefill-cost-scorer (pyepp): score each endpoint by the work, in prompt tokens, that stands between this request
 and its first token there.
 
-    cost(e) = (uncachedWeight + evictionWeight x reuse x full(e)) x uncached(e)
+    cost(e) = (uncachedWeight + evictionWeight x reuse x full(e) + saturationWeight x busy) x uncached(e)
             + backlog(e)                        prefill tokens already routed to e and not yet processed
-            + decodeWeight x full(e) x active(e)   prompt + output tokens of the requests in flight on e
+            + decodeWeight x full(e) x active(e)   KV tokens the requests in flight on e hold
 
 uncached(e) is the prompt tokens e does not hold (precise prefix match). full(e) is KV pressure: the share of e's KV
 capacity (`vllm:cache_config_info` blocks x block size, scraped) this scorer has already filled with tokens routed
@@ -12,6 +12,22 @@ a cached one, which is computed again later with probability `reuse` (the share 
 held, a moving average): that expected recompute is charged to the tokens the request computes there. The tokens
 held by in-flight requests cost only then too: while there is free KV they evict nothing, and their decode does
 not delay a new request's prefill (the queued prefill is in the backlog).
+
+Two terms keep a request with its cached prefix when the whole pool is overloaded. Under a sustained overload of
+`make demo`'s shape the earlier cost (`dedupInFlightBlocks: false`, `saturationWeight: 0`) spread every group over
+3-4 pods: each request of a group in flight on the pod caching the group's 1024-token prompt was charged that
+prompt again, so a few of them outweighed recomputing it elsewhere; the copies overflowed the caches and the pool
+kept recomputing (KV hit 73% of a 97% bound, TTFT p90 1.4x llm-d's sticky filter; docs/benchmarks.md):
+
+- active(e) counts each KV block that several in-flight requests share once (`dedupInFlightBlocks`, from the
+  precise producer's block keys), as vLLM's prefix cache holds it once. Blocks private to a request (a chat
+  session's own history) still count in full, which keeps sessions that share only a system prompt from piling
+  onto one pod. Without block keys (another prefix producer) whole prompts count.
+- busy is the number of requests in flight on the least-loaded endpoint: 0 while some endpoint is idle. Once every
+  endpoint carries requests, a token computed again cannot use idle capacity: it delays the requests queued on the
+  pod that computes it and, as routing evens the queues out, the pool's. So the recompute charge grows with the
+  pool's load (llm-d's prefix-cache-affinity-filter keeps a request sticky up to a fixed TTFT penalty instead); at
+  light load the term is 0 and work spreads as before.
 
 The backlog is an estimate on a per-endpoint clock: each pick appends its uncached tokens to e's FCFS prefill
 queue, which drains at `prefillTokensPerSecond` (the engine's prefill throughput, llm-d's
@@ -36,7 +52,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 from epp.framework import (
@@ -52,6 +68,7 @@ from epp.framework import (
     SchedulingResult,
     Usage,
 )
+from epp.plugins.producers.precise_prefix_cache_producer import PRECISE_MATCH
 
 DEFAULT_PRODUCER = "precise-prefix-cache-producer"
 
@@ -67,8 +84,10 @@ class _Cost:
 @dataclass(slots=True)
 class _InFlight:
     endpoint: str
-    tokens: int  # prompt + expected output
+    tokens: int  # prompt + expected output, less the blocks counted in `keys`
     start: float
+    keys: list[int] | None = None  # the prompt's block keys (counted once per endpoint) and their size in tokens
+    block_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -77,6 +96,7 @@ class _Queue:
     active_tokens: int = 0
     active: int = 0
     written: int = 0  # tokens computed there (uncached prompt + output) since this scorer started: fills its KV
+    blocks: dict[int, int] = field(default_factory=dict)  # block key -> in-flight requests holding it
 
 
 COST = DataKey[_Cost]("prefill-cost")
@@ -96,6 +116,8 @@ class PrefillCostScorer(Plugin):
         request_timeout: float = 300.0,
         eviction_weight: float = 1.0,
         reuse_window: int = 50,
+        dedup_in_flight_blocks: bool = True,
+        saturation_weight: float = 1.0,
     ) -> None:
         super().__init__(name)
         self.producer = producer
@@ -108,6 +130,8 @@ class PrefillCostScorer(Plugin):
         self.request_timeout = request_timeout
         self.eviction_weight = eviction_weight
         self.reuse_alpha = 1.0 / max(1, reuse_window)
+        self.match_key = PRECISE_MATCH.of(producer) if dedup_in_flight_blocks else None
+        self.saturation_weight = saturation_weight
         self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
         self.queues: dict[str, _Queue] = {}
         self._inflight: dict[str, _InFlight] = {}
@@ -126,6 +150,8 @@ class PrefillCostScorer(Plugin):
             request_timeout=params.duration("requestTimeout", 300.0),
             eviction_weight=params.float("evictionWeight", 1.0, min=0.0),
             reuse_window=params.int("reuseWindow", 50, min=1),
+            dedup_in_flight_blocks=params.bool("dedupInFlightBlocks", True),
+            saturation_weight=params.float("saturationWeight", 1.0, min=0.0),
         )
 
     def consumes(self) -> Collection[DataKey[Any]]:
@@ -148,6 +174,9 @@ class PrefillCostScorer(Plugin):
         out: list[float] = []
         rate, dw, uw, queues = self.rate, self.decode_weight, self.uncached_weight, self.queues
         evict = self.eviction_weight * self.reuse
+        if self.saturation_weight > 0 and endpoints:
+            busy = min((q.active if (q := queues.get(ep.name)) is not None else 0) for ep in endpoints)
+            uw += self.saturation_weight * busy
         best = 0
         for ep in endpoints:
             u = max(0, n - int(matches.get(ep.name, 0) * bs))
@@ -202,11 +231,23 @@ class PrefillCostScorer(Plugin):
         uncached = cost.uncached.get(name, cost.prompt_tokens)
         q.busy_until = max(q.busy_until, now) + uncached / self.rate
         out = request.max_tokens if request.max_tokens is not None else self.default_output
-        tokens = cost.prompt_tokens + max(0, out)
-        q.active_tokens += tokens
+        entry = _InFlight(name, cost.prompt_tokens + max(0, out), now)
+        match = request.data.get(self.match_key) if self.match_key is not None else None
+        if match is not None and match.keys and match.block_size > 0:
+            # the prompt's full blocks count once per endpoint however many in-flight requests share them
+            bs = match.block_size
+            entry.keys, entry.block_tokens = match.keys, bs
+            entry.tokens -= len(match.keys) * bs
+            held = q.blocks
+            for k in match.keys:
+                c = held.get(k, 0)
+                held[k] = c + 1
+                if c == 0:
+                    q.active_tokens += bs
+        q.active_tokens += entry.tokens
         q.active += 1
         q.written += uncached + max(0, out)
-        self._inflight[request.request_id] = _InFlight(name, tokens, now)
+        self._inflight[request.request_id] = entry
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
         entry = self._inflight.pop(request.request_id, None)
@@ -217,7 +258,17 @@ class PrefillCostScorer(Plugin):
         q = self.queues.get(entry.endpoint)
         if q is None:
             return
-        q.active_tokens = max(0, q.active_tokens - entry.tokens)
+        freed = entry.tokens
+        if entry.keys:
+            held = q.blocks
+            for k in entry.keys:
+                c = held.get(k, 0)
+                if c <= 1:
+                    held.pop(k, None)
+                    freed += entry.block_tokens
+                else:
+                    held[k] = c - 1
+        q.active_tokens = max(0, q.active_tokens - freed)
         q.active = max(0, q.active - 1)
 
     def _sweep(self, now: float) -> None:
