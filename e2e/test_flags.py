@@ -30,14 +30,19 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 EXT_PROC = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
-def config(tmp_path: Path, text: str = "endpoints: []\n") -> Path:
+# These tests are about flags and process behaviour, not routing: a light chain (GIE's queue scorer), so no
+# tokenizer loads at start-up as with pyepp's default (which a config without plugins would run).
+LIGHT = "plugins: [{type: queue-scorer}]\n"
+
+
+def config(tmp_path: Path, text: str = LIGHT + "endpoints: []\n") -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "epp.yaml"
     cfg.write_text(text)
     return cfg
 
 
-LEADER_ONLY = "featureGates: [haPopulateNonLeaderDatastore=false]\nendpoints: []\n"
+LEADER_ONLY = LIGHT + "featureGates: [haPopulateNonLeaderDatastore=false]\nendpoints: []\n"
 
 
 @contextlib.contextmanager

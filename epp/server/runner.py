@@ -381,6 +381,7 @@ class EppServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self._close_kube()
+        await self.runtime.close()
         if self.tracing is not None:  # flush what is batched, without hanging on an unreachable collector
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown), 5)
