@@ -236,6 +236,43 @@ async def test_the_outbox_is_bounded_while_redis_is_unreachable() -> None:
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_a_booking_reaches_the_other_replica_before_the_next_round(redis_url: str) -> None:
+    """Two replicas placing cold requests within one sync interval must not both see the same idle pod."""
+    p1, ds1, bg1 = replica(redis_url, "b1", interval="10s")
+    p2, _, bg2 = replica(redis_url, "b2", interval="10s")
+    tasks = [asyncio.create_task(t()) for t in (*bg1, *bg2)]
+    try:
+        load2 = p2.plugins["inflight-load-producer"].loads  # type: ignore[attr-defined]
+        await asyncio.sleep(0.5)  # the first rounds are done; the next is 10 s away
+        book(p1, ds1, "pod1", 800, "a")
+        await wait_for(lambda: load2["pod1"].remote_tokens == 800, timeout=3.0)
+        assert (load2["pod1"].remote_requests, load2["pod0"].remote_tokens) == (1, 0)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_a_received_booking_gives_way_to_the_snapshots() -> None:
+    producer = InFlightLoadProducer()
+    ep = Endpoint("pod0", "10.0.0.1", 8000)
+    producer.endpoint_added(ep)
+    load = producer.loads["pod0"]
+    producer.cross_replica_receive(["pod0", 500])
+    for bad in (["pod9", 5], ["pod0", -1], ["pod0", True], ["pod0"], None, [1, 2]):
+        producer.cross_replica_receive(bad)
+    assert (load.remote_requests, load.remote_tokens, producer.refused) == (1, 500, 6)
+    producer.cross_replica_update({"pod0": [2, 100]})  # a round whose snapshot may predate the booking
+    assert (load.remote_requests, load.remote_tokens) == (3, 600)
+    producer.cross_replica_update({"pod0": [1, 500]})  # the next round: the sender's snapshot holds it
+    assert (load.remote_requests, load.remote_tokens) == (1, 500)
+    sent: list[object] = []
+    producer.cross_replica_connect(sent.append)
+    r = InferenceRequest("x", "/v1/completions", "completions", "m", "m", {}, prompt="y" * 40)
+    producer.pre_request(r, SchedulingResult({"default": ProfileResult([ep])}, "default"))
+    assert sent == [["pod0", load.tokens]] and load.tokens > 0
+
+
 async def test_a_cancellation_the_client_swallows_still_stops_the_syncer() -> None:
     """redis-py turns a cancellation that meets its socket timeout into a TimeoutError and retries it, so the call
     returns normally: the loop must still stop (it kept syncing, and the shutdown awaiting it hung)."""
