@@ -1,6 +1,9 @@
 """Run the built container image for real (CI's image step; `make image-check`): `epp serve` from the image as its
 non-root user with a static config, gRPC health and /metrics checked from outside, and one request routed through
-Envoy (from the dev venv) to a simulated vLLM pod.
+Envoy (from the dev venv) to a simulated vLLM pod. Before that, the multimodal path runs inside the image: an image
+chat in six image formats tokenized with the Qwen2.5-VL tokenizer (placeholders expanded, each image hashed as vLLM
+hashes it), compared with the same code in the dev venv, so the image's slimming (stripped extension modules, Pillow
+without fonts, transformers without model code) cannot silently break it.
 
     python -m e2e.image_check [--image localhost/pyepp:dev]
 
@@ -13,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +36,64 @@ from e2e.harness.http import post_json
 from e2e.harness.ports import free_ports
 from e2e.harness.procs import EnvoyProcess
 from e2e.sim.launch import start_simulators
+from epp.tokenization.multimodal import hash_image, inspect_image
+from epp.tokenization.qwen import QWEN25_VL_MODEL, qwen25_vl_tokenizer_dir
+
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "AVIF", "GIF", "TIFF")
+PAD = 151655  # <|image_pad|>
+IMAGE_TOKENS = (448 // 28) * (336 // 28)  # 192 for a 448x336 image (smart_resize keeps it)
+
+# Runs in the image (argv: the tokenizer dir, the images dir, the model, the pad id): one JSON line per format.
+MM_SCRIPT = """
+import asyncio, base64, json, pathlib, sys
+from epp.tokenization.prompt import HFBackend, PromptTokenizer
+async def main(tokdir, imgdir, model, pad):
+    pt = PromptTokenizer(HFBackend({}, default_dir=tokdir))
+    for path in sorted(pathlib.Path(imgdir).iterdir()):
+        url = "data:image/" + path.suffix[1:] + ";base64," + base64.b64encode(path.read_bytes()).decode()
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe."}]
+        r = await pt.tokenize_prompt(model, messages=[{"role": "user", "content": content}])
+        (f,) = r.mm_features
+        pads = r.token_ids.count(int(pad))
+        print(json.dumps({"format": path.stem, "pads": pads, "hash": f.hash, "length": f.length}))
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def multimodal_check(ctr: str, work: Path) -> None:
+    """Tokenize an image chat inside the image, once per format; compare with the dev venv's hashes. (Run in the
+    container the EPP then starts in: the bytecode it compiles under /cache is the EPP's too.)"""
+    from PIL import Image
+
+    mm = work / "mm"
+    images, tok = mm / "images", mm / "tokenizer"
+    images.mkdir(parents=True)
+    shutil.copytree(qwen25_vl_tokenizer_dir(), tok)
+    (mm / "check.py").write_text(MM_SCRIPT)
+    want = {}
+    for fmt in IMAGE_FORMATS:
+        img = Image.new("RGB", (448, 336), (200, 20, 20))
+        for x in range(0, 448, 7):
+            img.putpixel((x, x % 336), (x % 256, 0, 255 - x % 256))
+        buf = io.BytesIO()
+        img.save(buf, fmt)
+        (images / f"{fmt.lower()}.{fmt.lower()}").write_bytes(buf.getvalue())
+        want[fmt.lower()] = hash_image(QWEN25_VL_MODEL, inspect_image(buf.getvalue()).media)
+    for p in [mm, images, tok, *images.iterdir(), *tok.iterdir(), mm / "check.py"]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    r = subprocess.run(
+        ["buildah", "run", "--isolation", "chroot", "--volume", f"{mm}:/mm:ro", ctr, "--",
+         "python", "/mm/check.py", "/mm/tokenizer", "/mm/images", QWEN25_VL_MODEL, str(PAD)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if r.returncode != 0:
+        raise SystemExit(f"multimodal tokenization in the image failed:\n{r.stdout}\n{r.stderr[-3000:]}")
+    got = {d["format"]: d for d in map(json.loads, r.stdout.splitlines())}
+    for fmt, h in want.items():
+        d = got.get(fmt)
+        if d is None or d["hash"] != h or d["pads"] != IMAGE_TOKENS or d["length"] != IMAGE_TOKENS:
+            raise SystemExit(f"multimodal {fmt} in the image: {d}, want hash {h} and {IMAGE_TOKENS} placeholders")
+    print(f"ok: image chat tokenized in the image ({', '.join(IMAGE_FORMATS)}): mm hashes match, {IMAGE_TOKENS} pads")
 
 
 def health(port: int, service: str = "readiness") -> int:
@@ -45,10 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds for the EPP in the image to get ready")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="pyepp-image-check-"))
+    os.chmod(work, 0o755)
     ctr = subprocess.run(["buildah", "from", args.image], check=True, capture_output=True, text=True).stdout.strip()
     grpc_port, health_port, metrics_port, listener, admin = free_ports(5)
     epp: subprocess.Popen[bytes] | None = None
     try:
+        multimodal_check(ctr, work)
         with start_simulators(1, events=False, replay=False) as sims:
             sim = sims[0]
             confdir = work / "config"

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
+from e2e.harness.simconfig import sim_endpoints_yaml
 from e2e.sim.launch import SimProcess
-from epp.kvcache.subscriptions import EVENTS_PORT_LABEL, REPLAY_PORT_LABEL
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 # pyepp's shipped default (config/pyepp-default.yaml), run as shipped except for the prefill throughput, which the
@@ -109,17 +109,7 @@ def _ours(block_size: int, prefill_tps: float, overrides: dict[str, Any] | None 
 
 
 def endpoints_yaml(sims: Sequence[SimProcess]) -> str:
-    lines = ["endpoints:"]
-    for s in sims:
-        labels = []
-        if s.event_port is not None:
-            labels.append(f'{EVENTS_PORT_LABEL}: "{s.event_port}"')
-        if s.replay_port is not None:
-            labels.append(f'{REPLAY_PORT_LABEL}: "{s.replay_port}"')
-        lines.append(
-            f"- {{name: sim-{s.http_port}, address: {s.host}, port: {s.http_port}, labels: {{{', '.join(labels)}}}}}"
-        )
-    return "\n".join(lines) + "\n"
+    return sim_endpoints_yaml(sims, by_port=True)
 
 
 def config_text(

@@ -30,14 +30,19 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 EXT_PROC = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
-def config(tmp_path: Path, text: str = "endpoints: []\n") -> Path:
+# These tests are about flags and process behaviour, not routing: a light chain (GIE's queue scorer), so no
+# tokenizer loads at start-up as with pyepp's default (which a config without plugins would run).
+LIGHT = "plugins: [{type: queue-scorer}]\n"
+
+
+def config(tmp_path: Path, text: str = LIGHT + "endpoints: []\n") -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "epp.yaml"
     cfg.write_text(text)
     return cfg
 
 
-LEADER_ONLY = "featureGates: [haPopulateNonLeaderDatastore=false]\nendpoints: []\n"
+LEADER_ONLY = LIGHT + "featureGates: [haPopulateNonLeaderDatastore=false]\nendpoints: []\n"
 
 
 @contextlib.contextmanager
@@ -285,7 +290,9 @@ async def test_leader_election_active_passive(tmp_path: Path) -> None:
             await wait_for(lambda: kube.objects(LEASES, "default")[0]["metadata"]["resourceVersion"] != rv, 5, "renew")
             # SIGTERM: the leader releases the lease, so the standby takes over in a retry period, not 15 s.
             t0 = time.monotonic()
-            a.stop(timeout=40)
+            # Off the loop: the fake API server runs on it and must answer the release while `a` shuts down (a
+            # blocking stop here held the release until `a` had exited, so the standby often waited out the lease).
+            await asyncio.to_thread(a.stop, 40)
             await wait_for(lambda: ready(b), 10, "standby takes over")
             assert time.monotonic() - t0 < 10
             spec = kube.objects(LEASES, "default")[0]["spec"]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from e2e.harness.http import metric_value, post_json
+from e2e.harness.simconfig import sim_endpoints_yaml
 from e2e.harness.stack import Stack, start_stack
 from e2e.sim.launch import SimProcess, start_simulators
-from epp.kvcache.subscriptions import EVENTS_PORT_LABEL, REPLAY_PORT_LABEL
 from epp.tokenization.qwen import QWEN25_MODEL
 
 pytestmark = pytest.mark.e2e
@@ -38,14 +38,8 @@ def config(sims: list[SimProcess]) -> str:
         "schedulingProfiles:",
         "  - name: default",
         "    plugins: [{pluginRef: precise-prefix-cache-scorer, weight: 1}, {pluginRef: max-score-picker}]",
-        "endpoints:",
     ]
-    for i, s in enumerate(sims):
-        lines.append(
-            f"  - {{name: sim{i}, address: {s.host}, port: {s.http_port}, labels: "
-            f"{{{EVENTS_PORT_LABEL}: '{s.event_port}', {REPLAY_PORT_LABEL}: '{s.replay_port}'}}}}"
-        )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + sim_endpoints_yaml(sims)
 
 
 @pytest.fixture

@@ -21,9 +21,9 @@ import pytest
 from PIL import Image
 
 from e2e.harness.http import post_json
+from e2e.harness.simconfig import sim_endpoints_yaml
 from e2e.harness.stack import Stack, start_stack
 from e2e.sim.launch import SimProcess, start_simulators
-from epp.kvcache.subscriptions import EVENTS_PORT_LABEL, REPLAY_PORT_LABEL
 from epp.tokenization.qwen import QWEN25_VL_MODEL, qwen25_vl_tokenizer_dir
 
 pytestmark = pytest.mark.e2e
@@ -67,16 +67,10 @@ def config(sims: list[SimProcess], scorer: str = "precise-prefix-cache-scorer", 
         "schedulingProfiles:",
         "  - name: default",
         f"    plugins: [{{pluginRef: {scorer}, weight: 1}}, {{pluginRef: max-score-picker}}]",
-        "endpoints:",
     ]
     if scorer != "precise-prefix-cache-scorer":
         lines.insert(3, "  - type: mm-embeddings-cache-producer")
-    for i, s in enumerate(sims):
-        lines.append(
-            f"  - {{name: sim{i}, address: {s.host}, port: {s.http_port}, labels: "
-            f"{{{EVENTS_PORT_LABEL}: '{s.event_port}', {REPLAY_PORT_LABEL}: '{s.replay_port}'}}}}"
-        )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + sim_endpoints_yaml(sims)
 
 
 @pytest.fixture(scope="module")

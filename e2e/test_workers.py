@@ -34,7 +34,8 @@ def test_worker_argv_drops_workers_flag() -> None:
 
 def test_two_workers_share_ports_and_each_serves_metrics(tmp_path: Path) -> None:
     cfg = tmp_path / "epp.yaml"
-    cfg.write_text("endpoints:\n- {address: 127.0.0.1, port: 9}\n")
+    # a light chain (no tokenizer to load in each worker): this is about the processes and their ports
+    cfg.write_text("plugins: [{type: queue-scorer}]\nendpoints:\n- {address: 127.0.0.1, port: 9}\n")
     grpc_port, health, metrics = free_ports(3)
     epp = EppProcess(cfg, tmp_path, EppPorts(grpc_port, health, metrics), extra_args=["--workers", "2"])
     try:

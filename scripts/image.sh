@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TAG=${IMAGE_TAG:-localhost/pyepp:dev}
-BASE=${BASE_TAG:-localhost/pyepp-base:bookworm-py311}
+# The base tag names its recipe: bump the suffix whenever the debootstrap step below changes (a stored base is reused).
+BASE=${BASE_TAG:-localhost/pyepp-base:bookworm-py311-2}
 WORK=${IMAGE_WORKDIR:-/var/tmp/pyepp-image}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 export DEBIAN_FRONTEND=noninteractive
@@ -24,8 +25,12 @@ if [[ -n "${REBUILD_BASE:-}" ]] || ! buildah inspect --type image "$BASE" >/dev/
   # Nothing at run time reads these: docs, man pages, translations, apt's caches, glibc's iconv modules, perl
   # (only dpkg's maintainer scripts use it; nothing is installed with dpkg in the image).
   r=$WORK/rootfs
+  # The standard library's bytecode (~14 MB) is never read: the image sets PYTHONPYCACHEPREFIX, so Python looks for
+  # bytecode only under /cache/pycache. Nor are lib2to3, pydoc's topics or the test package imported.
   rm -rf "$r"/usr/share/{doc,man,info,locale,lintian}/* "$r"/var/cache/apt/* "$r"/var/lib/apt/lists/* "$r"/var/log/* \
-    "$r"/usr/lib/x86_64-linux-gnu/gconv "$r"/usr/lib/x86_64-linux-gnu/perl-base "$r"/usr/share/perl5 "$r"/usr/bin/perl*
+    "$r"/usr/lib/x86_64-linux-gnu/gconv "$r"/usr/lib/x86_64-linux-gnu/perl-base "$r"/usr/share/perl5 "$r"/usr/bin/perl* \
+    "$r"/usr/lib/python3.11/{lib2to3,pydoc_data,test} "$r"/var/cache/debconf/*-old "$r"/var/lib/dpkg/*-old
+  find "$r"/usr/lib/python3* -depth -name __pycache__ -type d -exec rm -rf {} +
   tar -C "$WORK/rootfs" -cf "$WORK/base.tar" .
   ctr=$(buildah from scratch)
   buildah add --quiet "$ctr" "$WORK/base.tar" / >/dev/null

@@ -450,16 +450,38 @@ def part2(
                         runs: list[dict[str, tuple[float, float]]] = []
                         cpu: dict[str, list[float]] = {k: [] for k in pids}
                         err = 0
+                        # Every part's share of the 2 cores while a point runs (is the box, not the EPP, the limit?)
+                        groups = {
+                            "simulators": [x.proc.pid for x in sims],
+                            "envoys": [envoy_floor.proc.pid, *(st.envoy.proc.pid for st in stacks)],
+                            "epps": [st.epp.proc.pid for st in stacks],
+                            "floor": [floor.proc.pid],
+                            "client": [os.getpid()],
+                        }
+                        share: dict[str, list[float]] = {g: [] for g in groups}
                         for r in range(repeats):
                             c0 = {k: _cpu_seconds(pid) for k, pid in pids.items()}
+                            g0 = {g: sum(_cpu_seconds(p) for p in ps) for g, ps in groups.items()}
+                            t0 = time.monotonic()
                             lat, e = asyncio.run(_measure(paths, prompts, rate, duration, stream, order=r))
+                            dt = time.monotonic() - t0
                             for k, pid in pids.items():  # the server process's CPU (idle work included) per request
                                 cpu[k].append((_cpu_seconds(pid) - c0[k]) / max(1, len(lat[k])) * 1e6)
+                            for g, ps in groups.items():
+                                share[g].append((sum(_cpu_seconds(p) for p in ps) - g0[g]) / dt * 100)
                             err += e
                             runs.append(
                                 {k: (percentile(v, 0.5) * 1e3, percentile(v, 0.99) * 1e3) for k, v in lat.items()}
                             )
                         rows.extend(_summarize(size, rate, stream, runs, err, cpu))
+                        load = os.getloadavg()[0]
+                        print(
+                            "  CPU, % of one core (median of repeats): "
+                            + ", ".join(f"{g} {statistics.median(v):.0f}%" for g, v in share.items())
+                            + f"; load average {load:.1f}",
+                            flush=True,
+                        )
+                        rows.append({"tokens": size, "rate": rate, "sse": stream, "cpu_share": share, "load": load})
                         if err:
                             print(f"  ({err} errors)")
         finally:

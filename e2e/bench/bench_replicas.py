@@ -7,9 +7,10 @@ speculative prefix entries). Modes, interleaved and repeated:
 
 - `1`: one replica (the reference);
 - `2-shared`: two replicas sharing in-flight load through a real redis-server (redis-cross-replica-syncer,
-  `dataLayer.crossReplicaSyncerPluginRef`, sync every `--sync-interval`) and each pick's speculative prefix entry
-  (published as it is made);
-- `2-load`: two replicas sharing in-flight load only (the precise producer's `syncCrossReplicaState: false`);
+  `dataLayer.crossReplicaSyncerPluginRef`, sync every `--sync-interval`; each booking is also published as it is
+  made) and each pick's speculative prefix entry (published as it is made);
+- `2-load`: two replicas sharing in-flight load but not the speculative entries (the precise producer's
+  `syncCrossReplicaState: false`);
 - `2-local`: two replicas, each counting only its own requests (`syncCrossReplicaState: false` on both);
 - `1+idle` (not run by default): two replicas running, only the first in Envoy's cluster: one replica's routing
   with two replicas' CPU (both ingest every KV event), to tell routing from CPU contention on a small machine.

@@ -81,7 +81,8 @@ async def _measure(
         tasks = [_stream(s, url, hs[i % len(hs)], tokens) for url, hs in paths.values() for i in range(n)]
         res = await asyncio.gather(*tasks)
         wall = time.perf_counter() - t0
-        cpu = {name: _cpu(pid) - cpu0[name] - idle[name] * wall for name, pid in (pids or {}).items()}
+        raw = {name: _cpu(pid) - cpu0[name] for name, pid in (pids or {}).items()}
+        cpu = {name: raw[name] - idle[name] * wall for name in raw}
     row: dict[str, Any] = {"concurrency": n}
     for k, name in enumerate(paths):
         mine = res[k * n : (k + 1) * n]
@@ -91,7 +92,10 @@ async def _measure(
             "chunks_per_s": len(gaps) / wall, "failed": sum(1 for r in mine if not r),
         }  # fmt: skip
         if name in cpu:  # chunks = gaps + the first chunk of each stream
-            row[name]["cpu_us_per_chunk"] = cpu[name] / max(1, len(gaps) + len(mine)) * 1e6
+            chunks = max(1, len(gaps) + len(mine))
+            row[name]["cpu_us_per_chunk"] = cpu[name] / chunks * 1e6
+            row[name]["cpu_raw_us_per_chunk"] = raw[name] / chunks * 1e6  # idle rate not subtracted
+            row[name]["idle_cpu_share"] = idle[name]
     return row
 
 
@@ -140,10 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pids["floor"] = floor.proc.pid
             asyncio.run(_measure(paths, 4, 10))  # warm up (tokenizer, connections)
             print(f"per-chunk gap (ms) seen by the client; {len(sims)} simulator(s), {ns.repeats} run(s) per point;"
-                  " cpu = the path's ext_proc server's CPU per chunk (its idle rate subtracted; its share of each"
-                  " stream's request path included)")  # fmt: skip
+                  " cpu = the path's ext_proc server's CPU per chunk (its idle rate subtracted; raw: not subtracted;"
+                  " its share of each stream's request path included)")  # fmt: skip
             print(f"{'streams':>8}{'path':>9}{'p50':>9}{'p99':>9}{'+p50':>8}{'+p99':>8}{'chunks/s':>10}{'failed':>7}"
-                  f"{'cpu us':>8}")  # fmt: skip
+                  f"{'cpu us':>8}{'raw us':>8}")  # fmt: skip
             for n in (int(c) for c in ns.concurrency.split(",")):
                 runs = [asyncio.run(_measure(paths, n, ns.tokens, pids)) for _ in range(ns.repeats)]
                 row: dict[str, Any] = {"concurrency": n, "runs": runs}
@@ -152,7 +156,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     med["added_p50_ms"] = statistics.median(r[name]["p50_ms"] - r["direct"]["p50_ms"] for r in runs)
                     med["added_p99_ms"] = statistics.median(r[name]["p99_ms"] - r["direct"]["p99_ms"] for r in runs)
                     row[name] = med
-                    cpu = f"{med['cpu_us_per_chunk']:>8.1f}" if "cpu_us_per_chunk" in med else f"{'':>8}"
+                    cpu = (
+                        f"{med['cpu_us_per_chunk']:>8.1f}{med['cpu_raw_us_per_chunk']:>8.1f}"
+                        if "cpu_us_per_chunk" in med
+                        else f"{'':>16}"
+                    )
                     print(f"{n:>8}{name:>9}{med['p50_ms']:>9.2f}{med['p99_ms']:>9.2f}{med['added_p50_ms']:>8.2f}"
                           f"{med['added_p99_ms']:>8.2f}{med['chunks_per_s']:>10.0f}{med['failed']:>7.0f}{cpu}",
                           flush=True)  # fmt: skip

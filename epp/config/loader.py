@@ -64,8 +64,29 @@ EXTENSION_KEYS: list[str] = [
     "poolName",
 ]
 
-# GIE's built-in default (pkg/epp/config/loader/defaults.go), used when the file configures no plugins at all.
+# pyepp's default, used when the file configures no plugins at all: config/pyepp-default.yaml (the file is the source;
+# tests/config/test_default_config.py keeps this copy equal to it). The precise producer's approximateFallback
+# routes pods without KV events on the EPP's routing history, as GIE's approximate default would.
 DEFAULT_PLUGINS_YAML = """
+plugins:
+- type: precise-prefix-cache-producer
+  parameters:
+    approximateFallback: true
+    kvEventsConfig:
+      topicFilter: "kv@"
+- type: prefill-cost-scorer
+  parameters:
+    prefixMatchInfoProducerName: precise-prefix-cache-producer
+    prefillTokensPerSecond: 15928
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefill-cost-scorer
+  - pluginRef: max-score-picker
+"""
+# GIE's built-in default (pkg/epp/config/loader/defaults.go), pyepp's default before issue 11.
+GIE_DEFAULT_PLUGINS_YAML = """
 plugins:
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
@@ -686,8 +707,6 @@ def parse_config(text: str, source: str = "<text>") -> EppConfig:
     holder = EppConfig(raw={})
     data_sources = _data_layer(ctx, raw, names, holder)
     cross_replica_syncer, cross_replica_interval = _cross_replica(ctx, raw, names)
-    if not data_sources and default_plugins and raw.get("dataLayer") is None:
-        data_sources = [DataSourceSpec("metrics-data-source", ["core-metrics-extractor"])]
     flow_control = _flow_control(ctx, raw, names)
     detector = _ref(ctx, raw, "saturationDetector", names)
     if detector is not None:

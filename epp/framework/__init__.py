@@ -57,7 +57,7 @@ from epp.framework.plugins import (
     UsageLimitPolicy,
 )
 from epp.framework.registry import REGISTRY, PluginRegistry, get_factory, known_types
-from epp.framework.services import KVCacheIndex, NoServices, Services, Tokenizer
+from epp.framework.services import CountedReport, KVCacheIndex, NoServices, Services, Tokenizer
 from epp.framework.state import CycleState, DataKey, DataMap
 from epp.framework.types import (
     DisaggDecision,
@@ -97,6 +97,7 @@ __all__ = [
     "Admitter",
     "BackgroundTask",
     "BadRequest",
+    "CountedReport",
     "CrossReplicaContributor",
     "CrossReplicaMessageCarrier",
     "CrossReplicaMessenger",

@@ -7,6 +7,7 @@ plugin layer never imports the KV-event machinery or a tokenizer backend.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from epp.framework.params import Params, PluginConfigError
@@ -40,6 +41,21 @@ class Tokenizer(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class CountedReport:
+    """A response without cached_tokens, for the closed loop on delivered hits: `pod` served a `prompt`-token request
+    of `blocks` index blocks (of `block_size` tokens), `predicted_blocks` of them predicted cached there;
+    `engine_hits`/`engine_queries` are the pod's last scraped prefix-cache counters (None: its page has none)."""
+
+    pod: str
+    blocks: int
+    predicted_blocks: int
+    block_size: int
+    prompt: int
+    engine_hits: float | None
+    engine_queries: float | None
+
+
 class KVCacheIndex(Protocol):
     """Which endpoint holds which KV blocks of a prompt, fed by the engines' KV events. Endpoints by hostport."""
 
@@ -59,6 +75,11 @@ class KVCacheIndex(Protocol):
 
     async def match(self, keys: Sequence[int], pods: Iterable[str] | None = None) -> Mapping[str, PrefixMatch]: ...
 
+    def publishes(self, pod: str) -> bool:
+        """Whether `pod`'s KV events have stored blocks in the index since it joined the pool (a pod that publishes
+        none, or whose events are not received, is known only from what the EPP routed there)."""
+        ...
+
     def speculate(self, keys: Sequence[int], pod: str, ttl: float) -> None: ...
 
     def report_delivered(
@@ -68,19 +89,9 @@ class KVCacheIndex(Protocol):
         the engine reported `delivered_tokens` cached of `prompt`. Repairs the pod's entries when they are wrong."""
         ...
 
-    def report_counted(
-        self,
-        pod: str,
-        keys_len: int,
-        predicted_blocks: int,
-        block_size: int,
-        prompt: int,
-        engine_hits: float | None,
-        engine_queries: float | None,
-    ) -> None:
-        """The closed loop for a response without cached_tokens: `pod` served a `prompt`-token request (`keys_len`
-        blocks, `predicted_blocks` of them predicted there); `engine_hits`/`engine_queries` are the pod's last
-        scraped prefix-cache counters, compared per scrape interval."""
+    def report_counted(self, report: CountedReport) -> None:
+        """The closed loop for a response without cached_tokens: the engine's counters, compared per scrape
+        interval with what the index predicted for the requests routed to the pod."""
         ...
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from epp.framework.params import Params
+from epp.framework.services import CountedReport
 
 log = logging.getLogger(__name__)
 
@@ -194,20 +195,11 @@ class DeliveredHits:
             w.predicted = w.delivered = 0
             w.resyncs += 1
 
-    def report_counted(
-        self,
-        pod: str,
-        keys_len: int,
-        predicted_blocks: int,
-        block_size: int,
-        prompt: int,
-        engine_hits: float | None,
-        engine_queries: float | None,
-    ) -> None:
-        """One response from `pod` without cached_tokens: the index predicted `predicted_blocks` of a `keys_len`-block,
-        `prompt`-token prompt there; `engine_hits`/`engine_queries` are the pod's last scraped prefix-cache counters
-        (None: its page has none, nothing to compare)."""
-        if not self.cfg.enabled or block_size <= 0 or prompt <= 0 or engine_hits is None or engine_queries is None:
+    def report_counted(self, r: CountedReport) -> None:
+        """One response from `r.pod` without cached_tokens (see CountedReport); nothing to compare when its
+        metrics page has no prefix-cache counters."""
+        engine_hits, engine_queries, pod = r.engine_hits, r.engine_queries, r.pod
+        if not self.cfg.enabled or r.block_size <= 0 or r.prompt <= 0 or engine_hits is None or engine_queries is None:
             return
         c = self.counter_pods.get(pod)
         if c is None:
@@ -222,10 +214,10 @@ class DeliveredHits:
             c.base_hits, c.base_queries = engine_hits, engine_queries
             if c.requests:
                 self._close_interval(pod, c, dh, dq)
-        hit_limit = min(keys_len, max(0, (prompt - 1) // block_size))
-        predicted = min(predicted_blocks, hit_limit) * block_size
+        hit_limit = min(r.blocks, max(0, (r.prompt - 1) // r.block_size))
+        predicted = min(r.predicted_blocks, hit_limit) * r.block_size
         c.predicted += predicted
-        c.prompt += prompt
+        c.prompt += r.prompt
         c.requests += 1
         c.predicted_requests += predicted > 0
 

@@ -161,6 +161,9 @@ class EventApplier:
         self.block_sizes = block_sizes or BlockSizes(default=tokens.block_size)
         self._groups: dict[tuple[str, int], bool] = {}  # (pod, group) -> indexable
         self._warned: set[str] = set()
+        # Pods whose events have stored blocks in the index (until they leave the pool): the others are routed on
+        # the precise producer's approximate fallback, if it has one.
+        self.publishing: set[str] = set()
 
     def canonical_block_size(self, model: str, engine_block_size: int = 0) -> int:
         return self.block_sizes.learn(model, engine_block_size)
@@ -176,7 +179,14 @@ class EventApplier:
                     log, logging.WARNING, "bad_event", "KV events: skipping a bad %s from %s: %s",
                     type(ev).__name__, pod, e,
                 )  # fmt: skip
+        if st.stored_blocks:
+            self.publishing.add(pod)
         return st
+
+    def forget(self, pod: str) -> None:
+        """The pod left the pool: its blocks go, and it counts as publishing again only once new events arrive."""
+        self.clear_pod(pod)
+        self.publishing.discard(pod)
 
     def _apply_one(self, pod: str, model: str, ev: object, st: ApplyStats) -> None:
         if isinstance(ev, BlockStored):

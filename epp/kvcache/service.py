@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from epp.framework.params import Params
+from epp.framework.services import CountedReport
 from epp.framework.types import Endpoint, PrefixMatch
 from epp.kvcache.config import PoolConfig
 from epp.kvcache.feedback import DeliveredHits, FeedbackConfig
@@ -125,6 +126,9 @@ class KVCacheService:
     async def match(self, keys: Sequence[int], pods: Iterable[str] | None = None) -> dict[str, PrefixMatch]:
         return await self.index.lookup(keys, pods)
 
+    def publishes(self, pod: str) -> bool:
+        return pod in self.applier.publishing
+
     def speculate(self, keys: Sequence[int], pod: str, ttl: float) -> None:
         self.index.add_speculative(keys, pod, ttl)
 
@@ -133,17 +137,8 @@ class KVCacheService:
     ) -> None:
         self.feedback.report(pod, keys, predicted_blocks, delivered_tokens, block_size, prompt)
 
-    def report_counted(
-        self,
-        pod: str,
-        keys_len: int,
-        predicted_blocks: int,
-        block_size: int,
-        prompt: int,
-        engine_hits: float | None,
-        engine_queries: float | None,
-    ) -> None:
-        self.feedback.report_counted(pod, keys_len, predicted_blocks, block_size, prompt, engine_hits, engine_queries)
+    def report_counted(self, report: CountedReport) -> None:
+        self.feedback.report_counted(report)
 
     def resync_pod(self, pod: str) -> None:
         """The pod's entries are wrong: clear them (its next events and delivered hits rebuild them)."""

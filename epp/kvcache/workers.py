@@ -125,7 +125,7 @@ class ShardedWorkers:
         """The pod left: drop its blocks, its sequence state and its replay endpoint."""
         self._replay_eps.pop(pod, None)
         self._shard_of.pop(pod, None)
-        self.applier.clear_pod(pod)
+        self.applier.forget(pod)
         self.seq.forget_pod(pod)
 
     def checkpoints(self, pod: str) -> tuple[Checkpoint, ...]:

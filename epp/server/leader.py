@@ -13,7 +13,6 @@ Without the flag every replica is active (pyepp's default; see docs/architecture
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import json
 import logging
@@ -168,15 +167,32 @@ class LeaderElector:
         }
 
     async def release(self) -> None:
-        """ReleaseOnCancel: a leader clears the holder (duration 1s) so a standby takes over at once."""
+        """ReleaseOnCancel: a leader clears the holder (duration 1s) so a standby takes over at once.
+
+        The renewal the caller just cancelled may have reached the server without its answer reaching us, leaving
+        our copy one resourceVersion behind: a 409 re-reads the Lease and releases it if it is still ours."""
         if not self.is_leader or self._last is None:
             return
-        lease = dict(self._last)
-        spec = dict(lease.get("spec") or {})
-        spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=_now())
-        lease["spec"] = spec
-        with contextlib.suppress(ApiException, OSError, asyncio.TimeoutError):
-            call = self.api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, lease, _preload_content=False)
-            await asyncio.wait_for(self._json(call), timeout=5)
-            log.info("leader election: released lease %s/%s", self.cfg.namespace, self.cfg.name)
+        lease: dict[str, Any] | None = self._last
+        for _ in range(3):
+            spec = dict((lease or {}).get("spec") or {})
+            if lease is None or spec.get("holderIdentity") != self.cfg.identity:
+                break  # gone, or someone else's by now: nothing of ours to release
+            spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=_now())
+            body = {**lease, "spec": spec}
+            try:
+                name, namespace = self.cfg.name, self.cfg.namespace
+                call = self.api.replace_namespaced_lease(name, namespace, body, _preload_content=False)
+                self._last = await asyncio.wait_for(self._json(call), timeout=5)
+                log.info("leader election: released lease %s/%s", self.cfg.namespace, self.cfg.name)
+                break
+            except ApiException as e:
+                if e.status != 409:
+                    break
+            except (OSError, TimeoutError):
+                break
+            try:
+                lease = await asyncio.wait_for(self._read(), timeout=5)
+            except (ApiException, OSError, TimeoutError):
+                break
         self.lost.set()

@@ -355,7 +355,9 @@ class EppServer:
         if self._forced is None:
             self._forced = asyncio.Event()
         for t in self._tasks:
-            if t.get_name() == "readiness":
+            # The elector stops renewing before it releases: a renewal after the release would take the Lease back
+            # (it is free by then) and keep the standby waiting out a whole lease duration.
+            if t.get_name() in ("readiness", "leader-election"):
                 t.cancel()
         await self.health.draining()
         if self.elector is not None:
@@ -379,6 +381,7 @@ class EppServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self._close_kube()
+        await self.runtime.close()
         if self.tracing is not None:  # flush what is batched, without hanging on an unreachable collector
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown), 5)

@@ -263,7 +263,25 @@ def _chat_body(
     return body
 
 
-class HTTPBackend:
+class _HTTPClient:
+    """One aiohttp session per owner, opened on first use and closed by `close()` (the runtime's shutdown)."""
+
+    _session: Any = None
+
+    def _client(self, timeout: float) -> Any:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class HTTPBackend(_HTTPClient):
     """The model server's `POST /tokenize` (vLLM): `{"model", "prompt"}` or `{"model", "messages", ...}`."""
 
     renders_media = False
@@ -271,20 +289,24 @@ class HTTPBackend:
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.url = url.rstrip("/") + "/tokenize"
         self.timeout = timeout
-        self._session: Any = None
 
-    async def _post(self, body: dict[str, Any]) -> list[int]:
+    async def _post_json(self, url: str, body: dict[str, Any], timeout: float | None = None) -> Any:
+        """POST `body` to `url`, the JSON answer; any failure (transport, timeout, non-200, not JSON) is a
+        TokenizationError naming the URL."""
         import aiohttp
 
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
         try:
-            async with self._session.post(self.url, json=body) as r:
+            async with self._client(self.timeout).post(url, json=body, **extra) as r:
                 data = await r.json(content_type=None)
                 if r.status != 200:
-                    raise TokenizationError(f"{self.url}: HTTP {r.status}: {str(data)[:200]}")
+                    raise TokenizationError(f"{url}: HTTP {r.status}: {str(data)[:200]}")
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
-            raise TokenizationError(f"{self.url}: {e or type(e).__name__}") from None
+            raise TokenizationError(f"{url}: {e or type(e).__name__}") from None
+        return data
+
+    async def _post(self, body: dict[str, Any]) -> list[int]:
+        data = await self._post_json(self.url, body)
         toks = data.get("tokens") if isinstance(data, dict) else None
         if not isinstance(toks, list):
             raise TokenizationError(f"{self.url}: response has no token list")
@@ -306,10 +328,6 @@ class HTTPBackend:
     async def warm(self) -> None:
         """Nothing to load: the model server tokenizes."""
 
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
 
 class RenderBackend(HTTPBackend):
     """vLLM's render API (llm-d's `vllm` tokenizer): `POST /v1/chat/completions/render` and `/v1/completions/render`
@@ -324,20 +342,7 @@ class RenderBackend(HTTPBackend):
         self.mm_timeout = mm_timeout  # llm-d's mmTimeout: a render with media fetches and processes it
 
     async def _render(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
-        import aiohttp
-
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-        url = self.base + path
-        extra: dict[str, Any] = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
-        try:
-            async with self._session.post(url, json=body, **extra) as r:
-                data = await r.json(content_type=None)
-                if r.status != 200:
-                    raise TokenizationError(f"{url}: HTTP {r.status}: {str(data)[:200]}")
-        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
-            raise TokenizationError(f"{url}: {e or type(e).__name__}") from None
-        return data
+        return await self._post_json(self.base + path, body, timeout)
 
     @staticmethod
     def _ids(data: Any, url: str) -> list[int]:
@@ -432,7 +437,7 @@ def _digest_into(h: Any, obj: Any) -> None:
         h.update(b)
 
 
-class PromptTokenizer:
+class PromptTokenizer(_HTTPClient):
     """Request → token ids, cached (LRU by model + content digest)."""
 
     def __init__(
@@ -452,7 +457,6 @@ class PromptTokenizer:
         self.media_timeout = media_timeout
         self.max_media_bytes = max_media_bytes
         self._images: OrderedDict[bytes, tuple[str, int, int]] = OrderedDict()  # url digest -> (hash, w, h)
-        self._session: Any = None
 
     async def tokenize_prompt(
         self,
@@ -470,9 +474,7 @@ class PromptTokenizer:
         `--model`; default `model`)."""
         if messages is None or (not has_media(list(messages)) and not _untyped_media(messages)):
             return TokenizedPrompt(await self.tokenize(model, prompt, messages, chat_template_kwargs, tools))
-        msgs = list(messages)
-        kw = dict(chat_template_kwargs or {})
-        tool_list = list(tools) if tools is not None else None
+        msgs, kw, tool_list = _chat_args(messages, chat_template_kwargs, tools)
         long_strings: list[str] = []
         keyable = _keyable([msgs, kw, tool_list, mm_model_id], long_strings)
         if long_strings:  # media URLs: fingerprinted (blake3), off the event loop when large
@@ -539,10 +541,8 @@ class PromptTokenizer:
             raise MediaError(f"unsupported media URL scheme in {url[:40]!r}")
         import aiohttp
 
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.media_timeout))
         try:
-            async with self._session.get(url) as r:
+            async with self._client(self.media_timeout).get(url) as r:
                 if r.status != 200:
                     raise MediaError(f"fetching {url[:80]}: HTTP {r.status}")
                 if (r.content_length or 0) > self.max_media_bytes:
@@ -559,6 +559,13 @@ class PromptTokenizer:
     async def warm(self) -> None:
         await self.backend.warm()
 
+    async def close(self) -> None:
+        """Close the media session and the backend's connection (the runtime's shutdown)."""
+        await super().close()
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            await close()
+
     async def tokenize(
         self,
         model: str,
@@ -568,11 +575,9 @@ class PromptTokenizer:
         tools: Sequence[Any] | None = None,
     ) -> list[int]:
         if messages is not None:
-            msgs = list(messages)
+            msgs, kw, tool_list = _chat_args(messages, chat_template_kwargs, tools)
             if has_media(msgs) and not self.backend.renders_media:
                 raise TokenizationError("multimodal content needs the model server's renderer (tokenizer type vllm)")
-            kw = dict(chat_template_kwargs or {})
-            tool_list = list(tools) if tools is not None else None
             key = self._key(model, "chat", [msgs, kw, tool_list])
             got = self._get(key)
             if got is None:
@@ -615,6 +620,14 @@ class PromptTokenizer:
         self._cache[key] = v
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
+
+
+def _chat_args(
+    messages: Sequence[Any], chat_template_kwargs: Mapping[str, Any] | None, tools: Sequence[Any] | None
+) -> tuple[list[Any], dict[str, Any], list[Any] | None]:
+    """A chat request's arguments as every backend takes them: messages and tools as lists (tools None when
+    absent), the template kwargs as a dict."""
+    return list(messages), dict(chat_template_kwargs or {}), (list(tools) if tools is not None else None)
 
 
 def _untyped_media(messages: Sequence[Any]) -> bool:

@@ -3,6 +3,7 @@ layer, built from the config. The server runs what this returns."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -29,6 +30,8 @@ from epp.wiring.builtins import register_builtins
 from epp.wiring.datalayer import build_pool_reporter, build_scraper
 from epp.wiring.services import EppServices
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Runtime:
@@ -44,6 +47,16 @@ class Runtime:
     pipeline: Pipeline | None = None
     scraper: MetricsScraper | None = None
     context: PluginContext | None = None
+    # What the server closes after it stopped (tokenizers' HTTP sessions and gRPC channels).
+    closers: list[BackgroundTask] = field(default_factory=list)
+
+    async def close(self) -> None:
+        """Release the clients the plugins' services opened; one failing closer does not stop the others."""
+        for close in self.closers:
+            try:
+                await close()
+            except Exception as e:  # a shutdown must finish; the cause is logged
+                log.warning("closing %s failed: %s", getattr(close, "__qualname__", close), e)
 
 
 def static_endpoints(config: EppConfig) -> list[Endpoint]:
@@ -129,6 +142,7 @@ def build_runtime(config: EppConfig, *, sources: list[EndpointSource] | None = N
         sources=sources,
         background=background,
         warmups=list(context.services.warmups) if isinstance(context.services, EppServices) else [],
+        closers=[t.close for t in context.services.tokenizers] if isinstance(context.services, EppServices) else [],
         objectives=objectives,
         pipeline=pipeline,
         scraper=scraper,

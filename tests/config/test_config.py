@@ -8,6 +8,7 @@ import pytest
 
 from epp.cli import main
 from epp.config import ConfigError, load_config, parse_config
+from epp.config.loader import GIE_DEFAULT_PLUGINS_YAML
 from epp.datalayer.datastore import Datastore
 from epp.requestcontrol.director import SchedulingDirector
 from epp.wiring import plugin_context
@@ -68,24 +69,26 @@ def test_sticky_samples_order_the_load_producer_after_the_prefix_producer() -> N
     ]
 
 
-def test_no_plugins_means_gie_default() -> None:
+def test_no_plugins_means_pyepp_default() -> None:
     cfg = parse_config("endpoints: [{address: 10.0.0.1, port: 8000}]\nmodelRewrites: {a: b}\n")
     assert cfg.default_plugins and [e.address for e in cfg.endpoints] == ["10.0.0.1"]
     assert cfg.model_rewrites == {"a": "b"}
     p = build_pipeline(cfg, plugin_context(Datastore()))
-    assert weights(p) == {"queue-scorer": 2.0, "kv-cache-utilization-scorer": 2.0, "prefix-cache-scorer": 3.0}
+    assert weights(p) == {"prefill-cost-scorer": 1.0}
     assert type(p.scheduler.profiles["default"].picker).__name__ == "MaxScorePicker"
     assert type(p.scheduler.handler).__name__ == "SingleProfileHandler"
     assert type(p.saturation_detector).__name__ == "UtilizationDetector"
-    # the approximate producer is auto-added for prefix-cache-scorer
-    assert [x.name for x in p.producers] == ["approx-prefix-cache-producer"]
-    assert [d.ref for d in cfg.data_sources] == ["metrics-data-source"]
+    # the precise producer (with its approximate fallback) and the token-producer it needs
+    assert [x.name for x in p.producers] == ["token-producer", "precise-prefix-cache-producer"]
+    assert getattr(p.plugins["precise-prefix-cache-producer"], "fallback", None) is not None
+    assert build_runtime(cfg).scraper is not None  # the default metrics source is injected
 
 
-def test_gie_default_file_equals_builtin_default() -> None:
+def test_gie_default_file_equals_gie_builtin_default() -> None:
     explicit = build_pipeline(load_config(CONFIG_DIR / "gie-default.yaml"), plugin_context(Datastore()))
-    builtin = build("{}")
+    builtin = build(GIE_DEFAULT_PLUGINS_YAML)
     assert weights(explicit) == weights(builtin)
+    assert weights(builtin) == {"queue-scorer": 2.0, "kv-cache-utilization-scorer": 2.0, "prefix-cache-scorer": 3.0}
 
 
 def test_profile_defaults_weight_picker_and_default_profile() -> None:

@@ -210,12 +210,42 @@ def test_config_weights_come_from_values() -> None:
     assert "decode-filter" in plugins
     default_cfg = parse_config(one(render(), "ConfigMap")["data"]["default-plugins.yaml"]).raw
     weights = {p["pluginRef"]: p.get("weight") for p in default_cfg["schedulingProfiles"][0]["plugins"]}
-    assert weights == {
-        "queue-scorer": 2,
-        "kv-cache-utilization-scorer": 2,
-        "prefix-cache-scorer": 3,
-        "max-score-picker": None,
-    }
+    assert weights == {"prefill-cost-scorer": 1, "max-score-picker": None}
+
+
+def normalized(doc: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, float]]]:
+    """An EndpointPickerConfig's plugins (name -> type, parameters) and its one profile (ref, weight)."""
+    plugins = {p.get("name", p["type"]): (p["type"], p.get("parameters") or {}) for p in doc["plugins"]}
+    (profile,) = doc["schedulingProfiles"]
+    return plugins, [(r["pluginRef"], float(r.get("weight", 1))) for r in profile["plugins"]]
+
+
+def test_default_values_render_pyepps_default_config() -> None:
+    """The chart's default values render config/pyepp-default.yaml (issue 11: our default is the default)."""
+    rendered = yaml.safe_load(one(render(), "ConfigMap")["data"]["default-plugins.yaml"])
+    shipped = yaml.safe_load((ROOT / "config" / "pyepp-default.yaml").read_text())
+    assert normalized(rendered) == normalized(shipped), (
+        "config/pyepp-default.yaml and the chart's default values (inferenceExtension.scheduling) differ"
+    )
+
+
+@pytest.mark.parametrize(
+    ("engine", "events"),
+    [("vllm", {"topicFilter": "kv@"}), ("sglang", {"topicFilter": "kv@", "engineType": "sglang"}),
+     ("triton-tensorrt-llm", {"topicFilter": "kv@", "enabled": False}),
+     ("trtllm-serve", {"topicFilter": "kv@", "enabled": False})],
+)  # fmt: skip
+def test_default_config_follows_the_model_server_type(engine: str, events: dict[str, Any]) -> None:
+    """SGLang publishes its own events; TensorRT-LLM servers none (every pod on the routing history)."""
+    values = {"inferencePool": {**BASE["inferencePool"], "modelServerType": engine}}
+    config = parse_config(one(render(values), "ConfigMap")["data"]["default-plugins.yaml"])
+    (producer,) = [p for p in config.plugins if p.type == "precise-prefix-cache-producer"]
+    assert producer.parameters["kvEventsConfig"] == events and producer.parameters["approximateFallback"] is True
+    ctx = plugin_context(Datastore(), "qwen-pool")
+    build_pipeline(config, ctx)
+    svc = ctx.services.kv  # type: ignore[attr-defined]
+    assert svc.settings.events_enabled is ("enabled" not in events)
+    assert svc.settings.pool.engine_type == events.get("engineType", "vllm")
 
 
 def test_optional_objects_toggle() -> None:
@@ -267,13 +297,29 @@ def test_sample_kv_events_values_render() -> None:
     assert producer["parameters"]["kvEventsConfig"]["podDiscoveryConfig"]["socketPort"] == 5557
 
 
+def test_default_config_tokenizes_through_the_tokenizer_sidecar() -> None:
+    """llm-d-router's `router.tokenizer` sidecar (vLLM's render server on loopback): the default's precise producer
+    tokenizes through it, for its model, instead of the bundled tokenizer."""
+    image = {"registry": "docker.io", "repository": "vllm/vllm-openai", "tag": "v0.11.0"}
+    tokenizer = {"enabled": True, "modelName": "meta-llama/Llama-3.1-8B", "port": 8100, "image": image}
+    values = {**BASE, "router": {"tokenizer": tokenizer}}
+    config = parse_config(one(render(values), "ConfigMap")["data"]["default-plugins.yaml"])
+    (tok,) = [p for p in config.plugins if p.type == "token-producer"]
+    assert tok.parameters == {"modelName": "meta-llama/Llama-3.1-8B", "vllm": {"url": "http://localhost:8100"}}
+    pipeline = build_pipeline(config, plugin_context(Datastore(), "qwen-pool"))
+    backend = pipeline.plugins["token-producer"].tokenizer.backend  # type: ignore[attr-defined]
+    assert type(backend).__name__ == "RenderBackend" and backend.base == "http://localhost:8100"
+    assert not [p for p in parse_config(one(render(), "ConfigMap")["data"]["default-plugins.yaml"]).plugins
+                if p.type == "token-producer"]  # fmt: skip
+
+
 def test_default_config_builds_with_the_plugin_registry() -> None:
     """The chart's default EndpointPickerConfig is one the EPP accepts (same path as `epp validate`)."""
     cm = one(render(), "ConfigMap")
     config = parse_config(cm["data"]["default-plugins.yaml"])
     pipeline = build_pipeline(config, plugin_context(Datastore(), "qwen-pool"))
     assert list(pipeline.scheduler.profiles) == ["default"]
-    assert {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer", "max-score-picker"} <= {
+    assert {"precise-prefix-cache-producer", "prefill-cost-scorer", "max-score-picker"} <= {
         p.get("type") for p in config.raw["plugins"]
     }
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 from pathlib import Path
 
 import pytest
@@ -135,8 +134,13 @@ async def test_selector_and_target_port_changes_resync(kube: FakeKube, cfg: Kube
         kube.patch(INFERENCE_POOLS, "default", "pool", {"spec": {"selector": {"matchLabels": {"app": "new"}}}})
         await eventually(lambda: names(ds) == {"b-rank-0", "b-rank-1"}, what="selector resync")
         assert source.pod_informer_starts == 2
+        # Only the new selector's pod watch stays open (the old informer may have been stopped before it watched).
         await eventually(
-            lambda: len(kube.watch_requests("pods")) >= 2 and kube.open_watches == 2, what="old watch closed"
+            lambda: (
+                [q.get("labelSelector") for q in kube.open_watch_queries("pods")] == ["app=new"]
+                and kube.open_watches == 2
+            ),
+            what="old watch closed",
         )
         assert kube.watch_requests("pods")[-1].query["labelSelector"] == "app=new"
         kube.create(PODS, pod("c", "10.0.0.3", APP))  # old selector: ignored now
@@ -250,17 +254,36 @@ async def test_reconnects_with_exponential_backoff(kube: FakeKube, cfg: Kubernet
     kube.create(PODS, pod("a", "10.0.0.1", APP))
     async with running_source(cfg) as (source, ds):
         await eventually(lambda: names(ds) == {"a-rank-0"})
+        informer = source.pod_informer
+        assert informer is not None
+        # The delays the informer draws, one before each attempt (wall-clock gaps alone say nothing on a loaded box:
+        # a stalled loop stretches any of them).
+        delays: list[float] = []
+        draw = informer.backoff.next
+
+        def recorded() -> float:
+            delays.append(draw())
+            return delays[-1]
+
+        informer.backoff.next = recorded  # type: ignore[method-assign]
         before = len(kube.requests)
         kube.fail_next(5, when=lambda r: r.path.endswith("/pods"))
         kube.cut_watches()
         kube.create(PODS, pod("b", "10.0.0.2", APP))
         await eventually(lambda: names(ds) == {"a-rank-0", "b-rank-0"}, what="recovered")
         attempts = [r.at for r in kube.requests[before:] if r.path.endswith("/pods")]
-        assert len(attempts) >= 6
-        gaps = [b - a for a, b in itertools.pairwise(attempts[:6])]
-        # Backoff(0.05 .. 0.4): each delay is in [d/2, d] with d doubling, so the 4th gap exceeds the 1st.
-        assert gaps[3] > gaps[0] and gaps[3] >= 0.2
-        assert source.pod_informer is not None and source.pod_informer.stats.errors >= 5
+        # Five 503s, then the attempt that worked; one delay after each 503, plus one after the cut when the client
+        # saw it as an error rather than the stream's end.
+        assert len(attempts) == 6 and len(delays) in (5, 6), (attempts, delays)
+        # Backoff(0.05 .. 0.4): the k-th delay is in [d/2, d] with d = 0.05 * 2^k, at most 0.4.
+        for k, delay in enumerate(delays):
+            d = min(0.4, 0.05 * 2**k)
+            assert d / 2 <= delay <= d, (k, delays)
+        # ... and each retry really waited for its delay.
+        after_503 = delays[-5:]
+        for k in range(5):
+            assert attempts[k + 1] - attempts[k] >= after_503[k] - 0.005, (k, attempts, delays)
+        assert informer.stats.errors >= 5
 
 
 async def test_watch_sock_read_timeout_is_bounded(kube: FakeKube, cfg: KubernetesDiscoveryConfig) -> None:

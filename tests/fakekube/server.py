@@ -90,6 +90,8 @@ class _Watcher:
     end: bool = False
     cut: bool = False
     bookmark_now: bool = False
+    path: str = ""
+    query: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -227,6 +229,10 @@ class FakeKube:
     @property
     def open_watches(self) -> int:
         return len(self._watchers)
+
+    def open_watch_queries(self, plural: str) -> list[dict[str, str]]:
+        """The query of each watch still open on `plural` (selectors, resourceVersion)."""
+        return [w.query for w in self._watchers if w.path.endswith("/" + plural)]
 
     def watch_requests(self, plural: str | None = None) -> list[RequestRecord]:
         return [r for r in self.requests if r.is_watch and (plural is None or r.path.endswith("/" + plural))]
@@ -479,7 +485,7 @@ class FakeKube:
         await resp.prepare(request)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout if timeout is not None else None
-        watcher = _Watcher()
+        watcher = _Watcher(path=request.path, query=dict(request.query))
         self._watchers.add(watcher)
         try:
             if start_rv is None:

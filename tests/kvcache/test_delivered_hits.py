@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epp.framework import Params, PluginConfigError
+from epp.framework import CountedReport, Params, PluginConfigError
 from epp.kvcache.feedback import DeliveredHits, FeedbackConfig, FeedbackMetrics
 from epp.kvcache.service import KVCacheService, KVCacheSettings
 
@@ -97,12 +97,14 @@ async def test_engine_counters_detect_a_shortfall_without_cached_tokens() -> Non
     svc.index.add(None, KEYS, "a:80", 0)  # the index believes pod a holds all 10 blocks; it holds 2
     eng = Engine()
     for i in range(8):  # one request per scrape interval: 8 requests with a predicted hit close 7 intervals
-        svc.report_counted("a:80", 10, 10, 16, 160, eng.hits, eng.queries)
+        svc.report_counted(CountedReport("a:80", 10, 10, 16, 160, eng.hits, eng.queries))
         eng.serve(160, 32)
         if i < 7:
             assert await blocks(svc, "a:80") == 10, i
     assert value(reg, "kv_cache_delivered_hits_counter_intervals_total", "a:80") == 7
-    svc.report_counted("a:80", 10, 10, 16, 160, eng.hits, eng.queries)  # the 8th interval closes: 80% short
+    svc.report_counted(
+        CountedReport("a:80", 10, 10, 16, 160, eng.hits, eng.queries)
+    )  # the 8th interval closes: 80% short
     assert await blocks(svc, "a:80") == 0
     assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 1
     # per interval: 9 blocks predicted (the engine computes the last token), the engine's 32/160 share delivered
@@ -117,7 +119,7 @@ async def test_engine_counters_compare_shares_not_tokens() -> None:
     eng = Engine()
     for _ in range(40):
         # other replicas' traffic in the same interval: 3 more prompts, delivered as predicted
-        svc.report_counted("a:80", 10, 9, 16, 160, eng.hits, eng.queries)
+        svc.report_counted(CountedReport("a:80", 10, 9, 16, 160, eng.hits, eng.queries))
         for _ in range(4):
             eng.serve(160, 144)
     assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 0
@@ -125,11 +127,11 @@ async def test_engine_counters_compare_shares_not_tokens() -> None:
     # several requests between two scrapes make one interval; no scrape (unchanged counters) closes nothing
     before = value(reg, "kv_cache_delivered_hits_counter_intervals_total", "a:80")
     for _ in range(5):
-        svc.report_counted("a:80", 10, 9, 16, 160, eng.hits, eng.queries)
+        svc.report_counted(CountedReport("a:80", 10, 9, 16, 160, eng.hits, eng.queries))
     assert value(reg, "kv_cache_delivered_hits_counter_intervals_total", "a:80") == before + 1
     # without counters on the pod's page there is nothing to compare
     for _ in range(20):
-        svc.report_counted("b:80", 10, 9, 16, 160, None, None)
+        svc.report_counted(CountedReport("b:80", 10, 9, 16, 160, None, None))
     assert value(reg, "kv_cache_delivered_hits_counter_intervals_total", "b:80") == 0
 
 
@@ -138,16 +140,16 @@ async def test_engine_counters_that_go_back_restart_the_comparison() -> None:
     svc.index.add(None, KEYS, "a:80", 0)
     eng = Engine()
     for _ in range(3):  # 2 short intervals closed (the first report only sets the base)
-        svc.report_counted("a:80", 10, 10, 16, 160, eng.hits, eng.queries)
+        svc.report_counted(CountedReport("a:80", 10, 10, 16, 160, eng.hits, eng.queries))
         eng.serve(160, 0)
     eng.hits, eng.queries = 0.0, 0.0  # the engine restarted: the counters start again
     for _ in range(3):  # a new base, then 2 intervals: the 2 before the restart no longer count, no window yet
-        svc.report_counted("a:80", 10, 10, 16, 160, eng.hits, eng.queries)
+        svc.report_counted(CountedReport("a:80", 10, 10, 16, 160, eng.hits, eng.queries))
         eng.serve(160, 0)
     assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 0
     assert await blocks(svc, "a:80") == 10
     for _ in range(2):
-        svc.report_counted("a:80", 10, 10, 16, 160, eng.hits, eng.queries)
+        svc.report_counted(CountedReport("a:80", 10, 10, 16, 160, eng.hits, eng.queries))
         eng.serve(160, 0)
     assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 1
 
@@ -161,7 +163,7 @@ async def test_engine_counts_scraped_before_the_response_ends_do_not_fake_a_shor
     for i in range(60):
         hit = i % 2 == 0
         eng.serve(160, 144 if hit else 0)  # admitted and scraped before the response completes
-        svc.report_counted("a:80", 10, 9 if hit else 0, 16, 160, eng.hits, eng.queries)
+        svc.report_counted(CountedReport("a:80", 10, 9 if hit else 0, 16, 160, eng.hits, eng.queries))
     assert value(reg, "kv_cache_delivered_hits_counter_intervals_total", "a:80") == 59
     assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 0
     assert await blocks(svc, "a:80") == 10

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from epp.config import ConfigError, parse_config
 from epp.datalayer.datastore import Datastore
 from epp.framework import (
     TOKENIZED_PROMPT,
@@ -24,7 +25,7 @@ from epp.plugins.producers.mm_embeddings_cache_producer import (
     lru_capacity,
 )
 from epp.plugins.scorers.mm_embeddings_cache_scorer import MMEmbeddingsCacheScorer
-from epp.wiring import plugin_context
+from epp.wiring import build_pipeline, plugin_context
 from tests.helpers import build
 
 
@@ -87,11 +88,14 @@ async def test_lru_capacity_per_endpoint_from_the_mib_budget() -> None:
     assert s.score(CycleState(), r, [e1]) == [pytest.approx(2 / 3)]
 
 
-async def test_deprecated_cache_size_name_and_unknown_parameters() -> None:
-    assert build(MMEmbeddingsCacheProducer, {"cacheSizeInMB": 6}).capacity == 3
-    assert build(MMEmbeddingsCacheProducer, {"cacheSizeInMB": 6, "cacheSizeInMBPerServer": 8}).capacity == 4
+async def test_cache_size_name_and_unknown_parameters() -> None:
+    assert build(MMEmbeddingsCacheProducer, {"cacheSizeInMBPerServer": 6}).capacity == 3
     with pytest.raises(PluginConfigError, match="cacheSizeInMBPerServer"):
         build(MMEmbeddingsCacheProducer, {"cacheSizeInMBPerServer": "big"})
+    # llm-d-router v0.10 has no `cacheSizeInMB` (its strict decoder rejects it): an unknown parameter, with its line
+    text = "plugins:\n- type: mm-embeddings-cache-producer\n  parameters:\n    cacheSizeInMB: 2048\n"
+    with pytest.raises(ConfigError, match=r"^mm\.yaml:4: plugins\[0\]\.parameters\.cacheSizeInMB: .*unknown parameter"):
+        build_pipeline(parse_config(text, source="mm.yaml"), plugin_context(Datastore()))
 
 
 async def test_removed_endpoint_drops_its_lru_and_named_producers_are_separate() -> None:

@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+import yaml
 
 from epp.config import parse_config
+from epp.config.loader import GIE_DEFAULT_PLUGINS_YAML
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.objectives import ObjectiveStore
 from epp.framework import (
@@ -46,8 +48,17 @@ def fresh(ds: Datastore, **metrics: Any) -> None:
         e.metrics = Metrics(update_time=time.monotonic(), **metrics)
 
 
+def with_gie_default(yaml_text: str) -> str:
+    """`yaml_text` with GIE's default plugins when it configures none: these tests are about the director, which
+    they drive through GIE's classic chain (pyepp's own default is tested in test_default_config_*)."""
+    raw = yaml.safe_load(yaml_text) or {}
+    if raw.get("plugins") or raw.get("schedulingProfiles"):
+        return yaml_text
+    return yaml.safe_dump({**raw, **yaml.safe_load(GIE_DEFAULT_PLUGINS_YAML)})
+
+
 def director(ds: Datastore, yaml_text: str = "{}", **kw: Any) -> SchedulingDirector:
-    cfg = parse_config(yaml_text)
+    cfg = parse_config(with_gie_default(yaml_text))
     pipeline = build_pipeline(cfg, plugin_context(ds))
     return SchedulingDirector(ds, pipeline, ObjectiveStore(cfg.objectives), **kw)
 
@@ -68,7 +79,7 @@ def chat(text: str, rid: str = "r", headers: dict[str, str] | None = None) -> In
     )
 
 
-async def test_default_config_prefers_idle_pod_then_prefix_affinity() -> None:
+async def test_gie_default_prefers_idle_pod_then_prefix_affinity() -> None:
     ds = pool(3)
     eps = ds.endpoints()
     eps[0].metrics = Metrics(waiting_queue_size=4, update_time=time.monotonic())
@@ -186,7 +197,7 @@ async def test_response_hooks_drive_active_request_bookkeeping() -> None:
 
 
 def fc_director(ds: Datastore, spec: FlowControlSpec, objectives: str = "{}") -> SchedulingDirector:
-    cfg = parse_config(objectives)
+    cfg = parse_config(with_gie_default(objectives))
     pipeline = build_pipeline(cfg, plugin_context(ds))
     fc = FlowController(spec, pipeline.saturation_detector, plugins=pipeline.plugins, poll_interval=0.002)
     return SchedulingDirector(ds, pipeline, ObjectiveStore(cfg.objectives), flow_controller=fc)

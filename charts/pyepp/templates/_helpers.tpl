@@ -70,12 +70,36 @@ plugins:
   parameters:
     defaultEngine: {{ $engine }}
 {{- end }}
+{{- /* llm-d-router's tokenizer sidecar (router.tokenizer): the default's precise producer tokenizes through it. */}}
+{{- $tok := default dict (default dict .Values.router).tokenizer -}}
+{{- $types := list -}}
+{{- range $s.extraPlugins }}{{ $types = append $types (toString .type) }}{{ end -}}
+{{- if and $tok.enabled (has "precise-prefix-cache-producer" $types) (not (has "token-producer" $types)) (not (has "tokenizer" $types)) }}
+- type: token-producer
+  parameters:
+    modelName: {{ $tok.modelName | quote }}
+    vllm:
+      url: {{ printf "http://localhost:%d" (int (default 8000 $tok.port)) | quote }}
+{{- end }}
 {{- range $s.extraPlugins }}
+{{- $params := deepCopy (default dict .parameters) }}
+{{- if eq (toString .type) "precise-prefix-cache-producer" }}
+{{- /* The engine the pool runs: SGLang's events, or none at all (the producer's approximateFallback routes). */}}
+{{- $kec := deepCopy (default dict $params.kvEventsConfig) }}
+{{- if and (eq $engine "sglang") (not (hasKey $kec "engineType")) }}
+{{- $_ := set $kec "engineType" "sglang" }}
+{{- else if and (not (has $engine (list "vllm" "sglang"))) (not (hasKey $kec "enabled")) }}
+{{- $_ := set $kec "enabled" false }}
+{{- end }}
+{{- if $kec }}
+{{- $_ := set $params "kvEventsConfig" $kec }}
+{{- end }}
+{{- end }}
 - type: {{ required "scheduling.extraPlugins[].type is required" .type }}
   {{- with .name }}
   name: {{ . }}
   {{- end }}
-  {{- with .parameters }}
+  {{- with $params }}
   parameters:
     {{- toYaml . | nindent 4 }}
   {{- end }}

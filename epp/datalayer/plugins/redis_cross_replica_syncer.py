@@ -102,6 +102,15 @@ def sum_snapshots(snapshots: Sequence[Any]) -> dict[str, list[int]]:
     return total
 
 
+def _cancel_requested() -> bool:
+    """Whether this task was asked to stop. redis-py can swallow a cancellation: when its socket timeout expires at
+    the same moment (a loaded box), the CancelledError becomes its TimeoutError, which its retry policy then retries
+    and the call returns normally. A loop would keep going and whoever awaits the task (shutdown) would hang, so each
+    loop checks after every Redis call."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class RedisCrossReplicaSyncer(Plugin):
     type_name = "redis-cross-replica-syncer"
 
@@ -202,12 +211,16 @@ class RedisCrossReplicaSyncer(Plugin):
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                if _cancel_requested():
+                    raise asyncio.CancelledError from e
                 failures += 1
                 SYNCS.labels("error").inc()
                 if failures == 1 or failures % 100 == 0:
                     log.warning("%s: cross-replica sync with %s failed (%d): %s", self.name, url, failures, e)
                 if time.monotonic() - self._last_ok > self.ttl:
                     self._clear_remote()
+            if _cancel_requested():
+                raise asyncio.CancelledError
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
     async def _publish_loop(self, client: Any, url: str) -> None:
@@ -227,11 +240,15 @@ class RedisCrossReplicaSyncer(Plugin):
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                if _cancel_requested():
+                    raise asyncio.CancelledError from e
                 failures += 1
                 MESSAGES.labels("out", "error").inc(len(batch))
                 if failures == 1 or failures % 100 == 0:
                     log.warning("%s: publishing to %s failed (%d): %s", self.name, url, failures, e)
                 await asyncio.sleep(min(1.0, self.interval))
+            if _cancel_requested():
+                raise asyncio.CancelledError
 
     async def _subscribe_loop(self, client: Any, url: str) -> None:
         """Receive the other replicas' messages; resubscribe after a failure."""
@@ -243,11 +260,15 @@ class RedisCrossReplicaSyncer(Plugin):
                 failures = 0
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if _cancel_requested():
+                        raise asyncio.CancelledError
                     if msg is not None and msg.get("type") == "message":
                         self.deliver(msg.get("data"))
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                if _cancel_requested():
+                    raise asyncio.CancelledError from e
                 failures += 1
                 if failures == 1 or failures % 100 == 0:
                     log.warning("%s: subscription on %s failed (%d): %s", self.name, url, failures, e)

@@ -246,13 +246,14 @@ class ApproxPrefixCacheProducer(Plugin):
         return info
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        hashes = request.data.get(self._hashes_key)
-        if not hashes:
-            return
-        # The decode pick and, for P/D, the prefill pick: both will hold the prompt's KV blocks.
+        self.record_later(request, self.targets(request, result))
+
+    @staticmethod
+    def targets(request: InferenceRequest, result: SchedulingResult) -> list[Endpoint]:
+        """The decode pick and, for P/D, the prefill pick: both will hold the prompt's KV blocks."""
         primary = result.targets
         if not primary:
-            return
+            return []
         targets = [primary[0]]
         decision = request.data.get(DISAGG_DECISION)
         if decision is not None and decision.prefill is not None:
@@ -261,6 +262,13 @@ class ApproxPrefixCacheProducer(Plugin):
             prefill = result.profile_results.get(PREFILL_PROFILE)
             if prefill is not None and prefill.targets and prefill.targets[0] is not primary[0]:
                 targets.append(prefill.targets[0])
+        return targets
+
+    def record_later(self, request: InferenceRequest, targets: Sequence[Endpoint]) -> None:
+        """File the request's prompt hashes (from prepare) under `targets`."""
+        hashes = request.data.get(self._hashes_key)
+        if not hashes or not targets:
+            return
         try:
             # Off the response's critical path: runs right after the director hands back its decision.
             asyncio.get_running_loop().call_soon(self._record, targets, hashes)

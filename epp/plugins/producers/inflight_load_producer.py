@@ -15,12 +15,16 @@ Each endpoint carries its live `InFlightLoad` as an attribute (`INFLIGHT_LOAD.of
 token-load-scorer, active-request-scorer, concurrency-detector and prefix-cache-affinity-filter read. Per request,
 `prepare` writes the tokens the request would add on each candidate (`UNCACHED_REQUEST_TOKENS.of(name)`). With a
 cross-replica syncer configured (`dataLayer.crossReplicaSyncerPluginRef`) the other replicas' counts are added in as
-`remote_*` unless `syncCrossReplicaState: false`.
+`remote_*` unless `syncCrossReplicaState: false`. Those snapshots are up to one sync interval old, and two replicas
+placing cold requests within that interval saw the same idle pod and sent both there (measured: docs/benchmarks.md);
+so with a syncer that carries messages each booking is also sent as it is made ([endpoint, tokens]) and added to the
+other replicas' `remote_*` at once, until their next snapshot round has had time to include it.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import time
 import weakref
@@ -49,7 +53,10 @@ from epp.framework import (
 )
 from epp.plugins.producers._tokens import input_tokens
 
+log = logging.getLogger(__name__)
+
 TYPE = "inflight-load-producer"
+MAX_RECENT = 4096  # bookings received from other replicas and not yet covered by a snapshot round
 DEFAULT_PREFIX_PRODUCER = "approx-prefix-cache-producer"
 DEFAULT_OUTPUT_RATIO = 1.5
 PREFILL_PROFILE = "prefill"
@@ -159,6 +166,10 @@ class InFlightLoadProducer(Plugin):
         self._live: dict[int, _Tracked] = {}
         self._serial = itertools.count(1)
         self._next_sweep = 0.0
+        self._send: Callable[[Any], None] | None = None
+        # other replicas' bookings received since the last snapshot rounds: [rounds seen, endpoint, tokens]
+        self._recent: list[list[Any]] = []
+        self.refused = 0
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
@@ -263,6 +274,8 @@ class InFlightLoadProducer(Plugin):
             load.requests += 1
             load.tokens += n
             entries.append(_Entry(load, profile, n))
+            if self._send is not None:
+                self._send([ep.name, n])
         if not entries:
             return
         tracked = _Tracked(entries, now, next(self._serial))
@@ -320,6 +333,9 @@ class InFlightLoadProducer(Plugin):
         return {n: [load.requests, load.tokens] for n, load in self.loads.items()}
 
     def cross_replica_update(self, remote: Mapping[str, list[int]]) -> None:
+        """A snapshot round: the other replicas' sums, plus the bookings they sent since that the snapshots may not
+        hold yet (a booking is counted in the first round after it arrived, and left to the snapshots from the
+        second on: by then its sender has published a snapshot taken after it)."""
         for n, load in self.loads.items():
             vals = remote.get(n)
             if vals is None:
@@ -327,6 +343,42 @@ class InFlightLoadProducer(Plugin):
             else:
                 load.remote_requests = vals[0] if len(vals) > 0 else 0
                 load.remote_tokens = vals[1] if len(vals) > 1 else 0
+        keep = []
+        for booking in self._recent:
+            booking[0] += 1
+            if booking[0] < 2:
+                keep.append(booking)
+                booked = self.loads.get(booking[1])
+                if booked is not None:
+                    booked.remote_requests += 1
+                    booked.remote_tokens += booking[2]
+        self._recent = keep
+
+    def cross_replica_channel(self) -> str | None:
+        return f"inflight:{self.name}" if self.sync else None
+
+    def cross_replica_connect(self, send: Callable[[Any], None]) -> None:
+        self._send = send
+
+    def cross_replica_receive(self, message: Any) -> None:
+        """Another replica's booking, [endpoint name, tokens]: counted in `remote_*` now, for an endpoint of the
+        pool; anything else is refused (counted)."""
+        ok = (
+            isinstance(message, list)
+            and len(message) == 2
+            and isinstance(message[0], str)
+            and type(message[1]) is int
+            and 0 <= message[1] < 1 << 40
+        )
+        load = self.loads.get(message[0]) if ok else None
+        if load is None or len(self._recent) >= MAX_RECENT:
+            self.refused += 1
+            if self.refused == 1 or self.refused % 1000 == 0:
+                log.warning("%s: refused a booking from another replica (%d so far)", self.name, self.refused)
+            return
+        load.remote_requests += 1
+        load.remote_tokens += message[1]
+        self._recent.append([0, message[0], message[1]])
 
 
 def _release_entry(e: _Entry, *, tokens: bool, requests: bool) -> None:

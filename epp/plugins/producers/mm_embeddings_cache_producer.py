@@ -12,7 +12,6 @@ that leaves the pool drops its LRU. As the router: a best-effort routing signal,
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -30,8 +29,6 @@ from epp.framework import (
     PluginContext,
     SchedulingResult,
 )
-
-log = logging.getLogger(__name__)
 
 TYPE = "mm-embeddings-cache-producer"
 DEFAULT_CACHE_SIZE_MB = 4096
@@ -98,12 +95,9 @@ class MMEmbeddingsCacheProducer(Plugin):
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
+        # Only the router's name: its v0.10 Parameters has no `cacheSizeInMB` and its strict decoder rejects it
+        # (even in its own deploy/config/epp-mm-embeddings-cache-config.yaml), so it is an unknown parameter here.
         size = params.int("cacheSizeInMBPerServer", 0)
-        if params.has("cacheSizeInMB"):  # the name before the router's #1385, still in its deploy/config sample
-            old = params.int("cacheSizeInMB", 0)
-            if not params.has("cacheSizeInMBPerServer"):
-                size = old
-            log.warning("%s: cacheSizeInMB is deprecated, use cacheSizeInMBPerServer", name)
         context.require_producer(TOKENIZED_PROMPT, "token-producer", "token-producer", requested_by=name)
         producer = cls(name, size)
         context.endpoints.subscribe(producer)

@@ -9,6 +9,13 @@ for the chosen endpoints (primary and, for P/D, prefill) so a burst of the same 
 events arrive. The index (one per EPP) is configured from `tokenProcessorConfig`, `indexerConfig` and
 `kvEventsConfig`.
 
+pyepp's `approximateFallback: true` (off by default, as llm-d has no such thing; on in pyepp's default config):
+an endpoint whose KV events have stored nothing in the index since it joined the pool (no publisher, events off,
+not received, an engine that publishes none) is matched from this producer's own routing history instead, as GIE's
+`approx-prefix-cache-producer` would match it (prompt text in 4-characters-a-token blocks, an LRU per endpoint).
+Its first stored event switches it to the index and drops its history. A request the index cannot key (not
+tokenized, no block size known yet) is matched from the history for every endpoint.
+
 Active-active replicas: the speculative entries are the picking replica's own, so another replica would not know,
 until the engine's event arrives (after the prefill, queueing included), that the prompt is being computed on that
 pod, and would send the next request of the same prefix elsewhere. With a cross-replica syncer that carries
@@ -28,6 +35,7 @@ from epp.framework import (
     DISAGG_DECISION,
     PREFIX_CACHE_MATCH_INFO,
     TOKENIZED_PROMPT,
+    CountedReport,
     DataKey,
     Endpoint,
     EndpointView,
@@ -40,6 +48,7 @@ from epp.framework import (
     SchedulingResult,
     Usage,
 )
+from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +87,8 @@ class PreciseMatch:
 
 # The full match (block keys included, for the speculative entries), one key per producer instance.
 PRECISE_MATCH = DataKey[PreciseMatch]("precise-prefix-match")
+# Endpoints (by name) this request was matched for from the approximate fallback's history, for PreRequest.
+FALLBACK_MATCHED = DataKey[frozenset[str]]("precise-prefix-fallback-endpoints")
 
 
 def tokenizer_pool_params(pool: Params) -> dict[str, Any]:
@@ -110,6 +121,7 @@ class PrecisePrefixCacheProducer(Plugin):
         *,
         sync_cross_replica: bool = True,
         endpoints: EndpointView | None = None,
+        fallback: ApproxPrefixCacheProducer | None = None,
     ) -> None:
         super().__init__(name)
         self.index = index
@@ -122,7 +134,12 @@ class PrecisePrefixCacheProducer(Plugin):
         self.refused = 0  # malformed ones, or for a pod not in the pool
         self.info_key = PREFIX_CACHE_MATCH_INFO.of(self.name)
         self.match_key = PRECISE_MATCH.of(self.name)
+        self.fallback_key = FALLBACK_MATCHED.of(self.name)
         self._speculated: dict[tuple[str, int], float] = {}  # (pod, first block key) -> expiry (monotonic)
+        # approximateFallback: GIE's approximate producer, private to this one (its index holds only the endpoints
+        # routed to while they had no events); `_in_history` names the endpoints it has entries for.
+        self.fallback = fallback
+        self._in_history: set[str] = set()
 
     # llm-d's legacy precise-prefix-cache-scorer takes `indexerConfig.tokenizersPoolConfig`; the producer refuses it.
     legacy_tokenizer_pool = False
@@ -143,14 +160,34 @@ class PrecisePrefixCacheProducer(Plugin):
         context.require_producer(TOKENIZED_PROMPT, TOKEN_PRODUCER, TOKEN_PRODUCER, tokenizer, requested_by=name)
         for k in tokenizer:
             params.get(k)
-        return cls(
+        fallback = None
+        if params.bool("approximateFallback", False):
+            # GIE's approximate producer with its defaults (block size from the engines' scraped cache config)
+            fallback = ApproxPrefixCacheProducer(f"{name}/approximate-fallback")
+        producer = cls(
             name,
             index,
             speculative=params.bool("speculativeIndexing", True),
             speculative_ttl=params.duration("speculativeTTL", 2.0),
             sync_cross_replica=params.bool("syncCrossReplicaState", True),
             endpoints=context.endpoints,
+            fallback=fallback,
         )
+        if fallback is not None:
+            context.endpoints.subscribe(producer)
+        return producer
+
+    # Datastore listener (approximateFallback only): an endpoint that left takes its history with it.
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        return None
+
+    def endpoint_updated(self, endpoint: Endpoint) -> None:
+        return None
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        if self.fallback is not None and endpoint.name in self._in_history:
+            self._in_history.discard(endpoint.name)
+            self.fallback.index.remove_endpoint(endpoint.name)
 
     def produces(self) -> Collection[DataKey[Any]]:
         return (self.info_key, self.match_key)
@@ -162,17 +199,24 @@ class PrecisePrefixCacheProducer(Plugin):
         data = request.data
         data.pop(self.match_key)
         data.pop(self.info_key)
+        data.pop(self.fallback_key)
         prompt = data.get(TOKENIZED_PROMPT)
-        if prompt is None or not prompt.token_ids:
-            return
+        keys: list[int] = []
         index = self.index
-        salt = request.body.get("cache_salt")
-        mm = [(f.hash, f.offset, f.length) for f in prompt.mm_features] if prompt.mm_features else ()
-        keys = index.request_keys(
-            prompt.token_ids, request.target_model, endpoints, salt if isinstance(salt, str) else None, mm
-        )
-        if not keys:
-            return
+        if prompt is not None and prompt.token_ids:
+            salt = request.body.get("cache_salt")
+            mm = [(f.hash, f.offset, f.length) for f in prompt.mm_features] if prompt.mm_features else ()
+            keys = index.request_keys(
+                prompt.token_ids, request.target_model, endpoints, salt if isinstance(salt, str) else None, mm
+            )
+        if keys:
+            await self._precise_match(request, endpoints, keys)
+        if self.fallback is not None:
+            self._fallback_match(request, endpoints, keys)
+
+    async def _precise_match(self, request: InferenceRequest, endpoints: Sequence[Endpoint], keys: list[int]) -> None:
+        index = self.index
+        data = request.data
         matches = await index.match(keys, [ep.hostport for ep in endpoints])
         bs = index.block_size_for(request.target_model, endpoints) or 0
         now = time.monotonic()
@@ -195,7 +239,54 @@ class PrecisePrefixCacheProducer(Plugin):
             ),
         )
 
+    def _fallback_match(self, request: InferenceRequest, endpoints: Sequence[Endpoint], keys: list[int]) -> None:
+        """approximateFallback: the index's match for the endpoints whose events it holds, the routing history's
+        for the others (scaled to the index's blocks); the history's for all when the request has no keys."""
+        fallback = self.fallback
+        assert fallback is not None
+        index = self.index
+        if keys:
+            stale = []
+            for ep in endpoints:
+                if not index.publishes(ep.hostport):
+                    stale.append(ep)
+                elif ep.name in self._in_history:  # its events arrived: the index knows better than the history
+                    self._in_history.discard(ep.name)
+                    fallback.index.remove_endpoint(ep.name)
+            if not stale:
+                return
+        else:
+            stale = list(endpoints)
+        approx = fallback.produce(request, stale)  # also keeps the prompt's hashes in request.data for PreRequest
+        request.data.put(self.fallback_key, frozenset(ep.name for ep in stale))
+        info = request.data.get(self.info_key)
+        if info is None or not info.total_blocks:
+            request.data.put(self.info_key, approx)
+        elif approx.total_blocks:
+            # the history's share of the prompt, in the index's blocks; a prompt longer than the history hashes
+            # (maxPrefixBlocksToMatch) is converted by tokens instead (4 characters a token, as the history counts)
+            if approx.total_blocks < fallback.max_blocks:
+                scale = info.total_blocks / approx.total_blocks
+            else:
+                scale = approx.block_size_tokens / max(1, info.block_size_tokens)
+            for name, blocks in approx.matches.items():
+                info.matches[name] = min(float(info.total_blocks), blocks * scale)
+
+    def _record_history(self, request: InferenceRequest, result: SchedulingResult, stale: frozenset[str]) -> None:
+        """Remember where the request went, for the endpoints matched from the history (GIE's PreRequest: the
+        primary pick and, for P/D, the prefill pick)."""
+        fallback = self.fallback
+        assert fallback is not None
+        picked = [ep for ep in fallback.targets(request, result) if ep.name in stale]
+        if picked:
+            self._in_history.update(ep.name for ep in picked)
+            fallback.record_later(request, picked)
+
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        if self.fallback is not None:
+            stale = request.data.get(self.fallback_key)
+            if stale:
+                self._record_history(request, result, stale)
         info = request.data.get(self.match_key)
         if not self.speculative or info is None:
             return
@@ -266,13 +357,15 @@ class PrecisePrefixCacheProducer(Plugin):
             # the engine still counts this prompt's queries (and any hits): it is in the interval, predicting none
             predicted = 0 if speculated else info.blocks.get(endpoint.hostport, 0)
             self.index.report_counted(
-                endpoint.hostport,
-                len(info.keys),
-                predicted,
-                info.block_size,
-                prompt,
-                m.prefix_cache_hits,
-                m.prefix_cache_queries,
+                CountedReport(
+                    endpoint.hostport,
+                    len(info.keys),
+                    predicted,
+                    info.block_size,
+                    prompt,
+                    m.prefix_cache_hits,
+                    m.prefix_cache_queries,
+                )
             )
             return
         if speculated:

@@ -23,4 +23,10 @@ class PrecisePrefixCacheScorer(PrecisePrefixCacheProducer):
     legacy_tokenizer_pool = True
 
     def score(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        if self.fallback is not None:  # approximateFallback: the merged match (index and routing history)
+            info = request.data.get(self.info_key)
+            if info is None or not info.total_blocks:
+                return [0.0] * len(endpoints)
+            t = float(info.total_blocks)
+            return [min(1.0, info.matches.get(ep.name, 0.0) / t) for ep in endpoints]
         return match_scores(request.data.get(self.match_key), endpoints)

@@ -1,0 +1,28 @@
+"""The `endpoints:` section of an EPP config over simulated model servers, with their KV-event ports as labels."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from e2e.sim.launch import SimProcess
+from epp.kvcache.subscriptions import EVENTS_PORT_LABEL, REPLAY_PORT_LABEL
+
+
+def sim_endpoints_yaml(
+    sims: Sequence[SimProcess], *, by_port: bool = False, labels: Mapping[str, str] | None = None
+) -> str:
+    """`endpoints:` listing `sims` as `sim<i>` (`sim-<http port>` with `by_port`), each labelled with the ports its
+    KV events (and replays) are published on, so the EPP dials them; `labels` are added to (or override) every
+    endpoint's labels."""
+    lines = ["endpoints:"]
+    for i, s in enumerate(sims):
+        tags: dict[str, str] = {}
+        if s.event_port is not None:
+            tags[EVENTS_PORT_LABEL] = str(s.event_port)
+        if s.replay_port is not None:
+            tags[REPLAY_PORT_LABEL] = str(s.replay_port)
+        tags.update(labels or {})
+        name = f"sim-{s.http_port}" if by_port else f"sim{i}"
+        text = ", ".join(f"{k}: '{v}'" for k, v in tags.items())
+        lines.append(f"- {{name: {name}, address: {s.host}, port: {s.http_port}, labels: {{{text}}}}}")
+    return "\n".join(lines) + "\n"
