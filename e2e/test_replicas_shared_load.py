@@ -4,7 +4,8 @@
 A long request holds one simulator; every short request after it, whichever replica Envoy hands it to, avoids that
 pod (active-request-scorer counts the other replica's request too). With the sharing switched off
 (`syncCrossReplicaState: false`) the replica that did not route the long request sees two idle pods and sends some
-short requests to the busy one: the test can tell the difference.
+short requests to the busy one: the test can tell the difference. Within one sync interval only the booking each
+replica sends at pick time tells the other: two cold requests, one through each replica, go to different pods.
 """
 
 from __future__ import annotations
@@ -92,3 +93,64 @@ def test_replicas_share_in_flight_load(tmp_path: Path, sims: list[SimProcess], r
             assert busy in shorts, (busy, shorts)  # the other replica did not know
     finally:
         stack.close()
+
+
+def cold_config(sims: list[SimProcess], redis_url: str, sync: bool) -> str:
+    """Token load only, and a sync round every 5 s: only the booking sent at pick time can tell the other replica."""
+    eps = "".join(f"- {{name: sim{i}, address: {s.host}, port: {s.http_port}}}\n" for i, s in enumerate(sims))
+    return (
+        "plugins:\n"
+        f"- {{type: inflight-load-producer, parameters: {{syncCrossReplicaState: {str(sync).lower()}}}}}\n"
+        "- {type: token-load-scorer}\n"
+        f"- {{type: redis-cross-replica-syncer, name: xr, parameters: {{address: '{redis_url}', ttl: 30s}}}}\n"
+        "schedulingProfiles: [{name: default, plugins: [{pluginRef: token-load-scorer}]}]\n"
+        "dataLayer: {crossReplicaSyncerPluginRef: xr, crossReplicaSyncInterval: 5s}\n"
+        "endpoints:\n" + eps
+    )
+
+
+def picks(stack: ReplicatedStack) -> float:
+    return sum(
+        metric_value(e.metrics_text(), "inference_extension_scheduler_attempts_total", {"status": "success"}, 0.0)
+        for e in stack.epps
+    )
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["shared", "local"])
+def test_two_cold_requests_within_one_sync_interval_go_to_different_pods(
+    tmp_path: Path, slow_sims: list[SimProcess], redis_url: str, sync: bool
+) -> None:
+    """Two fresh replicas break a tie the same way (the picker's rotation), so the second replica, asked within the
+    5 s sync interval, sends its cold request to the pod the first one just loaded unless the booking reached it."""
+    stack = start_replicas(tmp_path, cold_config(slow_sims, redis_url, sync), 2)
+    try:
+        time.sleep(0.5)  # both replicas' first sync round is done; the next is 5 s away
+        long_prompt = "Summarize: " + " ".join(f"line {i} of the log says the job ran." for i in range(120))
+        first: list[int] = []
+        t = threading.Thread(target=lambda: first.append(port_of(stack.url, long_prompt, 1)), daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        while picks(stack) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.2)  # the booking's pub/sub message, not a sync round (5 s)
+        second = port_of(stack.url, "Another cold prompt: " + long_prompt, 1)
+        t.join(60)
+        per_replica = [
+            metric_value(e.metrics_text(), "inference_extension_scheduler_attempts_total", {"status": "success"})
+            for e in stack.epps
+        ]
+        assert per_replica == [1.0, 1.0], per_replica  # one request through each replica
+        if sync:
+            assert second != first[0], (first, second)
+        else:
+            assert second == first[0], (first, second)  # the other replica did not know
+    finally:
+        stack.close()
+
+
+@pytest.fixture(scope="module")
+def slow_sims() -> Iterator[list[SimProcess]]:
+    args = ["--model", QWEN25_MODEL, "--prefill-time-per-token", "0.004"]  # ~4 s in prefill: still in flight
+    with start_simulators(2, base_args=args, events=False, replay=False) as sims:
+        yield sims

@@ -397,7 +397,12 @@ def start_sims(
         base_args=model.args(block_size, kv_tokens),
         per_sim_args=lambda i: ["--seed", str(i)],
         timeout=180.0,  # a loaded 2-core machine can take a minute to load the tokenizers
+        events=SIM_EVENTS,
     )
+
+
+# --no-kv-events: the pods publish no KV events (the precise strategies find no publisher at their event port)
+SIM_EVENTS = True
 
 
 def run_cell(
@@ -601,6 +606,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--variants", default="", help='JSON {"name": {params}}: adds strategies pyepp-default/<name> (tuning)')
     a("--plots", default="", help="directory for the per-workload PNGs (default: --out)")
     a("--repeats", type=int, default=1, help="runs of every strategy per cell (the tables show medians)")
+    a("--no-kv-events", action="store_true", help="simulated pods publish no KV events (pods without a publisher)")
     a("--time-scale", type=float, default=SimModel.time_scale,
       help="the simulated pods' time scale (every modelled duration x this; arrivals follow)")  # fmt: skip
     return p.parse_args(argv)
@@ -635,6 +641,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     if ns.ours_params:
         OURS_OVERRIDES.update(json.loads(ns.ours_params))
+    if ns.no_kv_events:
+        global SIM_EVENTS
+        SIM_EVENTS = False
     if ns.quick:
         ns.scale, ns.cells = 0.3, ns.cells or "4:16"
     if ns.cells:
