@@ -173,7 +173,7 @@ def place(scorer: PrefillCostScorer, r: InferenceRequest, endpoints: list[Endpoi
 
 
 def test_in_flight_blocks_shared_by_several_requests_count_once() -> None:
-    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9})
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "dedupInFlightBlocks": True})
     e = eps()
     prefix = list(range(64))  # a 1024-token system prompt: 64 blocks
     a, b = keyed("a1", [*prefix, 1001, 1002], {}, extra=5), keyed("a2", [*prefix, 2001, 2002], {"a": 64}, extra=5)
@@ -185,8 +185,8 @@ def test_in_flight_blocks_shared_by_several_requests_count_once() -> None:
     assert s.queues["a"].active_tokens == (64 + 2) * 16 + 13
     s.response_complete(b, e[0], None)
     assert s.queues["a"].active_tokens == 0 and not s.queues["a"].blocks
-    # the earlier cost: every request's whole prompt (and requests without block keys count so too)
-    old = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "dedupInFlightBlocks": False})
+    # the default: every request's whole prompt (and requests without block keys count so too)
+    old = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9})
     pick(old, keyed("a1", [*prefix, 1001, 1002], {}, extra=5), e)
     pick(old, keyed("a2", [*prefix, 2001, 2002], {"a": 64}, extra=5), e)
     assert old.queues["a"].active_tokens == 2 * (66 * 16 + 13)
@@ -208,7 +208,7 @@ def test_a_group_stays_on_the_pod_caching_its_prefix_while_its_requests_are_in_f
 def test_private_blocks_of_in_flight_requests_count_in_full() -> None:
     """Chat sessions sharing only a system prompt: each in-flight session's own history is KV the pod holds for it,
     so a pod with many sessions in flight stays more expensive (sessions do not pile onto one pod)."""
-    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9})
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "dedupInFlightBlocks": True})
     e = eps()[:2]
     system = list(range(32))
     for i in range(4):  # four sessions in flight on a, each with 30 blocks of its own history

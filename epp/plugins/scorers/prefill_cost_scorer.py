@@ -19,10 +19,13 @@ Two terms keep a request with its cached prefix when the whole pool is overloade
 prompt again, so a few of them outweighed recomputing it elsewhere; the copies overflowed the caches and the pool
 kept recomputing (KV hit 73% of a 97% bound, TTFT p90 1.4x llm-d's sticky filter; docs/benchmarks.md):
 
-- active(e) counts each KV block that several in-flight requests share once (`dedupInFlightBlocks`, from the
-  precise producer's block keys), as vLLM's prefix cache holds it once. Blocks private to a request (a chat
-  session's own history) still count in full, which keeps sessions that share only a system prompt from piling
-  onto one pod. Without block keys (another prefix producer) whole prompts count.
+- active(e) can count each KV block that several in-flight requests share once (`dedupInFlightBlocks`, opt-in,
+  from the precise producer's block keys), as vLLM's prefix cache holds it once. Blocks private to a request (a chat
+  session's own history) still count in full. Without block keys (another prefix producer) whole prompts count.
+  Off by default: on a quiet machine it won the demo's overload (p90 347 vs 1459 ms) but let chat sessions that
+  share a system prompt pile onto few pods, whose histories (resident between turns, where in-flight counting does
+  not see them) evicted each other: multi-turn p90 4x, KV hit 81% vs 89% (docs/benchmarks.md, quiet-box runs).
+  Counting whole prompts over-counts a group's shared prefix, which under overload spreads the group.
 - busy is the number of requests in flight on the least-loaded endpoint: 0 while some endpoint is idle. Once every
   endpoint carries requests, a token computed again cannot use idle capacity: it delays the requests queued on the
   pod that computes it and, as routing evens the queues out, the pool's. So the recompute charge grows with the
@@ -116,7 +119,7 @@ class PrefillCostScorer(Plugin):
         request_timeout: float = 300.0,
         eviction_weight: float = 1.0,
         reuse_window: int = 50,
-        dedup_in_flight_blocks: bool = True,
+        dedup_in_flight_blocks: bool = False,
         saturation_weight: float = 1.0,
     ) -> None:
         super().__init__(name)
@@ -150,7 +153,7 @@ class PrefillCostScorer(Plugin):
             request_timeout=params.duration("requestTimeout", 300.0),
             eviction_weight=params.float("evictionWeight", 1.0, min=0.0),
             reuse_window=params.int("reuseWindow", 50, min=1),
-            dedup_in_flight_blocks=params.bool("dedupInFlightBlocks", True),
+            dedup_in_flight_blocks=params.bool("dedupInFlightBlocks", False),
             saturation_weight=params.float("saturationWeight", 1.0, min=0.0),
         )
 
