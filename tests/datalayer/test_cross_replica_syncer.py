@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable, Iterator
 
 import pytest
+import redis.asyncio as aioredis
 
 from e2e.harness.redis import redis_server
 from epp.config.loader import ConfigError, parse_config
@@ -238,14 +239,29 @@ async def test_the_outbox_is_bounded_while_redis_is_unreachable() -> None:
 
 async def test_a_booking_reaches_the_other_replica_before_the_next_round(redis_url: str) -> None:
     """Two replicas placing cold requests within one sync interval must not both see the same idle pod."""
+    flush = aioredis.from_url(redis_url)
+    await flush.flushdb()  # earlier tests' snapshots (ttl 1 s) would count in the first round
+    await flush.aclose()
     p1, ds1, bg1 = replica(redis_url, "b1", interval="10s")
     p2, _, bg2 = replica(redis_url, "b2", interval="10s")
     tasks = [asyncio.create_task(t()) for t in (*bg1, *bg2)]
     try:
         load2 = p2.plugins["inflight-load-producer"].loads  # type: ignore[attr-defined]
-        await asyncio.sleep(0.5)  # the first rounds are done; the next is 10 s away
+        s1, s2 = p1.plugins["xr"], p2.plugins["xr"]
+        # the first rounds are done (the next is 10 s away) and both replicas listen: a message published before
+        # a subscriber exists is dropped by Redis, so a fixed sleep was flaky on a loaded machine
+        await wait_for(lambda: s1._last_ok > 0 and s2._last_ok > 0)  # type: ignore[attr-defined]
+        client = aioredis.from_url(redis_url)
+        try:
+            channel = s1.message_channel  # type: ignore[attr-defined]
+            for _ in range(1500):
+                if dict(await client.pubsub_numsub(channel)).get(channel.encode(), 0) >= 2:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await client.aclose()
         book(p1, ds1, "pod1", 800, "a")
-        await wait_for(lambda: load2["pod1"].remote_tokens == 800, timeout=3.0)
+        await wait_for(lambda: load2["pod1"].remote_tokens == 800, timeout=8.0)  # < the 10 s round
         assert (load2["pod1"].remote_requests, load2["pod0"].remote_tokens) == (1, 0)
     finally:
         for t in tasks:
