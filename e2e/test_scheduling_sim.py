@@ -19,6 +19,7 @@ from e2e.harness.http import metric_value
 from e2e.harness.stack import Stack
 from e2e.sim.fixtures import SimFactory, sim_factory  # noqa: F401  (fixture)
 from e2e.sim.launch import SimProcess, start_simulators
+from epp.config.loader import GIE_DEFAULT_PLUGINS_YAML
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.scraper import MetricsScraper
 from epp.framework import Endpoint
@@ -100,9 +101,10 @@ async def test_scraper_reads_simulator_metrics(sim_factory: SimFactory) -> None:
 
 
 def static_endpoints_only(backends: list[Backend]) -> str:
-    """Just the endpoints (and fast pool gauges): the EPP then runs GIE's built-in default plugins."""
+    """The endpoints (and fast pool gauges) with GIE's built-in default plugins, named: without a plugin section
+    the EPP now runs pyepp's default, which balances the load it routed itself, not a scraped queue."""
     eps = "".join(f"- {{name: {b.name}, address: {b.host}, port: {b.port}}}\n" for b in backends)
-    return "refreshPrometheusMetricsInterval: 200ms\nendpoints:\n" + eps
+    return "refreshPrometheusMetricsInterval: 200ms\nendpoints:\n" + eps + GIE_DEFAULT_PLUGINS_YAML
 
 
 def served_by(stack: Stack, n: int) -> Counter[int]:
