@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from epp.framework import (
@@ -127,14 +129,14 @@ def test_kv_pressure_is_the_share_of_capacity_written_there() -> None:
     e = with_capacity(eps(), 4000)
     r = req("r1", 1000, {}, max_tokens=1000)  # writes 2000 tokens on a: half its KV
     assert pick(s, r, e).name == "a"
-    assert s.fullness(e[0], s.queues.get("a")) == 0.5 and s.fullness(e[1], s.queues.get("b")) == 0.0
+    assert s.fullness(e[0], s.queues.get("a"), 0.0) == 0.5 and s.fullness(e[1], s.queues.get("b"), 0.0) == 0.0
     # in-flight tokens cost in proportion to the pressure: 0.5 x 2000 on a
     assert s.costs(req("q", 1000, {}), e, now=1e12) == [2000.0 + 1000.0, 2000.0, 2000.0]
     s.response_complete(r, e[0], None)
     pick(s, req("r2", 2000, {"a": 125}), e)  # nothing uncached on a: only its 10 output tokens are written
     assert s.queues["a"].written == 2010
     # an unknown capacity (no vllm:cache_config_info) counts as full: the in-flight tokens cost in full
-    assert s.fullness(eps()[0], None) == 1.0
+    assert s.fullness(eps()[0], None, 0.0) == 1.0
 
 
 def test_a_full_cache_charges_the_expected_recompute_of_what_it_evicts() -> None:
@@ -245,3 +247,48 @@ def test_saturation_charges_only_uncached_tokens_and_is_uniform_without_reuse() 
     assert s.costs(r, e, now=1e12) == [0.0, 3 * 1024.0, 3 * 1024.0]
     # a prompt nobody caches costs the same everywhere, so the term does not change where it goes
     assert s.score(S, req("cold", 1024, {}), e) == [1.0, 1.0, 1.0]
+
+
+def test_working_set_is_the_distinct_blocks_routed_there_within_the_window() -> None:
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "workingSetWindow": "30s"})
+    e = with_capacity(eps(), 64 * 16)  # 64 blocks
+    place(s, keyed("r1", list(range(16)), {}), e, 0)
+    place(s, keyed("r2", list(range(8, 24)), {"a": 8}), e, 0)  # 8 of its 16 blocks already in the working set
+    q = s.queues["a"]
+    assert len(q.recent) == 24
+    assert s.fullness(e[0], q, time.monotonic()) == 24 / 64
+    # past the window the blocks are no longer part of the working set
+    assert s.fullness(e[0], q, time.monotonic() + 31) == 0.0 and not q.recent
+    # at most twice the capacity is kept, oldest first out
+    place(s, keyed("big", list(range(1000, 1200)), {}), e, 0)
+    assert len(q.recent) == 2 * 64 + 1 and next(iter(q.recent)) == 1200 - 129
+    # without the window nothing is tracked: pressure is every token written since start
+    old = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9})
+    place(old, keyed("r1", list(range(16)), {}), e, 0)
+    assert not old.queues["a"].recent and old.fullness(e[0], old.queues["a"], 0.0) == (256 + 8) / 1024
+
+
+def test_a_new_session_avoids_the_pod_whose_working_set_fills_its_cache() -> None:
+    """Multi-turn chat: both pods cache the shared system prompt; a has the histories of six sessions resident
+    between turns (none in flight) filling its KV, b only the system prompt. Every token a new session computes on
+    a evicts a history block that its session will ask for again; on b it evicts nothing. Counting tokens written
+    since start, both pods read full and the tie went to a."""
+    system = list(range(32))
+    for window, expected in (("60s", "b"), ("0s", "a")):
+        s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "workingSetWindow": window})
+        e = with_capacity(eps()[:2], 256 * 16)  # 256 blocks each
+        warm = keyed("warm-b", system, {}, max_tokens=0)
+        place(s, warm, e, 1)
+        s.response_complete(warm, e[1], None)
+        for i in range(6):  # six sessions with 40 blocks of their own each: 32 + 240 blocks on a
+            hist = list(range(1000 * (i + 1), 1000 * (i + 1) + 40))
+            r = keyed(f"s{i}", [*system, *hist], {"a": 32} if i else {}, max_tokens=0)
+            place(s, r, e, 0)
+            s.response_complete(r, e[0], None)
+        s.queues["a"].written = s.queues["b"].written = 10**9  # warm for a long time
+        assert pick(s, keyed("new", [*system, 9000, 9001], {"a": 32, "b": 32}), e).name == expected
+
+
+def test_working_set_window_is_checked() -> None:
+    with pytest.raises(PluginConfigError):
+        build(PrefillCostScorer, {"workingSetWindow": "soon"})

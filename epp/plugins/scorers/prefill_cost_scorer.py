@@ -54,6 +54,7 @@ choice falls to backlog and decode load: the scorer degrades to a token-load bal
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -74,6 +75,7 @@ from epp.framework import (
 from epp.plugins.producers.precise_prefix_cache_producer import PRECISE_MATCH
 
 DEFAULT_PRODUCER = "precise-prefix-cache-producer"
+MAX_WORKING_SET = 1 << 18  # working-set blocks kept per endpoint while its KV capacity is unknown
 
 
 @dataclass(slots=True)
@@ -100,6 +102,9 @@ class _Queue:
     active: int = 0
     written: int = 0  # tokens computed there (uncached prompt + output) since this scorer started: fills its KV
     blocks: dict[int, int] = field(default_factory=dict)  # block key -> in-flight requests holding it
+    # The working set: prompt block keys routed there within `workingSetWindow`, oldest first (key -> when).
+    recent: OrderedDict[int, float] = field(default_factory=OrderedDict)
+    recent_block_tokens: int = 0
 
 
 COST = DataKey[_Cost]("prefill-cost")
@@ -121,6 +126,7 @@ class PrefillCostScorer(Plugin):
         reuse_window: int = 50,
         dedup_in_flight_blocks: bool = False,
         saturation_weight: float = 1.0,
+        working_set_window: float = 0.0,
     ) -> None:
         super().__init__(name)
         self.producer = producer
@@ -133,7 +139,9 @@ class PrefillCostScorer(Plugin):
         self.request_timeout = request_timeout
         self.eviction_weight = eviction_weight
         self.reuse_alpha = 1.0 / max(1, reuse_window)
-        self.match_key = PRECISE_MATCH.of(producer) if dedup_in_flight_blocks else None
+        self.match_key = PRECISE_MATCH.of(producer)
+        self.dedup = dedup_in_flight_blocks
+        self.window = working_set_window
         self.saturation_weight = saturation_weight
         self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
         self.queues: dict[str, _Queue] = {}
@@ -155,6 +163,7 @@ class PrefillCostScorer(Plugin):
             reuse_window=params.int("reuseWindow", 50, min=1),
             dedup_in_flight_blocks=params.bool("dedupInFlightBlocks", False),
             saturation_weight=params.float("saturationWeight", 1.0, min=0.0),
+            working_set_window=params.duration("workingSetWindow", 0.0),
         )
 
     def consumes(self) -> Collection[DataKey[Any]]:
@@ -186,7 +195,7 @@ class PrefillCostScorer(Plugin):
             uncached[ep.name] = u
             best = max(best, n - u)
             q = queues.get(ep.name)
-            full = self.fullness(ep, q)
+            full = self.fullness(ep, q, now)
             cost = (uw + evict * full) * u
             if q is not None:
                 if q.busy_until > now:
@@ -198,14 +207,28 @@ class PrefillCostScorer(Plugin):
         request.data.put(self.cost_key, _Cost(n, uncached))
         return out
 
-    @staticmethod
-    def fullness(ep: Endpoint, q: _Queue | None) -> float:
-        """KV pressure on `ep`, 0..1: tokens written there over its KV capacity (1 when the capacity is unknown)."""
+    def fullness(self, ep: Endpoint, q: _Queue | None, now: float) -> float:
+        """KV pressure on `ep`, 0..1, against its KV capacity (1 when the capacity is unknown): the working set
+        (distinct prompt blocks routed there within the window) when it is tracked, else every token written
+        there since start, which reads 1 once the pod has been warm for a while."""
         m = ep.metrics
         capacity = m.cache_num_blocks * m.cache_block_size
         if capacity <= 0:
             return 1.0
-        return min(1.0, q.written / capacity) if q is not None else 0.0
+        if q is None:
+            return 0.0
+        if q.recent_block_tokens:
+            self._expire(q, now, capacity)
+            return min(1.0, len(q.recent) * q.recent_block_tokens / capacity)
+        return min(1.0, q.written / capacity)
+
+    def _expire(self, q: _Queue, now: float, capacity: int) -> None:
+        """Drop working-set entries older than the window, and beyond twice the capacity (a bound on memory;
+        `MAX_WORKING_SET` blocks while the capacity is unknown)."""
+        recent, cutoff = q.recent, now - self.window
+        limit = 2 * capacity // q.recent_block_tokens + 1 if capacity > 0 else MAX_WORKING_SET
+        while recent and (len(recent) > limit or recent[next(iter(recent))] < cutoff):
+            recent.popitem(last=False)
 
     def score(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         costs = self.costs(request, endpoints, time.monotonic())
@@ -235,8 +258,17 @@ class PrefillCostScorer(Plugin):
         q.busy_until = max(q.busy_until, now) + uncached / self.rate
         out = request.max_tokens if request.max_tokens is not None else self.default_output
         entry = _InFlight(name, cost.prompt_tokens + max(0, out), now)
-        match = request.data.get(self.match_key) if self.match_key is not None else None
-        if match is not None and match.keys and match.block_size > 0:
+        match = request.data.get(self.match_key)
+        if self.window > 0 and match is not None and match.keys and match.block_size > 0:
+            recent = q.recent
+            q.recent_block_tokens = match.block_size
+            for k in match.keys:
+                if k in recent:
+                    recent.move_to_end(k)
+                recent[k] = now
+            m = targets[0].metrics
+            self._expire(q, now, m.cache_num_blocks * m.cache_block_size)
+        if self.dedup and match is not None and match.keys and match.block_size > 0:
             # the prompt's full blocks count once per endpoint however many in-flight requests share them
             bs = match.block_size
             entry.keys, entry.block_tokens = match.keys, bs
