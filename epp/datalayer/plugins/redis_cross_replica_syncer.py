@@ -111,6 +111,32 @@ def _cancel_requested() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+def _stop_if_cancelled() -> None:
+    if _cancel_requested():
+        raise asyncio.CancelledError
+
+
+class _Failures:
+    """One Redis loop's run of failures: counted, logged on the first and every 100th, then backed off. A failure
+    that is really a cancellation redis-py swallowed (see `_cancel_requested`) stops the loop instead."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.count = 0
+
+    def ok(self) -> None:
+        self.count = 0
+
+    async def failed(self, e: Exception, backoff: float = 0.0) -> None:
+        if _cancel_requested():
+            raise asyncio.CancelledError from e
+        self.count += 1
+        if self.count == 1 or self.count % 100 == 0:
+            log.warning("%s failed (%d): %s", self.what, self.count, e)
+        if backoff > 0:
+            await asyncio.sleep(backoff)
+
+
 class RedisCrossReplicaSyncer(Plugin):
     type_name = "redis-cross-replica-syncer"
 
@@ -202,31 +228,28 @@ class RedisCrossReplicaSyncer(Plugin):
 
     async def _sync_loop(self, client: Any, url: str) -> None:
         script = client.register_script(_SYNC)
-        failures = 0
+        failures = _Failures(f"{self.name}: cross-replica sync with {url}")
         while True:
             started = time.monotonic()
             try:
                 await self.sync_once(script)
-                failures = 0
-            except asyncio.CancelledError:
-                raise
+                failures.ok()
             except Exception as e:
-                if _cancel_requested():
-                    raise asyncio.CancelledError from e
-                failures += 1
                 SYNCS.labels("error").inc()
-                if failures == 1 or failures % 100 == 0:
-                    log.warning("%s: cross-replica sync with %s failed (%d): %s", self.name, url, failures, e)
+                await failures.failed(e)  # no backoff: the round's interval follows
                 if time.monotonic() - self._last_ok > self.ttl:
                     self._clear_remote()
-            if _cancel_requested():
-                raise asyncio.CancelledError
+            _stop_if_cancelled()
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    @property
+    def _backoff(self) -> float:
+        return min(1.0, max(0.05, self.interval))
 
     async def _publish_loop(self, client: Any, url: str) -> None:
         """Publish queued messages as they come, in batches of up to MAX_BATCH."""
         wake = self._wake = asyncio.Event()
-        failures = 0
+        failures = _Failures(f"{self.name}: publishing to {url}")
         while True:
             if not self._outbox:
                 wake.clear()
@@ -236,43 +259,27 @@ class RedisCrossReplicaSyncer(Plugin):
             try:
                 await client.publish(self.message_channel, payload)
                 MESSAGES.labels("out", "sent").inc(len(batch))
-                failures = 0
-            except asyncio.CancelledError:
-                raise
+                failures.ok()
             except Exception as e:
-                if _cancel_requested():
-                    raise asyncio.CancelledError from e
-                failures += 1
                 MESSAGES.labels("out", "error").inc(len(batch))
-                if failures == 1 or failures % 100 == 0:
-                    log.warning("%s: publishing to %s failed (%d): %s", self.name, url, failures, e)
-                await asyncio.sleep(min(1.0, self.interval))
-            if _cancel_requested():
-                raise asyncio.CancelledError
+                await failures.failed(e, self._backoff)
+            _stop_if_cancelled()
 
     async def _subscribe_loop(self, client: Any, url: str) -> None:
         """Receive the other replicas' messages; resubscribe after a failure."""
-        failures = 0
+        failures = _Failures(f"{self.name}: subscription on {url}")
         while True:
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.message_channel)
-                failures = 0
+                failures.ok()
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if _cancel_requested():
-                        raise asyncio.CancelledError
+                    _stop_if_cancelled()
                     if msg is not None and msg.get("type") == "message":
                         self.deliver(msg.get("data"))
-            except asyncio.CancelledError:
-                raise
             except Exception as e:
-                if _cancel_requested():
-                    raise asyncio.CancelledError from e
-                failures += 1
-                if failures == 1 or failures % 100 == 0:
-                    log.warning("%s: subscription on %s failed (%d): %s", self.name, url, failures, e)
-                await asyncio.sleep(min(1.0, max(0.05, self.interval)))
+                await failures.failed(e, self._backoff)
             finally:
                 await pubsub.aclose()
 
