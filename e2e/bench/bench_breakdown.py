@@ -45,6 +45,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry
 
+from e2e.bench.bench_extproc import body_messages, chunks
 from e2e.bench.loadgen import percentile
 from e2e.harness.envoy_config import EnvoyOptions
 from e2e.harness.ports import free_port, free_ports
@@ -120,14 +121,7 @@ def request_wire(prompt: str, stream: bool, chunk: int = 62_000) -> list[bytes]:
             )
         ).SerializeToString()
     ]
-    parts = [body[i : i + chunk] for i in range(0, len(body), chunk)]
-    for i, p in enumerate(parts):
-        out.append(
-            pb.ProcessingRequest(
-                request_body=pb.HttpBody(body=p, end_of_stream=i == len(parts) - 1)
-            ).SerializeToString()
-        )
-    return out
+    return out + body_messages("request_body", chunks(body, chunk))
 
 
 def response_wire(stream: bool, n_tokens: int = 16) -> list[bytes]:
@@ -160,13 +154,7 @@ def response_wire(stream: bool, n_tokens: int = 16) -> list[bytes]:
             response_headers=pb.HttpHeaders(headers=_hdrs({":status": "200", "content-type": ct}))
         ).SerializeToString()
     ]
-    for i, e in enumerate(events):
-        out.append(
-            pb.ProcessingRequest(
-                response_body=pb.HttpBody(body=e, end_of_stream=i == len(events) - 1)
-            ).SerializeToString()
-        )
-    return out
+    return out + body_messages("response_body", events)
 
 
 def _runtime(chain: str, timers: Timers) -> ServerState:
