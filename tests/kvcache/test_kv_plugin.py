@@ -363,3 +363,17 @@ async def test_multimodal_items_key_the_blocks_as_the_engines_events_do(vllm_kv:
     assert plugin.score(CycleState(), same, EPS) == [0.0, pytest.approx(1.0), 0.0]
     assert plugin.score(CycleState(), other, EPS) == [0.0, pytest.approx(2 / 6), 0.0]
     assert plugin.score(CycleState(), none, EPS) == [0.0, pytest.approx(2 / 6), 0.0]
+
+
+def test_block_sizes_learned_for_client_model_names_are_bounded() -> None:
+    """The model a request names is the client's: a block size learned from the scraped pages for each new name
+    must not grow the map without bound (the size is still answered past the bound, and stays fixed for the names
+    learned first)."""
+    from epp.kvcache.tokens import MAX_LEARNED_MODELS, BlockSizes
+
+    sizes = BlockSizes({"configured": 64})
+    assert sizes.learn("first", 32) == 32
+    for i in range(3 * MAX_LEARNED_MODELS):
+        assert sizes.learn(f"client-{i}", 16) == 16
+    assert len(sizes._sizes) <= MAX_LEARNED_MODELS + 1
+    assert sizes.learn("first", 16) == 32 and sizes.get("configured") == 64
