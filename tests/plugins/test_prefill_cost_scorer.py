@@ -245,3 +245,26 @@ def test_saturation_charges_only_uncached_tokens_and_is_uniform_without_reuse() 
     assert s.costs(r, e, now=1e12) == [0.0, 3 * 1024.0, 3 * 1024.0]
     # a prompt nobody caches costs the same everywhere, so the term does not change where it goes
     assert s.score(S, req("cold", 1024, {}), e) == [1.0, 1.0, 1.0]
+
+
+def test_dedup_in_flight_blocks_needs_a_producer_of_block_keys() -> None:
+    """dedupInFlightBlocks reads the precise producer's block keys: named with another prefix producer it would be
+    accepted and never take effect, so the config is refused; with the precise producer it builds."""
+    from epp.config import ConfigError, parse_config
+    from epp.datalayer.datastore import Datastore
+    from epp.wiring import build_pipeline, plugin_context
+
+    def config(producer: str) -> str:
+        return (
+            f"plugins:\n- type: {producer}\n- type: token-producer\n"
+            "- type: prefill-cost-scorer\n"
+            f"  parameters: {{prefixMatchInfoProducerName: {producer}, dedupInFlightBlocks: true}}\n"
+            "- type: max-score-picker\n"
+            "schedulingProfiles: [{name: default, plugins: [{pluginRef: prefill-cost-scorer}, "
+            "{pluginRef: max-score-picker}]}]\n"
+        )
+
+    with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
+        build_pipeline(parse_config(config("approx-prefix-cache-producer")), plugin_context(Datastore()))
+    pipeline = build_pipeline(parse_config(config("precise-prefix-cache-producer")), plugin_context(Datastore()))
+    assert "prefill-cost-scorer" in pipeline.plugins

@@ -21,7 +21,8 @@ kept recomputing (KV hit 73% of a 97% bound, TTFT p90 1.4x llm-d's sticky filter
 
 - active(e) can count each KV block that several in-flight requests share once (`dedupInFlightBlocks`, opt-in,
   from the precise producer's block keys), as vLLM's prefix cache holds it once. Blocks private to a request (a chat
-  session's own history) still count in full. Without block keys (another prefix producer) whole prompts count.
+  session's own history) still count in full. It needs the precise producer (another prefix producer is a
+  config error); a request without block keys (not tokenized) counts its whole prompt.
   Off by default: on a quiet machine it won the demo's overload (p90 347 vs 1459 ms) but let chat sessions that
   share a system prompt pile onto few pods, whose histories (resident between turns, where in-flight counting does
   not see them) evicted each other: multi-turn p90 4x, KV hit 81% vs 89% (docs/benchmarks.md, quiet-box runs).
@@ -158,7 +159,10 @@ class PrefillCostScorer(Plugin):
         )
 
     def consumes(self) -> Collection[DataKey[Any]]:
-        return (self.info_key, TOKENIZED_PROMPT)
+        # dedupInFlightBlocks reads the precise producer's block keys: a config naming another producer is refused
+        # (the parameter would never take effect)
+        keys: tuple[DataKey[Any], ...] = (self.info_key, TOKENIZED_PROMPT)
+        return keys if self.match_key is None else (*keys, self.match_key)
 
     # --- scoring ----------------------------------------------------------------------------------------
     def costs(self, request: InferenceRequest, endpoints: Sequence[Endpoint], now: float) -> list[float]:
