@@ -235,8 +235,8 @@ class RedisCrossReplicaSyncer(Plugin):
                 await self.sync_once(script)
                 failures.ok()
             except Exception as e:
-                SYNCS.labels("error").inc()
                 await failures.failed(e)  # no backoff: the round's interval follows
+                SYNCS.labels("error").inc()
                 if time.monotonic() - self._last_ok > self.ttl:
                     self._clear_remote()
             _stop_if_cancelled()
