@@ -12,8 +12,9 @@ unreachable the remote part is cleared after `ttl` (each replica falls back to i
 
 Messengers (e.g. the precise prefix producer's "this prompt is being computed on that pod" at each pick) are not
 worth waiting an interval for: their messages go out as they are queued, batched, on one Redis pub/sub channel
-(`<prefix>:msg`), and every other replica subscribed hands them to its plugin of the same channel. Best effort: a
-full outbox drops the oldest, a Redis outage drops what was queued, and a message over `MAX_PAYLOAD` is refused.
+(`<prefix>:msg`), and every other replica subscribed hands them to its plugin of the same channel; a batch holds
+what fits one payload of `MAX_PAYLOAD` bytes, which receivers refuse beyond. Best effort: a full outbox drops the
+oldest, a Redis outage drops what was queued, and a message that fits no payload is dropped by its sender.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ MESSAGES = Counter(
 MAX_OUTBOX = 4096  # queued messages; the oldest are dropped beyond
 MAX_BATCH = 256  # messages per PUBLISH
 MAX_PAYLOAD = 4 << 20  # bytes; a larger published payload is refused by the receivers
+_MAX_PARTS = MAX_PAYLOAD - 1024  # the messages of one payload, in bytes (the rest is room for its envelope)
 
 # KEYS: none (one Redis, keys under the prefix). ARGV: prefix, replica, now_ms, ttl_ms, n, then n × (key, json).
 # Returns: the live replicas, then for each contributor the other replicas' snapshots (false when missing).
@@ -254,8 +256,10 @@ class RedisCrossReplicaSyncer(Plugin):
             if not self._outbox:
                 wake.clear()
                 await wake.wait()
-            batch = [self._outbox.popleft() for _ in range(min(MAX_BATCH, len(self._outbox)))]
-            payload = json.dumps({"from": self.sender, "m": batch}, separators=(",", ":"))
+            batch = self._next_batch()
+            if not batch:
+                continue
+            payload = f'{{"from":{json.dumps(self.sender)},"m":[{",".join(batch)}]}}'
             try:
                 await client.publish(self.message_channel, payload)
                 MESSAGES.labels("out", "sent").inc(len(batch))
@@ -264,6 +268,29 @@ class RedisCrossReplicaSyncer(Plugin):
                 MESSAGES.labels("out", "error").inc(len(batch))
                 await failures.failed(e, self._backoff)
             _stop_if_cancelled()
+
+    def _next_batch(self) -> list[str]:
+        """The next queued messages, serialized, as many as one payload the receivers accept holds (at most
+        MAX_BATCH); a message that fits no payload, or is not JSON, is dropped (counted)."""
+        parts: list[str] = []
+        size = 0
+        outbox = self._outbox
+        while outbox and len(parts) < MAX_BATCH:
+            item = outbox.popleft()
+            try:
+                part = json.dumps(item, separators=(",", ":"))
+            except (TypeError, ValueError):
+                MESSAGES.labels("out", "invalid").inc()
+                continue
+            if len(part) > _MAX_PARTS:
+                MESSAGES.labels("out", "too_large").inc()
+                continue
+            if size + len(part) + 1 > _MAX_PARTS:
+                outbox.appendleft(item)  # the next payload's first
+                break
+            parts.append(part)
+            size += len(part) + 1
+        return parts
 
     async def _subscribe_loop(self, client: Any, url: str) -> None:
         """Receive the other replicas' messages; resubscribe after a failure."""
