@@ -144,7 +144,7 @@ class PrefillCostScorer(Plugin):
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
         producer = params.str("prefixMatchInfoProducerName", DEFAULT_PRODUCER)
-        return cls(
+        scorer = cls(
             name,
             producer=producer,
             prefill_tokens_per_second=params.float("prefillTokensPerSecond", 15928.0, min=1.0),
@@ -157,6 +157,21 @@ class PrefillCostScorer(Plugin):
             dedup_in_flight_blocks=params.bool("dedupInFlightBlocks", False),
             saturation_weight=params.float("saturationWeight", 1.0, min=0.0),
         )
+        context.endpoints.subscribe(scorer)
+        return scorer
+
+    # Datastore listener: what is tracked for an endpoint goes when it leaves (one that returns under the same name,
+    # a StatefulSet's restart, is an empty engine).
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        return None
+
+    def endpoint_updated(self, endpoint: Endpoint) -> None:
+        return None
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        if self.queues.pop(endpoint.name, None) is not None:
+            for rid in [rid for rid, e in self._inflight.items() if e.endpoint == endpoint.name]:
+                del self._inflight[rid]
 
     def consumes(self) -> Collection[DataKey[Any]]:
         # dedupInFlightBlocks reads the precise producer's block keys: a config naming another producer is refused
