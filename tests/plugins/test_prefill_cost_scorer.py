@@ -187,8 +187,8 @@ def test_in_flight_blocks_shared_by_several_requests_count_once() -> None:
     assert s.queues["a"].active_tokens == (64 + 2) * 16 + 13
     s.response_complete(b, e[0], None)
     assert s.queues["a"].active_tokens == 0 and not s.queues["a"].blocks
-    # the default: every request's whole prompt (and requests without block keys count so too)
-    old = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9})
+    # off: every request's whole prompt (and requests without block keys count so too)
+    old = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "dedupInFlightBlocks": False})
     pick(old, keyed("a1", [*prefix, 1001, 1002], {}, extra=5), e)
     pick(old, keyed("a2", [*prefix, 2001, 2002], {"a": 64}, extra=5), e)
     assert old.queues["a"].active_tokens == 2 * (66 * 16 + 13)
@@ -238,7 +238,8 @@ def test_when_every_pod_is_busy_a_request_stays_with_its_cached_prefix() -> None
 
 
 def test_saturation_charges_only_uncached_tokens_and_is_uniform_without_reuse() -> None:
-    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0})
+    params = {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 1}
+    s = build(PrefillCostScorer, params)
     e = eps()
     for i, ep in enumerate((0, 1, 2, 2)):
         place(s, req(f"r{i}", 100, {}, max_tokens=0), e, ep)
@@ -263,7 +264,7 @@ def test_working_set_is_the_distinct_blocks_routed_there_within_the_window() -> 
     place(s, keyed("big", list(range(1000, 1200)), {}), e, 0)
     assert len(q.recent) == 2 * 64 + 1 and next(iter(q.recent)) == 1200 - 129
     # without the window nothing is tracked: pressure is every token written since start
-    old = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9})
+    old = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "workingSetWindow": 0})
     place(old, keyed("r1", list(range(16)), {}), e, 0)
     assert not old.queues["a"].recent and old.fullness(e[0], old.queues["a"], 0.0) == (256 + 8) / 1024
 
@@ -341,3 +342,30 @@ def test_an_endpoint_that_leaves_the_pool_starts_afresh_when_it_returns() -> Non
     assert cost[0] == cost[1] == cost[2]
     s.response_complete(req("r1", 1024, {}), None, None)  # the request that was in flight there ends: no error
     assert s.queues.get("a") is None or s.queues["a"].active == 0
+
+
+def test_block_key_terms_are_on_by_default_and_need_keys_only_when_set() -> None:
+    """With another prefix producer the defaults build (whole prompts in flight, pressure from tokens written); an
+    explicit workingSetWindow there is refused like an explicit dedupInFlightBlocks."""
+    from epp.config import ConfigError, parse_config
+    from epp.datalayer.datastore import Datastore
+    from epp.wiring import build_pipeline, plugin_context
+
+    def config(params: str) -> str:
+        return (
+            "plugins:\n- type: approx-prefix-cache-producer\n- type: token-producer\n"
+            "- type: prefill-cost-scorer\n"
+            f"  parameters: {{prefixMatchInfoProducerName: approx-prefix-cache-producer{params}}}\n"
+            "- type: max-score-picker\n"
+            "schedulingProfiles: [{name: default, plugins: [{pluginRef: prefill-cost-scorer}, "
+            "{pluginRef: max-score-picker}]}]\n"
+        )
+
+    build_pipeline(parse_config(config("")), plugin_context(Datastore()))
+    build_pipeline(
+        parse_config(config(", workingSetWindow: 0, dedupInFlightBlocks: false")), plugin_context(Datastore())
+    )
+    with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
+        build_pipeline(parse_config(config(", workingSetWindow: 10s")), plugin_context(Datastore()))
+    s = build(PrefillCostScorer, {})
+    assert s.dedup and s.window == 30.0 and s.saturation_weight == 0.0 and not s.needs_block_keys
