@@ -264,7 +264,7 @@ def test_working_set_is_the_distinct_blocks_routed_there_within_the_window() -> 
     place(s, keyed("big", list(range(1000, 1200)), {}), e, 0)
     assert len(q.recent) == 2 * 64 + 1 and next(iter(q.recent)) == 1200 - 129
     # without the window nothing is tracked: pressure is every token written since start
-    old = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "workingSetWindow": 0})
+    old = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9})
     place(old, keyed("r1", list(range(16)), {}), e, 0)
     assert not old.queues["a"].recent and old.fullness(e[0], old.queues["a"], 0.0) == (256 + 8) / 1024
 
@@ -344,9 +344,9 @@ def test_an_endpoint_that_leaves_the_pool_starts_afresh_when_it_returns() -> Non
     assert s.queues.get("a") is None or s.queues["a"].active == 0
 
 
-def test_block_key_terms_are_on_by_default_and_need_keys_only_when_set() -> None:
-    """With another prefix producer the defaults build (whole prompts in flight, pressure from tokens written); an
-    explicit workingSetWindow there is refused like an explicit dedupInFlightBlocks."""
+def test_working_set_window_needs_the_precise_producer() -> None:
+    """workingSetWindow reads the precise producer's block keys, like dedupInFlightBlocks: with another prefix
+    producer it is refused when turned on, accepted when off (the defaults)."""
     from epp.config import ConfigError, parse_config
     from epp.datalayer.datastore import Datastore
     from epp.wiring import build_pipeline, plugin_context
@@ -362,10 +362,8 @@ def test_block_key_terms_are_on_by_default_and_need_keys_only_when_set() -> None
         )
 
     build_pipeline(parse_config(config("")), plugin_context(Datastore()))
-    build_pipeline(
-        parse_config(config(", workingSetWindow: 0, dedupInFlightBlocks: false")), plugin_context(Datastore())
-    )
+    build_pipeline(parse_config(config(", workingSetWindow: 0")), plugin_context(Datastore()))
     with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
         build_pipeline(parse_config(config(", workingSetWindow: 10s")), plugin_context(Datastore()))
     s = build(PrefillCostScorer, {})
-    assert s.dedup and s.window == 30.0 and s.saturation_weight == 0.0 and not s.needs_block_keys
+    assert not s.dedup and s.window == 0.0 and s.saturation_weight == 1.0

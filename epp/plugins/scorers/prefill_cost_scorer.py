@@ -6,29 +6,34 @@ and its first token there.
             + decodeWeight x full(e) x active(e)   KV tokens the requests in flight on e hold
 
 uncached(e) is the prompt tokens e does not hold (precise prefix match). full(e) is KV pressure against e's KV
-capacity (`vllm:cache_config_info` blocks x block size, scraped; 1 when unknown): e's working set, the distinct
-prompt blocks routed there within `workingSetWindow` (default 30 s), over its capacity, capped at 1. Once the
+capacity (`vllm:cache_config_info` blocks x block size, scraped; 1 when unknown), capped at 1: every token written
+there since start (uncached prompt + output) or, with `workingSetWindow` (opt-in), the pod's working set, the
+distinct prompt blocks routed there within the window (measured: no better than the default on the suite). Once the
 blocks a pod is being asked for exceed what it holds, every token computed there evicts one that will be asked for
 again with probability `reuse` (the share of recent prompts' tokens some pod held, a moving average): that
 expected recompute is charged to the tokens the request computes there. The tokens held by in-flight requests cost
-in proportion to the pressure too: while the working set fits they evict nothing. Without block keys (another
-prefix producer) or with `workingSetWindow: 0`, pressure is every token written there since start, which reads 1
-once a pod has been warm for a while.
+in proportion to the pressure too: while the cache has room they evict nothing.
 
-active(e) counts each KV block that several in-flight requests share once (`dedupInFlightBlocks`, default on,
-from the precise producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat
-session's own history) count in full; a request without block keys (not tokenized, another producer) counts its
-whole prompt. Counting whole prompts (`dedupInFlightBlocks: false`, the default before 2026-12-03) over-counts a
-group's shared prefix: under a sustained overload of `make demo`'s shape each request of a group in flight on the
-pod caching its 1024-token prompt was charged that prompt again, a few of them outweighed recomputing it elsewhere,
-the group spread over 3-4 pods, the copies overflowed the caches and the pool kept recomputing (TTFT p90 5-10x
-llm-d's sticky filter). Counting blocks once alone let chat sessions sharing a system prompt pile onto a few pods,
-whose histories, resident between turns, in-flight counting does not see; the working set is the term that sees
-them (docs/benchmarks.md, "Working set").
+Two terms keep a request with its cached prefix when the whole pool is overloaded. Under a sustained overload of
+`make demo`'s shape the earlier cost (`dedupInFlightBlocks: false`, `saturationWeight: 0`) spread every group over
+3-4 pods: each request of a group in flight on the pod caching the group's 1024-token prompt was charged that
+prompt again, so a few of them outweighed recomputing it elsewhere; the copies overflowed the caches and the pool
+kept recomputing:
 
-`saturationWeight` x busy (default 0: off) adds to the recompute charge the number of requests in flight on the
-least-loaded endpoint, so that under a pool-wide overload a request stays with its cached prefix; it was the
-earlier answer to the demo's overload, before the two block-key terms.
+- active(e) can count each KV block that several in-flight requests share once (`dedupInFlightBlocks`, opt-in,
+  from the precise producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat
+  session's own history) still count in full; a request without block keys counts its whole prompt. It needs the
+  precise producer (another prefix producer is a config error). Off by default: it wins the demo's shapes (the
+  suite's shared-prefix-demo p90 4x lower) but lets chat sessions sharing a system prompt pile onto few pods whose
+  histories, resident between turns, in-flight counting does not see (multi-turn p90 4x at the demo's scale), and
+  keeps a burst of sub-agents sharing a context on one pod (agentic p90 1.4x); docs/benchmarks.md, "Working set,
+  shared blocks once". The working set (`workingSetWindow`) was built to see those histories; on the suite it made
+  no measurable difference.
+- busy is the number of requests in flight on the least-loaded endpoint: 0 while some endpoint is idle. Once every
+  endpoint carries requests, a token computed again cannot use idle capacity: it delays the requests queued on the
+  pod that computes it and, as routing evens the queues out, the pool's. So the recompute charge grows with the
+  pool's load (llm-d's prefix-cache-affinity-filter keeps a request sticky up to a fixed TTFT penalty instead); at
+  light load the term is 0 and work spreads as before.
 
 The backlog is an estimate on a per-endpoint clock: each pick appends its uncached tokens to e's FCFS prefill
 queue, which drains at `prefillTokensPerSecond` (the engine's prefill throughput, llm-d's
@@ -122,9 +127,9 @@ class PrefillCostScorer(Plugin):
         request_timeout: float = 300.0,
         eviction_weight: float = 1.0,
         reuse_window: int = 50,
-        dedup_in_flight_blocks: bool = True,
-        saturation_weight: float = 0.0,
-        working_set_window: float = 30.0,
+        dedup_in_flight_blocks: bool = False,
+        saturation_weight: float = 1.0,
+        working_set_window: float = 0.0,
         needs_block_keys: bool = False,
     ) -> None:
         super().__init__(name)
@@ -151,10 +156,10 @@ class PrefillCostScorer(Plugin):
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
         producer = params.str("prefixMatchInfoProducerName", DEFAULT_PRODUCER)
-        # Both block-key terms default on and do nothing without the precise producer's keys (another prefix
-        # producer: whole prompts in flight, KV pressure from tokens written); set explicitly, they require the keys.
-        dedup = params.bool("dedupInFlightBlocks", True)
-        window = params.duration("workingSetWindow", 30.0)
+        # Both block-key terms read the precise producer's keys: turned on with another prefix producer they would
+        # never take effect, so the config is refused.
+        dedup = params.bool("dedupInFlightBlocks", False)
+        window = params.duration("workingSetWindow", 0.0)
         explicit = (dedup and params.has("dedupInFlightBlocks")) or (window > 0 and params.has("workingSetWindow"))
         scorer = cls(
             name,
@@ -167,7 +172,7 @@ class PrefillCostScorer(Plugin):
             eviction_weight=params.float("evictionWeight", 1.0, min=0.0),
             reuse_window=params.int("reuseWindow", 50, min=1),
             dedup_in_flight_blocks=dedup,
-            saturation_weight=params.float("saturationWeight", 0.0, min=0.0),
+            saturation_weight=params.float("saturationWeight", 1.0, min=0.0),
             working_set_window=window,
             needs_block_keys=explicit,
         )
