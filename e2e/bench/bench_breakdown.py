@@ -45,7 +45,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry
 
+from e2e.bench.bench_extproc import body_messages, chunks
 from e2e.bench.loadgen import percentile
+from e2e.bench.procstat import cpu_seconds
 from e2e.harness.envoy_config import EnvoyOptions
 from e2e.harness.ports import free_port, free_ports
 from e2e.harness.procs import EnvoyProcess, _Process
@@ -120,14 +122,7 @@ def request_wire(prompt: str, stream: bool, chunk: int = 62_000) -> list[bytes]:
             )
         ).SerializeToString()
     ]
-    parts = [body[i : i + chunk] for i in range(0, len(body), chunk)]
-    for i, p in enumerate(parts):
-        out.append(
-            pb.ProcessingRequest(
-                request_body=pb.HttpBody(body=p, end_of_stream=i == len(parts) - 1)
-            ).SerializeToString()
-        )
-    return out
+    return out + body_messages("request_body", chunks(body, chunk))
 
 
 def response_wire(stream: bool, n_tokens: int = 16) -> list[bytes]:
@@ -160,13 +155,7 @@ def response_wire(stream: bool, n_tokens: int = 16) -> list[bytes]:
             response_headers=pb.HttpHeaders(headers=_hdrs({":status": "200", "content-type": ct}))
         ).SerializeToString()
     ]
-    for i, e in enumerate(events):
-        out.append(
-            pb.ProcessingRequest(
-                response_body=pb.HttpBody(body=e, end_of_stream=i == len(events) - 1)
-            ).SerializeToString()
-        )
-    return out
+    return out + body_messages("response_body", events)
 
 
 def _runtime(chain: str, timers: Timers) -> ServerState:
@@ -460,15 +449,15 @@ def part2(
                         }
                         share: dict[str, list[float]] = {g: [] for g in groups}
                         for r in range(repeats):
-                            c0 = {k: _cpu_seconds(pid) for k, pid in pids.items()}
-                            g0 = {g: sum(_cpu_seconds(p) for p in ps) for g, ps in groups.items()}
+                            c0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
+                            g0 = {g: sum(cpu_seconds(p) for p in ps) for g, ps in groups.items()}
                             t0 = time.monotonic()
                             lat, e = asyncio.run(_measure(paths, prompts, rate, duration, stream, order=r))
                             dt = time.monotonic() - t0
                             for k, pid in pids.items():  # the server process's CPU (idle work included) per request
-                                cpu[k].append((_cpu_seconds(pid) - c0[k]) / max(1, len(lat[k])) * 1e6)
+                                cpu[k].append((cpu_seconds(pid) - c0[k]) / max(1, len(lat[k])) * 1e6)
                             for g, ps in groups.items():
-                                share[g].append((sum(_cpu_seconds(p) for p in ps) - g0[g]) / dt * 100)
+                                share[g].append((sum(cpu_seconds(p) for p in ps) - g0[g]) / dt * 100)
                             err += e
                             runs.append(
                                 {k: (percentile(v, 0.5) * 1e3, percentile(v, 0.99) * 1e3) for k, v in lat.items()}
@@ -624,12 +613,6 @@ def part3(chain: str, n: int, n_sims: int, epp_args: Sequence[str], responses: S
 # -- part 4: what the EPP process burns with no request at all -------------------------------------------------
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def part4(
     chain: str, seconds: float, repeats: int, n_sims: int, variants: Sequence[tuple[str, list[str], Path | None]]
 ) -> Any:
@@ -653,12 +636,12 @@ def part4(
                 p.wait_ready(60)
             time.sleep(3.0)
             for _ in range(repeats):
-                before = {k: _cpu_seconds(p.proc.pid) for k, p in procs.items()}
+                before = {k: cpu_seconds(p.proc.pid) for k, p in procs.items()}
                 t0 = time.monotonic()
                 time.sleep(seconds)
                 dt = time.monotonic() - t0
                 for k, p in procs.items():
-                    rows.setdefault(k, []).append((_cpu_seconds(p.proc.pid) - before[k]) / dt * 100)
+                    rows.setdefault(k, []).append((cpu_seconds(p.proc.pid) - before[k]) / dt * 100)
         finally:
             for p in procs.values():
                 p.stop()

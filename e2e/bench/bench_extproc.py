@@ -17,7 +17,7 @@ import functools
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from envoy.config.core.v3 import base_pb2
@@ -55,15 +55,20 @@ def wire_messages(body: bytes, chunk: int = 62_000) -> list[bytes]:
         ),
         protocol_config=pb.ProtocolConfiguration(request_body_mode=FULL_DUPLEX, response_body_mode=FULL_DUPLEX),
     )
-    out = [hdr.SerializeToString()]
-    parts = [body[i : i + chunk] for i in range(0, len(body), chunk)]
-    for i, p in enumerate(parts):
-        out.append(
-            pb.ProcessingRequest(
-                request_body=pb.HttpBody(body=p, end_of_stream=i == len(parts) - 1)
-            ).SerializeToString()
-        )
-    return out
+    return [hdr.SerializeToString(), *body_messages("request_body", chunks(body, chunk))]
+
+
+def chunks(body: bytes, size: int) -> list[bytes]:
+    return [body[i : i + size] for i in range(0, len(body), size)]
+
+
+def body_messages(field: str, parts: Sequence[bytes]) -> list[bytes]:
+    """Body parts as Envoy streams them: serialized ProcessingRequests of `field` (request_body or response_body),
+    the last one ending the stream."""
+    return [
+        pb.ProcessingRequest(**{field: pb.HttpBody(body=p, end_of_stream=i == len(parts) - 1)}).SerializeToString()
+        for i, p in enumerate(parts)
+    ]
 
 
 def chat_body(size: int) -> bytes:

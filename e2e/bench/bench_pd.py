@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import tempfile
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from e2e.bench import procstat
 from e2e.bench.loadgen import percentile
 from e2e.harness.sidecar import SidecarProcess, start_sidecar
 from e2e.harness.stack import start_stack
@@ -74,13 +74,8 @@ class Summary:
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
-    """User + system CPU seconds of these processes so far (/proc/<pid>/stat)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+    """User + system CPU seconds of these processes so far."""
+    return sum(procstat.cpu_seconds(pid) for pid in pids)
 
 
 def workload(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import statistics
@@ -33,6 +32,7 @@ from typing import Any
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from e2e.bench.procstat import cpu_seconds
 from e2e.harness.http import metric_value, request
 from e2e.harness.ports import free_ports
 from e2e.harness.procs import EppPorts, EppProcess
@@ -106,11 +106,6 @@ def counted_picks(metrics_port: int, workers: int) -> float:
     )
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _has_kit_flags(tree: Path) -> bool:
     """Older checkouts predate the anchors' flags (TLS and metrics auth on by default, --tracing): they serve
     plaintext without them and refuse `--secure-serving=false`."""
@@ -170,10 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 time.sleep(1.0 + w)  # every worker up, subscribed and scraping
                 h2load(grpc_port, frames, min(2000, ns.streams), ns.clients, ns.per_client)  # warm up
                 before = counted_picks(metrics, w)
-                cpu0 = _cpu_seconds(epp.proc.pid)
+                cpu0 = cpu_seconds(epp.proc.pid)
                 res = h2load(grpc_port, frames, ns.streams, ns.clients, ns.per_client)
                 if w == 1:  # the EPP process's CPU per pick: what a loaded box does not inflate by waiting
-                    res["cpu_us_per_pick"] = (_cpu_seconds(epp.proc.pid) - cpu0) / ns.streams * 1e6
+                    res["cpu_us_per_pick"] = (cpu_seconds(epp.proc.pid) - cpu0) / ns.streams * 1e6
                 res["picks_counted"] = counted_picks(metrics, w) - before
             finally:
                 epp.stop()

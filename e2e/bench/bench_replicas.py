@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from e2e.bench import affinity_trace, loadgen
+from e2e.bench.procstat import cpu_seconds
 from e2e.demo import SERVED_HEADER, reset_caches, warm_up
 from e2e.harness.http import metric_value
 from e2e.harness.redis import redis_server
@@ -44,40 +45,10 @@ from e2e.sim.launch import SimProcess, start_simulators
 from e2e.strategies import endpoints_yaml
 from e2e.workloads.shared_prefix import shared_prefix
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _proc_stat(pid: int) -> tuple[int, float] | None:
-    """(parent pid, user + system CPU seconds) from /proc (Linux), None if the process is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "; fields[0] is the state
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def _cpu_seconds(pid: int, children: bool = True) -> float:
-    """User + system CPU of a live process and (unless `children` is false) its live descendants."""
-    if not children:
-        st = _proc_stat(pid)
-        return st[1] if st else 0.0
-    stats = {int(d): st for d in os.listdir("/proc") if d.isdigit() and (st := _proc_stat(int(d))) is not None}
-    kids: dict[int, list[int]] = {}
-    for p, (ppid, _) in stats.items():
-        kids.setdefault(ppid, []).append(p)
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        if p in stats:
-            total += stats[p][1]
-        todo.extend(kids.get(p, ()))
-    return total
-
 
 def cpu_snapshot(groups: dict[str, list[int]]) -> dict[str, float]:
     """CPU seconds per group; the bench's own process without its children (the stack it started)."""
-    return {g: sum(_cpu_seconds(pid, g != "bench") for pid in pids) for g, pids in groups.items()}
+    return {g: sum(cpu_seconds(pid, children=g != "bench") for pid in pids) for g, pids in groups.items()}
 
 
 def sim_totals(sims: Sequence[SimProcess]) -> dict[str, float]:

@@ -21,6 +21,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from e2e.harness.aioserve import serve_app
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.extractor import CoreMetricsExtractor
 from epp.datalayer.httpget import KeepAliveGet
@@ -64,22 +65,17 @@ async def scrape_cost(n: int, seconds: float, page: str) -> tuple[float, int]:
 
     app = web.Application()
     app.router.add_get("/metrics", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    ds = Datastore()
-    ds.replace_all([Endpoint(f"e{i}", "127.0.0.1", port) for i in range(n)])
-    scraper = MetricsScraper(ds, interval=0.05)
-    task = asyncio.create_task(scraper.run())
-    await asyncio.sleep(0.5)
-    c0, s0 = time.process_time(), scraper.scrapes
-    await asyncio.sleep(seconds)
-    cpu, scrapes = time.process_time() - c0, scraper.scrapes - s0
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    await runner.cleanup()
+    async with serve_app(app) as port:
+        ds = Datastore()
+        ds.replace_all([Endpoint(f"e{i}", "127.0.0.1", port) for i in range(n)])
+        scraper = MetricsScraper(ds, interval=0.05)
+        task = asyncio.create_task(scraper.run())
+        await asyncio.sleep(0.5)
+        c0, s0 = time.process_time(), scraper.scrapes
+        await asyncio.sleep(seconds)
+        cpu, scrapes = time.process_time() - c0, scraper.scrapes - s0
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
     return cpu, scrapes
 
 
@@ -94,13 +90,10 @@ def serve_page(port_file: str) -> None:
 
         app = web.Application()
         app.router.add_get("/metrics", handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        with open(port_file, "w") as f:
-            f.write(str(site._server.sockets[0].getsockname()[1]))  # type: ignore[union-attr]
-        await asyncio.Event().wait()
+        async with serve_app(app, access_log=False) as port:
+            with open(port_file, "w") as f:
+                f.write(str(port))
+            await asyncio.Event().wait()
 
     asyncio.run(run())
 

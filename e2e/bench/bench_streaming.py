@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -29,6 +28,7 @@ import aiohttp
 
 from e2e.bench.bench_breakdown import FloorProcess
 from e2e.bench.loadgen import percentile
+from e2e.bench.procstat import cpu_seconds
 from e2e.harness.envoy_config import DESTINATION_HEADER as DEST
 from e2e.harness.envoy_config import EnvoyOptions
 from e2e.harness.ports import free_port, free_ports
@@ -55,17 +55,11 @@ async def _stream(session: aiohttp.ClientSession, url: str, headers: dict[str, s
     return gaps
 
 
-def _cpu(pid: int) -> float:
-    """The process's CPU time (user + system, s) from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _idle_rate(pid: int, seconds: float = 2.0) -> float:
     """CPU s per s the process spends with no request (the EPP's scrapes, timers): subtracted from the run's."""
-    c0 = _cpu(pid)
+    c0 = cpu_seconds(pid)
     time.sleep(seconds)
-    return (_cpu(pid) - c0) / seconds
+    return (cpu_seconds(pid) - c0) / seconds
 
 
 async def _measure(
@@ -76,12 +70,12 @@ async def _measure(
     idle = {name: _idle_rate(pid) for name, pid in (pids or {}).items()}
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as s:
-        cpu0 = {name: _cpu(pid) for name, pid in (pids or {}).items()}
+        cpu0 = {name: cpu_seconds(pid) for name, pid in (pids or {}).items()}
         t0 = time.perf_counter()
         tasks = [_stream(s, url, hs[i % len(hs)], tokens) for url, hs in paths.values() for i in range(n)]
         res = await asyncio.gather(*tasks)
         wall = time.perf_counter() - t0
-        raw = {name: _cpu(pid) - cpu0[name] for name, pid in (pids or {}).items()}
+        raw = {name: cpu_seconds(pid) - cpu0[name] for name, pid in (pids or {}).items()}
         cpu = {name: raw[name] - idle[name] * wall for name in raw}
     row: dict[str, Any] = {"concurrency": n}
     for k, name in enumerate(paths):

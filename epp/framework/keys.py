@@ -37,6 +37,10 @@ UPSTREAM_HEADERS: Final = DataKey[dict[str, str]]("upstream-request-headers")
 # prefix producers' speculative entries for the prefill pod).
 DISAGG_DECISION: Final = DataKey[DisaggDecision]("disagg-decision")
 
+# The model server's response status (the director writes it at the response headers), for the ResponseComplete
+# plugins: a response without usage may be an error the engine never computed.
+RESPONSE_STATUS: Final = DataKey[int]("response-status")
+
 # CycleState: the pod picked by an earlier stage of the same cycle (decode-first: the decode pick, seen by the
 # prefill profile's plugins; prefill-first: the prefill pick, seen by the decode profile's).
 PEER_ENDPOINT: Final = DataKey[Endpoint]("disagg-peer-endpoint")

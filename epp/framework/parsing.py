@@ -23,8 +23,9 @@ DEFAULT_PATH = "/v1/completions"  # the router's default when no path header is 
 # Error shapes: "openai" (vLLM/OpenAI JSON), "anthropic" ({"type":"error","error":{...}}), "grpc" (grpc-status).
 ERROR_FORMATS = ("openai", "anthropic", "grpc")
 
-# A request body at least this large is parsed on a worker thread, not on the event loop, and the JSON parsers
-# decode it in bounded pieces so that the thread lets the loop run (epp/plugins/parsers/_bigjson.py).
+# A request body at least this large is parsed on a worker thread, not on the event loop (the JSON parsers count its
+# `{`/`[` a MiB at a time there). The decode itself is one msgspec call that holds the GIL throughout, so the loop
+# still waits for that decode and the bytes copy (docs/benchmarks.md: "A large request body's parse off the loop").
 LARGE_BODY_BYTES = 4 * 1024 * 1024
 
 

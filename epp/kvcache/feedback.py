@@ -195,6 +195,11 @@ class DeliveredHits:
             w.predicted = w.delivered = 0
             w.resyncs += 1
 
+    def forget(self, pod: str) -> None:
+        """The pod left the pool: its windows go (one back at the same address is a new engine)."""
+        self.pods.pop(pod, None)
+        self.counter_pods.pop(pod, None)
+
     def report_counted(self, r: CountedReport) -> None:
         """One response from `r.pod` without cached_tokens (see CountedReport); nothing to compare when its
         metrics page has no prefix-cache counters."""

@@ -11,7 +11,7 @@ attention are skipped (they do not imply prefix residency), and so are their rem
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -164,6 +164,7 @@ class EventApplier:
         # Pods whose events have stored blocks in the index (until they leave the pool): the others are routed on
         # the precise producer's approximate fallback, if it has one.
         self.publishing: set[str] = set()
+        self.on_forget: Callable[[str], None] | None = None  # told when a pod leaves (the delivered-hits windows)
 
     def canonical_block_size(self, model: str, engine_block_size: int = 0) -> int:
         return self.block_sizes.learn(model, engine_block_size)
@@ -187,6 +188,8 @@ class EventApplier:
         """The pod left the pool: its blocks go, and it counts as publishing again only once new events arrive."""
         self.clear_pod(pod)
         self.publishing.discard(pod)
+        if self.on_forget is not None:
+            self.on_forget(pod)
 
     def _apply_one(self, pod: str, model: str, ev: object, st: ApplyStats) -> None:
         if isinstance(ev, BlockStored):

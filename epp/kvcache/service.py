@@ -97,6 +97,7 @@ class KVCacheService:
         self.applier = EventApplier(index, self.tokens, self.block_sizes)
         self.pool = EventPool(self.applier, settings.pool)
         self.feedback = DeliveredHits(settings.feedback, self.resync_pod, self.speculate)
+        self.applier.on_forget = self._forget
         self._flushes: set[asyncio.Task[None]] = set()
 
     def block_size_for(self, model: str, endpoints: Sequence[Endpoint] = ()) -> int | None:
@@ -139,6 +140,9 @@ class KVCacheService:
 
     def report_counted(self, report: CountedReport) -> None:
         self.feedback.report_counted(report)
+
+    def _forget(self, pod: str) -> None:
+        self.feedback.forget(pod)
 
     def resync_pod(self, pod: str) -> None:
         """The pod's entries are wrong: clear them (its next events and delivered hits rebuild them)."""

@@ -94,11 +94,17 @@ class TokenProcessor:
         return out
 
 
+# Models whose block size is learned and kept: a request's model name is the client's, so past this many a learned
+# size is answered but not kept (a pool serves a few models and their adapters).
+MAX_LEARNED_MODELS = 1024
+
+
 class BlockSizes:
     """The canonical block size per model: configured, else learned once (from events or scraped metrics)."""
 
     def __init__(self, configured: Mapping[str, int] | None = None, default: int | None = None) -> None:
         self._sizes: dict[str, int] = dict(configured or {})
+        self._learned = 0
         self.default = default
 
     def get(self, model: str) -> int | None:
@@ -115,7 +121,9 @@ class BlockSizes:
         """Fix the size for `model` if not yet known; returns the size in force (learning never changes it)."""
         cur = self.get(model)
         if cur is None and size > 0:
-            self._sizes[model] = size
+            if self._learned < MAX_LEARNED_MODELS:
+                self._sizes[model] = size
+                self._learned += 1
             return size
         return cur if cur is not None else DEFAULT_BLOCK_SIZE
 

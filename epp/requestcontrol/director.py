@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from epp.datalayer.health import healthy_candidates, response_status
 from epp.datalayer.objectives import ObjectiveStore
 from epp.framework import (
+    RESPONSE_STATUS,
     UPSTREAM_HEADERS,
     AdmissionScope,
     Endpoint,
@@ -220,6 +221,7 @@ class SchedulingDirector:
         served: str | None,
         headers: Mapping[str, str],
     ) -> None:
+        request.data.put(RESPONSE_STATUS, status)
         if served:
             endpoint = self.view.get_by_hostport(served)
             if endpoint is None:

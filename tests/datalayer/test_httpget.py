@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from e2e.harness.aioserve import serve_app
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.httpget import HTTPGetError, KeepAliveGet
 from epp.datalayer.scraper import MetricsScraper
@@ -169,30 +170,25 @@ async def test_scraper_over_tls_with_verification_skipped(tmp_path: Path) -> Non
 
     app = web.Application()
     app.router.add_get("/metrics", page)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    ep = Endpoint("a", "127.0.0.1", port)
-    ds = Datastore()
-    ds.replace_all([ep])
-    scraper = MetricsScraper(ds, interval=0.02, scheme="https", insecure_skip_verify=True)
-    task = asyncio.create_task(scraper.run())
-    try:
-        for _ in range(200):
-            if ep.metrics.waiting_queue_size == 3:
-                break
-            await asyncio.sleep(0.01)
-        assert ep.metrics.waiting_queue_size == 3 and ep.metrics.running_requests_size == 2
-        assert scraper.failures == 0
-        # Verification on: a self-signed certificate fails every scrape, and the failures count against the pod.
-        strict = MetricsScraper(ds, interval=0.02, scheme="https", insecure_skip_verify=False)
-        strict._ssl = strict._ssl_context()
-        strict._running = True
-        good, why = await strict.scrape_once(ep)
-        assert not good and "CERTIFICATE_VERIFY_FAILED" in why
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await runner.cleanup()
+    async with serve_app(app, ssl_context=ctx) as port:
+        ep = Endpoint("a", "127.0.0.1", port)
+        ds = Datastore()
+        ds.replace_all([ep])
+        scraper = MetricsScraper(ds, interval=0.02, scheme="https", insecure_skip_verify=True)
+        task = asyncio.create_task(scraper.run())
+        try:
+            for _ in range(200):
+                if ep.metrics.waiting_queue_size == 3:
+                    break
+                await asyncio.sleep(0.01)
+            assert ep.metrics.waiting_queue_size == 3 and ep.metrics.running_requests_size == 2
+            assert scraper.failures == 0
+            # Verification on: a self-signed certificate fails every scrape, and the failures count against the pod.
+            strict = MetricsScraper(ds, interval=0.02, scheme="https", insecure_skip_verify=False)
+            strict._ssl = strict._ssl_context()
+            strict._running = True
+            good, why = await strict.scrape_once(ep)
+            assert not good and "CERTIFICATE_VERIFY_FAILED" in why
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

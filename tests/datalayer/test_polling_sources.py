@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from e2e.harness.aioserve import serve_app
 from epp.config.loader import ConfigError, parse_config
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.plugins.dcgm_data_source import DCGMDataSource
@@ -38,13 +39,8 @@ async def exporter() -> AsyncIterator[int]:
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield port
-    await runner.cleanup()
+    async with serve_app(app) as port:
+        yield port
 
 
 CONFIG = """

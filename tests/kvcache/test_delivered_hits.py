@@ -167,3 +167,18 @@ async def test_engine_counts_scraped_before_the_response_ends_do_not_fake_a_shor
     assert value(reg, "kv_cache_delivered_hits_counter_intervals_total", "a:80") == 59
     assert value(reg, "kv_cache_delivered_hits_resyncs_total", "a:80") == 0
     assert await blocks(svc, "a:80") == 10
+
+
+async def test_a_pod_that_leaves_the_pool_takes_its_windows_with_it() -> None:
+    """A pod back at the same address (a restart) is a new engine: the samples and counter base of the old one must
+    not count in its first window, and the windows of pods gone must not pile up."""
+    svc, _, _ = service(window=8, max_shortfall=0.5)
+    svc.index.add(None, KEYS, "a:80", 0)
+    for _ in range(7):  # 7 short requests: one more would resync the pod
+        svc.report_delivered("a:80", KEYS, 10, 32, 16, 160)
+    svc.report_counted(CountedReport("a:80", 10, 10, 16, 160, 100.0, 1000.0))
+    svc.pool.workers.forget("a:80")  # the pod left (its subscription stopped)
+    assert "a:80" not in svc.feedback.pods and "a:80" not in svc.feedback.counter_pods
+    svc.index.add(None, KEYS, "a:80", 0)  # back, and its events say it holds the prompt
+    svc.report_delivered("a:80", KEYS, 10, 32, 16, 160)  # its first short request is no window's 8th
+    assert await blocks(svc, "a:80") == 10

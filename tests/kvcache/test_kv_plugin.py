@@ -363,3 +363,43 @@ async def test_multimodal_items_key_the_blocks_as_the_engines_events_do(vllm_kv:
     assert plugin.score(CycleState(), same, EPS) == [0.0, pytest.approx(1.0), 0.0]
     assert plugin.score(CycleState(), other, EPS) == [0.0, pytest.approx(2 / 6), 0.0]
     assert plugin.score(CycleState(), none, EPS) == [0.0, pytest.approx(2 / 6), 0.0]
+
+
+def test_block_sizes_learned_for_client_model_names_are_bounded() -> None:
+    """The model a request names is the client's: a block size learned from the scraped pages for each new name
+    must not grow the map without bound (the size is still answered past the bound, and stays fixed for the names
+    learned first)."""
+    from epp.kvcache.tokens import MAX_LEARNED_MODELS, BlockSizes
+
+    sizes = BlockSizes({"configured": 64})
+    assert sizes.learn("first", 32) == 32
+    for i in range(3 * MAX_LEARNED_MODELS):
+        assert sizes.learn(f"client-{i}", 16) == 16
+    assert len(sizes._sizes) <= MAX_LEARNED_MODELS + 1
+    assert sizes.learn("first", 16) == 32 and sizes.get("configured") == 64
+
+
+async def test_error_responses_do_not_count_against_the_engine_counters(vllm_kv: Any) -> None:
+    """A response without usage that is an error (a 400 for a too-long prompt, a 429 or 503 from an overloaded engine,
+    Envoy's 503 for a pod it cannot reach) had no prefill there: counting its prompt and predicted hit against the
+    engine's counters made a good index look short and resynced it. With the same responses answered 200 the pod is
+    resynced (test above)."""
+    from epp.framework import RESPONSE_STATUS
+
+    plugin, rig = make({**PARAMS, "speculativeIndexing": False, "deliveredHitsConfig": {"window": 4}})
+    eps = [Endpoint(f"pod{i}", f"10.0.1.{i}", 8000) for i in range(3)]
+    req = chat_request(LONG)
+    await rig.prepare(req, eps)
+    toks = tokens(req)
+    store_tokens(vllm_kv, rig.svc, eps[1].hostport, toks, len(toks) // BS, 7100)
+    hits, queries = 0.0, 0.0
+    for i in range(8):
+        eps[1].metrics = Metrics(prefix_cache_hits=hits, prefix_cache_queries=queries, update_time=time.monotonic())
+        r = chat_request(LONG, f"e{i}")
+        await rig.prepare(r, eps)
+        r.data.put(RESPONSE_STATUS, (400, 429, 503, 500)[i % 4])
+        plugin.response_complete(r, eps[1], None)
+        queries += 100  # other traffic the engine served uncached meanwhile
+    again = chat_request(LONG, "after")
+    await rig.prepare(again, eps)
+    assert plugin.score(CycleState(), again, eps) == [0.0, 1.0, 0.0]

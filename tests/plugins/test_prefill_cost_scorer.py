@@ -245,3 +245,52 @@ def test_saturation_charges_only_uncached_tokens_and_is_uniform_without_reuse() 
     assert s.costs(r, e, now=1e12) == [0.0, 3 * 1024.0, 3 * 1024.0]
     # a prompt nobody caches costs the same everywhere, so the term does not change where it goes
     assert s.score(S, req("cold", 1024, {}), e) == [1.0, 1.0, 1.0]
+
+
+def test_dedup_in_flight_blocks_needs_a_producer_of_block_keys() -> None:
+    """dedupInFlightBlocks reads the precise producer's block keys: named with another prefix producer it would be
+    accepted and never take effect, so the config is refused; with the precise producer it builds."""
+    from epp.config import ConfigError, parse_config
+    from epp.datalayer.datastore import Datastore
+    from epp.wiring import build_pipeline, plugin_context
+
+    def config(producer: str) -> str:
+        return (
+            f"plugins:\n- type: {producer}\n- type: token-producer\n"
+            "- type: prefill-cost-scorer\n"
+            f"  parameters: {{prefixMatchInfoProducerName: {producer}, dedupInFlightBlocks: true}}\n"
+            "- type: max-score-picker\n"
+            "schedulingProfiles: [{name: default, plugins: [{pluginRef: prefill-cost-scorer}, "
+            "{pluginRef: max-score-picker}]}]\n"
+        )
+
+    with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
+        build_pipeline(parse_config(config("approx-prefix-cache-producer")), plugin_context(Datastore()))
+    pipeline = build_pipeline(parse_config(config("precise-prefix-cache-producer")), plugin_context(Datastore()))
+    assert "prefill-cost-scorer" in pipeline.plugins
+
+
+def test_an_endpoint_that_leaves_the_pool_starts_afresh_when_it_returns() -> None:
+    """What the scorer tracks per endpoint (backlog, in-flight tokens, KV filled) goes when the endpoint leaves: a pod
+    that comes back under the same name (a StatefulSet's restart) is an empty engine, and the entries of pods that
+    are gone must not pile up."""
+    import time
+
+    from epp.datalayer.datastore import Datastore
+    from epp.wiring import plugin_context
+
+    ds = Datastore()
+    for ep in eps():
+        ds.upsert(ep)
+    params = {"prefillTokensPerSecond": 1, "uncachedWeight": 1, "evictionWeight": 0, "saturationWeight": 0}
+    s = build(PrefillCostScorer, params, ctx=plugin_context(ds))
+    assert pick(s, req("r1", 1024, {"a": 64}), eps()).name == "a"  # a caches it all; its backlog is now 1024 s
+    cost = s.costs(req("r2", 1024, {}), eps(), now=time.monotonic())
+    assert cost[0] > cost[1] == cost[2]
+    ds.remove("a")
+    assert "a" not in s.queues
+    ds.upsert(Endpoint("a", "10.0.0.9", 8000))
+    cost = s.costs(req("r3", 1024, {}), eps(), now=time.monotonic())
+    assert cost[0] == cost[1] == cost[2]
+    s.response_complete(req("r1", 1024, {}), None, None)  # the request that was in flight there ends: no error
+    assert s.queues.get("a") is None or s.queues["a"].active == 0

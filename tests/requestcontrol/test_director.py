@@ -344,3 +344,15 @@ async def test_unhealthy_endpoints_are_not_candidates() -> None:
         assert (await d.handle_request(chat("x", rid=f"e{i}"))).endpoints[0] is ep2
     ep2.health.scrape_failures = ep1.health.scrape_failures = 5
     assert len({(await d.handle_request(chat("x", rid=f"o{i}"))).endpoints[0].name for i in range(9)}) > 1
+
+
+async def test_the_response_status_is_in_the_request_data_for_the_completion_hooks() -> None:
+    from epp.framework import RESPONSE_STATUS
+
+    ds = pool(2)
+    d = director(ds, "plugins: [{type: active-request-scorer}]")
+    r = chat("a", rid="s1")
+    dec = await d.handle_request(r)
+    assert r.data.get(RESPONSE_STATUS) is None
+    d.handle_response_headers(r, dec, 429, dec.destination, {})
+    assert r.data.get(RESPONSE_STATUS) == 429

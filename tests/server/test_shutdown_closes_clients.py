@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from e2e.harness.aioserve import serve_app
 from epp.config import parse_config
 from epp.framework import TOKENIZED_PROMPT, InferenceRequest
 from epp.plugins.producers.token_producer import TokenProducer
@@ -32,15 +33,8 @@ async def model_server() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/tokenize", tokenize)
     app.router.add_get("/cat.png", image)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with serve_app(app) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
 
 
 async def test_stop_closes_the_tokenizer_sessions(model_server: str) -> None:

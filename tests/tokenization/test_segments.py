@@ -71,7 +71,7 @@ def test_a_later_turn_reuses_the_earlier_segments(hf: Any) -> None:
     rnd = random.Random(3)
     convo = [{"role": "system", "content": _text(rnd, 400)}, {"role": "user", "content": _text(rnd, 200)}]
     first = asyncio.run(backend.chat(QWEN25_MODEL, convo, {}))
-    enc = backend._seg[QWEN25_MODEL]
+    enc = backend._seg[str(qwen25_tokenizer_dir())]
     misses = enc.misses
     convo += [{"role": "assistant", "content": _text(rnd, 100)}, {"role": "user", "content": _text(rnd, 50)}]
     second = asyncio.run(backend.chat(QWEN25_MODEL, convo, {}))

@@ -9,6 +9,16 @@ from typing import Self
 from epp.datalayer.extractor import ENGINE_LABEL, CoreMetricsExtractor, EngineConfig
 from epp.framework import Params, Plugin, PluginConfigError, PluginContext
 
+_SPEC_KEYS = (
+    "queuedRequestsSpec",
+    "runningRequestsSpec",
+    "kvUsageSpec",
+    "loraSpec",
+    "cacheInfoSpec",
+    "prefixCacheQueriesSpec",
+    "prefixCacheHitsSpec",
+)
+
 
 class CoreMetricsExtractorPlugin(Plugin):
     type_name = "core-metrics-extractor"
@@ -24,9 +34,11 @@ class CoreMetricsExtractorPlugin(Plugin):
             where = f"{name}: engineConfigs[{i}]"
             if not isinstance(e, dict) or not isinstance(e.get("name"), str):
                 raise PluginConfigError(f"{where}: needs a name", key="engineConfigs")
+            unknown = [k for k in e if k != "name" and k not in _SPEC_KEYS]
+            if unknown:
+                raise PluginConfigError(f"{where}: unknown key {unknown[0]!r}", key="engineConfigs")
             specs = {}
-            keys = ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec", "loraSpec", "cacheInfoSpec")
-            for key in (*keys, "prefixCacheQueriesSpec", "prefixCacheHitsSpec"):
+            for key in _SPEC_KEYS:
                 v = e.get(key, "")
                 if not isinstance(v, str):
                     raise PluginConfigError(f"{where}.{key}: expected a string, got {v!r}", key="engineConfigs")

@@ -12,8 +12,9 @@ unreachable the remote part is cleared after `ttl` (each replica falls back to i
 
 Messengers (e.g. the precise prefix producer's "this prompt is being computed on that pod" at each pick) are not
 worth waiting an interval for: their messages go out as they are queued, batched, on one Redis pub/sub channel
-(`<prefix>:msg`), and every other replica subscribed hands them to its plugin of the same channel. Best effort: a
-full outbox drops the oldest, a Redis outage drops what was queued, and a message over `MAX_PAYLOAD` is refused.
+(`<prefix>:msg`), and every other replica subscribed hands them to its plugin of the same channel; a batch holds
+what fits one payload of `MAX_PAYLOAD` bytes, which receivers refuse beyond. Best effort: a full outbox drops the
+oldest, a Redis outage drops what was queued, and a message that fits no payload is dropped by its sender.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ MESSAGES = Counter(
 MAX_OUTBOX = 4096  # queued messages; the oldest are dropped beyond
 MAX_BATCH = 256  # messages per PUBLISH
 MAX_PAYLOAD = 4 << 20  # bytes; a larger published payload is refused by the receivers
+_MAX_PARTS = MAX_PAYLOAD - 1024  # the messages of one payload, in bytes (the rest is room for its envelope)
 
 # KEYS: none (one Redis, keys under the prefix). ARGV: prefix, replica, now_ms, ttl_ms, n, then n × (key, json).
 # Returns: the live replicas, then for each contributor the other replicas' snapshots (false when missing).
@@ -109,6 +111,32 @@ def _cancel_requested() -> bool:
     loop checks after every Redis call."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def _stop_if_cancelled() -> None:
+    if _cancel_requested():
+        raise asyncio.CancelledError
+
+
+class _Failures:
+    """One Redis loop's run of failures: counted, logged on the first and every 100th, then backed off. A failure
+    that is really a cancellation redis-py swallowed (see `_cancel_requested`) stops the loop instead."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.count = 0
+
+    def ok(self) -> None:
+        self.count = 0
+
+    async def failed(self, e: Exception, backoff: float = 0.0) -> None:
+        if _cancel_requested():
+            raise asyncio.CancelledError from e
+        self.count += 1
+        if self.count == 1 or self.count % 100 == 0:
+            log.warning("%s failed (%d): %s", self.what, self.count, e)
+        if backoff > 0:
+            await asyncio.sleep(backoff)
 
 
 class RedisCrossReplicaSyncer(Plugin):
@@ -202,77 +230,83 @@ class RedisCrossReplicaSyncer(Plugin):
 
     async def _sync_loop(self, client: Any, url: str) -> None:
         script = client.register_script(_SYNC)
-        failures = 0
+        failures = _Failures(f"{self.name}: cross-replica sync with {url}")
         while True:
             started = time.monotonic()
             try:
                 await self.sync_once(script)
-                failures = 0
-            except asyncio.CancelledError:
-                raise
+                failures.ok()
             except Exception as e:
-                if _cancel_requested():
-                    raise asyncio.CancelledError from e
-                failures += 1
+                await failures.failed(e)  # no backoff: the round's interval follows
                 SYNCS.labels("error").inc()
-                if failures == 1 or failures % 100 == 0:
-                    log.warning("%s: cross-replica sync with %s failed (%d): %s", self.name, url, failures, e)
                 if time.monotonic() - self._last_ok > self.ttl:
                     self._clear_remote()
-            if _cancel_requested():
-                raise asyncio.CancelledError
+            _stop_if_cancelled()
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    @property
+    def _backoff(self) -> float:
+        return min(1.0, max(0.05, self.interval))
 
     async def _publish_loop(self, client: Any, url: str) -> None:
         """Publish queued messages as they come, in batches of up to MAX_BATCH."""
         wake = self._wake = asyncio.Event()
-        failures = 0
+        failures = _Failures(f"{self.name}: publishing to {url}")
         while True:
             if not self._outbox:
                 wake.clear()
                 await wake.wait()
-            batch = [self._outbox.popleft() for _ in range(min(MAX_BATCH, len(self._outbox)))]
-            payload = json.dumps({"from": self.sender, "m": batch}, separators=(",", ":"))
+            batch = self._next_batch()
+            if not batch:
+                continue
+            payload = f'{{"from":{json.dumps(self.sender)},"m":[{",".join(batch)}]}}'
             try:
                 await client.publish(self.message_channel, payload)
                 MESSAGES.labels("out", "sent").inc(len(batch))
-                failures = 0
-            except asyncio.CancelledError:
-                raise
+                failures.ok()
             except Exception as e:
-                if _cancel_requested():
-                    raise asyncio.CancelledError from e
-                failures += 1
                 MESSAGES.labels("out", "error").inc(len(batch))
-                if failures == 1 or failures % 100 == 0:
-                    log.warning("%s: publishing to %s failed (%d): %s", self.name, url, failures, e)
-                await asyncio.sleep(min(1.0, self.interval))
-            if _cancel_requested():
-                raise asyncio.CancelledError
+                await failures.failed(e, self._backoff)
+            _stop_if_cancelled()
+
+    def _next_batch(self) -> list[str]:
+        """The next queued messages, serialized, as many as one payload the receivers accept holds (at most
+        MAX_BATCH); a message that fits no payload, or is not JSON, is dropped (counted)."""
+        parts: list[str] = []
+        size = 0
+        outbox = self._outbox
+        while outbox and len(parts) < MAX_BATCH:
+            item = outbox.popleft()
+            try:
+                part = json.dumps(item, separators=(",", ":"))
+            except (TypeError, ValueError):
+                MESSAGES.labels("out", "invalid").inc()
+                continue
+            if len(part) > _MAX_PARTS:
+                MESSAGES.labels("out", "too_large").inc()
+                continue
+            if size + len(part) + 1 > _MAX_PARTS:
+                outbox.appendleft(item)  # the next payload's first
+                break
+            parts.append(part)
+            size += len(part) + 1
+        return parts
 
     async def _subscribe_loop(self, client: Any, url: str) -> None:
         """Receive the other replicas' messages; resubscribe after a failure."""
-        failures = 0
+        failures = _Failures(f"{self.name}: subscription on {url}")
         while True:
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.message_channel)
-                failures = 0
+                failures.ok()
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if _cancel_requested():
-                        raise asyncio.CancelledError
+                    _stop_if_cancelled()
                     if msg is not None and msg.get("type") == "message":
                         self.deliver(msg.get("data"))
-            except asyncio.CancelledError:
-                raise
             except Exception as e:
-                if _cancel_requested():
-                    raise asyncio.CancelledError from e
-                failures += 1
-                if failures == 1 or failures % 100 == 0:
-                    log.warning("%s: subscription on %s failed (%d): %s", self.name, url, failures, e)
-                await asyncio.sleep(min(1.0, max(0.05, self.interval)))
+                await failures.failed(e, self._backoff)
             finally:
                 await pubsub.aclose()
 

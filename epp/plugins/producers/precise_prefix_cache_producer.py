@@ -34,6 +34,7 @@ from typing import Any, Self
 from epp.framework import (
     DISAGG_DECISION,
     PREFIX_CACHE_MATCH_INFO,
+    RESPONSE_STATUS,
     TOKENIZED_PROMPT,
     CountedReport,
     DataKey,
@@ -353,6 +354,9 @@ class PrecisePrefixCacheProducer(Plugin):
         # a burst: the predicted hit may be our own speculation, not yet in the engine's cache
         speculated = endpoint.hostport in info.speculated
         if usage is None or not usage.cached_tokens_reported:
+            status = request.data.get(RESPONSE_STATUS)
+            if status is not None and not 200 <= status < 300:
+                return  # an error: the engine computed no prefill the counters could compare with
             m = endpoint.metrics
             # the engine still counts this prompt's queries (and any hits): it is in the interval, predicting none
             predicted = 0 if speculated else info.blocks.get(endpoint.hostport, 0)

@@ -21,7 +21,8 @@ kept recomputing (KV hit 73% of a 97% bound, TTFT p90 1.4x llm-d's sticky filter
 
 - active(e) can count each KV block that several in-flight requests share once (`dedupInFlightBlocks`, opt-in,
   from the precise producer's block keys), as vLLM's prefix cache holds it once. Blocks private to a request (a chat
-  session's own history) still count in full. Without block keys (another prefix producer) whole prompts count.
+  session's own history) still count in full. It needs the precise producer (another prefix producer is a
+  config error); a request without block keys (not tokenized) counts its whole prompt.
   Off by default: on a quiet machine it won the demo's overload (p90 347 vs 1459 ms) but let chat sessions that
   share a system prompt pile onto few pods, whose histories (resident between turns, where in-flight counting does
   not see them) evicted each other: multi-turn p90 4x, KV hit 81% vs 89% (docs/benchmarks.md, quiet-box runs).
@@ -143,7 +144,7 @@ class PrefillCostScorer(Plugin):
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
         producer = params.str("prefixMatchInfoProducerName", DEFAULT_PRODUCER)
-        return cls(
+        scorer = cls(
             name,
             producer=producer,
             prefill_tokens_per_second=params.float("prefillTokensPerSecond", 15928.0, min=1.0),
@@ -156,9 +157,27 @@ class PrefillCostScorer(Plugin):
             dedup_in_flight_blocks=params.bool("dedupInFlightBlocks", False),
             saturation_weight=params.float("saturationWeight", 1.0, min=0.0),
         )
+        context.endpoints.subscribe(scorer)
+        return scorer
+
+    # Datastore listener: what is tracked for an endpoint goes when it leaves (one that returns under the same name,
+    # a StatefulSet's restart, is an empty engine).
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        return None
+
+    def endpoint_updated(self, endpoint: Endpoint) -> None:
+        return None
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        if self.queues.pop(endpoint.name, None) is not None:
+            for rid in [rid for rid, e in self._inflight.items() if e.endpoint == endpoint.name]:
+                del self._inflight[rid]
 
     def consumes(self) -> Collection[DataKey[Any]]:
-        return (self.info_key, TOKENIZED_PROMPT)
+        # dedupInFlightBlocks reads the precise producer's block keys: a config naming another producer is refused
+        # (the parameter would never take effect)
+        keys: tuple[DataKey[Any], ...] = (self.info_key, TOKENIZED_PROMPT)
+        return keys if self.match_key is None else (*keys, self.match_key)
 
     # --- scoring ----------------------------------------------------------------------------------------
     def costs(self, request: InferenceRequest, endpoints: Sequence[Endpoint], now: float) -> list[float]:
