@@ -26,15 +26,23 @@ from epp.tokenization.qwen import QWEN25_MODEL
 pytestmark = pytest.mark.e2e
 
 
-def config(sims: list[SimProcess], redis_url: str, sync: bool) -> str:
+def config(
+    sims: list[SimProcess],
+    redis_url: str,
+    sync: bool,
+    *,
+    scorer: str = "active-request-scorer",
+    ttl: str = "1s",
+    interval: str = "50ms",
+) -> str:
     eps = "".join(f"- {{name: sim{i}, address: {s.host}, port: {s.http_port}}}\n" for i, s in enumerate(sims))
     return (
         "plugins:\n"
         f"- {{type: inflight-load-producer, parameters: {{syncCrossReplicaState: {str(sync).lower()}}}}}\n"
-        "- {type: active-request-scorer}\n"
-        f"- {{type: redis-cross-replica-syncer, name: xr, parameters: {{address: '{redis_url}', ttl: 1s}}}}\n"
-        "schedulingProfiles: [{name: default, plugins: [{pluginRef: active-request-scorer}]}]\n"
-        "dataLayer: {crossReplicaSyncerPluginRef: xr, crossReplicaSyncInterval: 50ms}\n"
+        f"- {{type: {scorer}}}\n"
+        f"- {{type: redis-cross-replica-syncer, name: xr, parameters: {{address: '{redis_url}', ttl: {ttl}}}}}\n"
+        f"schedulingProfiles: [{{name: default, plugins: [{{pluginRef: {scorer}}}]}}]\n"
+        f"dataLayer: {{crossReplicaSyncerPluginRef: xr, crossReplicaSyncInterval: {interval}}}\n"
         "endpoints:\n" + eps
     )
 
@@ -82,10 +90,7 @@ def test_replicas_share_in_flight_load(tmp_path: Path, sims: list[SimProcess], r
             time.sleep(0.2)  # the other replica's view of this short request is up to one sync interval stale
         t.join(30)
         busy = long_port[0]
-        per_replica = [
-            metric_value(e.metrics_text(), "inference_extension_scheduler_attempts_total", {"status": "success"})
-            for e in stack.epps
-        ]
+        per_replica = stack.picks()
         assert all(n >= 3 for n in per_replica), per_replica  # Envoy spread the requests over both replicas
         if sync:
             assert busy not in shorts, (busy, shorts)
@@ -97,23 +102,7 @@ def test_replicas_share_in_flight_load(tmp_path: Path, sims: list[SimProcess], r
 
 def cold_config(sims: list[SimProcess], redis_url: str, sync: bool) -> str:
     """Token load only, and a sync round every 5 s: only the booking sent at pick time can tell the other replica."""
-    eps = "".join(f"- {{name: sim{i}, address: {s.host}, port: {s.http_port}}}\n" for i, s in enumerate(sims))
-    return (
-        "plugins:\n"
-        f"- {{type: inflight-load-producer, parameters: {{syncCrossReplicaState: {str(sync).lower()}}}}}\n"
-        "- {type: token-load-scorer}\n"
-        f"- {{type: redis-cross-replica-syncer, name: xr, parameters: {{address: '{redis_url}', ttl: 30s}}}}\n"
-        "schedulingProfiles: [{name: default, plugins: [{pluginRef: token-load-scorer}]}]\n"
-        "dataLayer: {crossReplicaSyncerPluginRef: xr, crossReplicaSyncInterval: 5s}\n"
-        "endpoints:\n" + eps
-    )
-
-
-def picks(stack: ReplicatedStack) -> float:
-    return sum(
-        metric_value(e.metrics_text(), "inference_extension_scheduler_attempts_total", {"status": "success"}, 0.0)
-        for e in stack.epps
-    )
+    return config(sims, redis_url, sync, scorer="token-load-scorer", ttl="30s", interval="5s")
 
 
 @pytest.mark.parametrize("sync", [True, False], ids=["shared", "local"])
@@ -130,16 +119,13 @@ def test_two_cold_requests_within_one_sync_interval_go_to_different_pods(
         t = threading.Thread(target=lambda: first.append(port_of(stack.url, long_prompt, 1)), daemon=True)
         t.start()
         deadline = time.monotonic() + 10
-        while picks(stack) < 1:
+        while sum(stack.picks()) < 1:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         time.sleep(0.2)  # the booking's pub/sub message, not a sync round (5 s)
         second = port_of(stack.url, "Another cold prompt: " + long_prompt, 1)
         t.join(60)
-        per_replica = [
-            metric_value(e.metrics_text(), "inference_extension_scheduler_attempts_total", {"status": "success"})
-            for e in stack.epps
-        ]
+        per_replica = stack.picks()
         assert per_replica == [1.0, 1.0], per_replica  # one request through each replica
         if sync:
             assert second != first[0], (first, second)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.harness.http import metric_value, post_json
+from e2e.harness.http import post_json
 from e2e.harness.redis import redis_server
-from e2e.harness.replicas import ReplicatedStack, start_replicas
+from e2e.harness.replicas import start_replicas
 from e2e.sim.launch import SimProcess, start_simulators
 from e2e.strategies import endpoints_yaml
 from epp.tokenization.qwen import QWEN25_MODEL
@@ -70,13 +70,6 @@ def port_of(url: str, prompt: str) -> int:
     return int(r.headers["x-inference-port"])
 
 
-def picks(stack: ReplicatedStack) -> list[float]:
-    return [
-        metric_value(e.metrics_text(), "inference_extension_scheduler_attempts_total", {"status": "success"}, 0.0)
-        for e in stack.epps
-    ]
-
-
 @pytest.mark.parametrize("share", [True, False], ids=["shared", "own"])
 def test_a_burst_sticks_to_one_pod_whichever_replica_routes_it(
     tmp_path: Path, sims: list[SimProcess], redis_url: str, share: bool
@@ -85,13 +78,13 @@ def test_a_burst_sticks_to_one_pod_whichever_replica_routes_it(
     try:
         for s in sims:  # nothing cached from an earlier case
             post_json(s.url + "/reset_prefix_cache", {}, timeout=10)
-        before = picks(stack)
+        before = stack.picks()
         prefix = f"({'shared' if share else 'own'}) {PREFIX}"
         first: list[int] = []
         t = threading.Thread(target=lambda: first.append(port_of(stack.url, prefix + " Question 0?")), daemon=True)
         t.start()
         deadline = time.monotonic() + 10
-        while sum(picks(stack)) <= sum(before):
+        while sum(stack.picks()) <= sum(before):
             assert time.monotonic() < deadline, "the first request was not routed"
             time.sleep(0.02)
         time.sleep(0.3)  # a few load-sync intervals: the other replica knows that pod is busy
@@ -105,7 +98,7 @@ def test_a_burst_sticks_to_one_pod_whichever_replica_routes_it(
             time.sleep(0.05)
         for b in [*burst, t]:
             b.join(60)
-        per_replica = [a - b for a, b in zip(picks(stack), before, strict=True)]
+        per_replica = [a - b for a, b in zip(stack.picks(), before, strict=True)]
         assert all(n >= 3 for n in per_replica), per_replica  # Envoy spread the burst over both replicas
         assert len(first) == 1 and len(ports) == 8
         if share:

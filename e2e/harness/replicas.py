@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e.harness.envoy_config import EnvoyOptions
+from e2e.harness.http import metric_value
 from e2e.harness.ports import free_ports
 from e2e.harness.procs import EnvoyProcess, EppPorts, EppProcess
 
@@ -19,6 +20,13 @@ class ReplicatedStack:
     @property
     def url(self) -> str:
         return self.envoy.url
+
+    def picks(self) -> list[float]:
+        """Each replica's successful scheduling attempts so far (its /metrics)."""
+        ok = {"status": "success"}
+        return [
+            metric_value(e.metrics_text(), "inference_extension_scheduler_attempts_total", ok, 0.0) for e in self.epps
+        ]
 
     def close(self) -> None:
         self.envoy.stop()

@@ -103,9 +103,6 @@ schedulingProfiles:
   - pluginRef: prefix-cache-scorer
     weight: 3
 """
-DEFAULT_DATA_LAYER = [
-    {"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]},
-]
 
 
 class ConfigError(ValueError):
