@@ -1,10 +1,11 @@
-"""The event loop `epp serve` runs on: uvloop when it is installed (the default, `--event-loop auto`), else asyncio's.
+"""The event loop `epp serve` runs on (`--event-loop`): asyncio's (the default), uvloop, or `auto` (uvloop when it
+is installed, else asyncio's).
 
-Why: nearly all of the EPP's CPU per request outside the scheduling chain is event-loop work (grpc.aio's
-completion callbacks, the metrics scrapes' sockets and timers). With uvloop the EPP process used ~30% less CPU per
-request through Envoy and served more picks per second (docs/benchmarks.md, "Event loop and transport" under issue
-#16). Everything the EPP runs on the loop (grpc.aio, aiohttp, pyzmq's asyncio sockets, signal handlers, executors)
-works on both; `--event-loop asyncio` keeps the standard loop.
+uvloop is not the default because it did not win where it counts (docs/benchmarks.md, issue #16, helper overhead2):
+through Envoy the EPP's CPU per request was within 3% of asyncio's and picks/s within the run-to-run noise; most
+of the EPP's CPU per request is grpc.aio's transport (C-core and its Cython callbacks, not the loop's Python code)
+and the metrics scrapes' parsing. Everything the EPP runs on the loop (grpc.aio, aiohttp, pyzmq's asyncio
+sockets, the scrapers' protocol, signal handlers, executors) works on both.
 """
 
 from __future__ import annotations

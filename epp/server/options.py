@@ -145,7 +145,7 @@ class Options:
     endpoint_max_scrape_failures: int = 2
     log_level: str = ""
     workers: int = 1
-    event_loop: str = "auto"
+    event_loop: str = "asyncio"
     worker_index: int = -1
     kubeconfig: str = ""
 
@@ -354,7 +354,7 @@ FLAGS: tuple[Flag, ...] = (
          "(pyepp)."),
     Flag("workers", "int", "EPP processes sharing the ports through SO_REUSEPORT (pyepp)."),
     Flag("event-loop", "string",
-         "auto (uvloop when installed, else asyncio), asyncio or uvloop: the loop the EPP serves on (pyepp)."),
+         "asyncio (default), uvloop, or auto (uvloop when installed): the loop the EPP serves on (pyepp)."),
     Flag("worker-index", "int", "internal: this worker's index", hidden=True),
     Flag("kubeconfig", "string", "kubeconfig file (default: $KUBECONFIG, in-cluster, else ~/.kube/config) (pyepp)."),
 )  # fmt: skip

@@ -37,14 +37,14 @@ def test_without_uvloop_auto_falls_back_and_uvloop_is_an_error(monkeypatch: pyte
 
 
 def test_event_loop_flag() -> None:
-    assert parse_options([]).event_loop == "auto"
-    assert parse_options(["--event-loop", "asyncio"]).event_loop == "asyncio"
+    assert parse_options([]).event_loop == "asyncio"
+    assert parse_options(["--event-loop", "uvloop"]).event_loop == "uvloop"
     with pytest.raises(FlagError, match='invalid argument "tokio" for "--event-loop"'):
         parse_options(["--event-loop", "tokio"])
 
 
 def test_the_grpc_aio_server_serves_on_uvloop() -> None:
-    """grpc.aio on the loop `auto` picks: an ext_proc stream answered end to end (the EPP's transport)."""
+    """grpc.aio on uvloop: an ext_proc stream answered end to end (the EPP's transport)."""
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
     class Echo(pb_grpc.ExternalProcessorServicer):
@@ -71,6 +71,40 @@ def test_the_grpc_aio_server_serves_on_uvloop() -> None:
             await server.stop(0)
         return type(asyncio.get_running_loop()).__module__, answers
 
-    module, answers = run(main(), loop_factory("auto")[1])
+    module, answers = run(main(), loop_factory("uvloop")[1])
     assert module.startswith("uvloop")
     assert answers == 3
+
+
+def test_the_metrics_scrapers_get_works_on_uvloop() -> None:
+    """KeepAliveGet (an asyncio.Protocol) on uvloop: a kept-alive GET, then a refused reconnect once the server is
+    gone (uvloop's transport is not an asyncio.Transport subclass; a type check on it failed every scrape)."""
+    from aiohttp import web
+
+    from epp.datalayer.httpget import KeepAliveGet
+
+    async def main() -> tuple[list[tuple[int, bytes]], str]:
+        async def page(_: web.Request) -> web.Response:
+            return web.Response(text="vllm:num_requests_waiting 3\n")
+
+        app = web.Application()
+        app.router.add_get("/metrics", page)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        client = KeepAliveGet("127.0.0.1", port, "/metrics")
+        got = [await client.get(2.0), await client.get(2.0)]
+        await runner.cleanup()
+        try:
+            await client.get(2.0)
+            failure = "none"
+        except OSError as e:
+            failure = type(e).__name__
+        client.close()
+        return got, failure
+
+    got, failure = run(main(), loop_factory("uvloop")[1])
+    assert got == [(200, b"vllm:num_requests_waiting 3\n")] * 2
+    assert failure in ("ConnectionRefusedError", "ConnectionResetError")
