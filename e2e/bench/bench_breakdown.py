@@ -519,7 +519,9 @@ def _summarize(
         ratios = [a / f for a, f in zip(added50, floor50, strict=True) if f > 0] if name.startswith("epp") else []
         uv = "python floor uvloop"
         uv50 = [r[uv][0] - r["envoy alone"][0] for r in runs] if uv in runs[0] else []
-        uv_ratios = [a / f for a, f in zip(added50, uv50, strict=True) if f > 0] if name.startswith("epp") else []
+        uv_ratios = []
+        if uv50 and name.startswith("epp"):
+            uv_ratios = [a / f for a, f in zip(added50, uv50, strict=True) if f > 0]
         row = {
             "tokens": size,
             "rate": rate,
