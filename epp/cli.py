@@ -6,7 +6,6 @@ Like the Go binary, `epp --pool-name=x ...` (flags first, no subcommand) means `
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -133,8 +132,15 @@ def _serve(opts: Options) -> int:
     health.POLICY.max_scrape_failures = opts.endpoint_max_scrape_failures or 1 << 30
     if opts.worker_index >= 0 and options.metrics_port:
         options.metrics_port += opts.worker_index
+    from epp.server.eventloop import loop_factory, run
+
     try:
-        asyncio.run(serve(runtime, options))
+        _, factory = loop_factory(opts.event_loop)
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
+        run(serve(runtime, options), factory)
     except (BindError, TLSError, LeaderElectionLost) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -272,7 +272,7 @@ def print_part1(rows: list[dict[str, Any]]) -> None:
 
 
 class FloorProcess(_Process):
-    def __init__(self, workdir: Path, destination: str) -> None:
+    def __init__(self, workdir: Path, destination: str, event_loop: str = "asyncio") -> None:
         self.port, self.health_port = free_ports(2)
         argv = [
             sys.executable,
@@ -284,8 +284,10 @@ class FloorProcess(_Process):
             str(self.health_port),
             "--destination",
             destination,
+            "--event-loop",
+            event_loop,
         ]
-        super().__init__("floor", argv, workdir / "floor.log")
+        super().__init__("floor", argv, workdir / f"floor-{event_loop}.log")
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         import grpc
@@ -377,6 +379,7 @@ def part2(
     repeats: int = 1,
     responses: Sequence[bool] = (False, True),
     variants: Sequence[tuple[str, list[str], Path | None]] = (),
+    floor_uvloop: bool = False,
 ) -> list[dict[str, Any]]:
     """Each point runs `repeats` times (the path order rotated each time); per path the median over the repeats of
     its p50/p99 is reported, and ours/floor is the median of the per-repeat ratios of added p50. `variants` adds,
@@ -391,6 +394,9 @@ def part2(
         stacks = []
         floor = FloorProcess(work, ",".join(s.hostport for s in sims))
         envoy_floor: EnvoyProcess | None = None
+        # The same floor on uvloop (`--floor-uvloop`): the EPP serves on uvloop when it is installed.
+        floor_uv = FloorProcess(work, ",".join(s.hostport for s in sims), "uvloop") if floor_uvloop else None
+        envoy_floor_uv: EnvoyProcess | None = None
         try:
             names = []
             for chain in chains:
@@ -419,6 +425,15 @@ def part2(
                 "python floor": (envoy_floor.url, [{}]),
             }
             pids = {"python floor": floor.proc.pid}
+            if floor_uv is not None:
+                floor_uv.wait_ready()
+                lp, ap = free_ports(2)
+                envoy_floor_uv = EnvoyProcess(
+                    EnvoyOptions(listener_port=lp, admin_port=ap, ext_proc_port=floor_uv.port), work
+                )
+                envoy_floor_uv.wait_ready()
+                paths["python floor uvloop"] = (envoy_floor_uv.url, [{}])
+                pids["python floor uvloop"] = floor_uv.proc.pid
             for name, st in zip(names, stacks, strict=True):
                 paths[name] = (st.url, [{}])
                 pids[name] = st.epp.proc.pid
@@ -442,9 +457,10 @@ def part2(
                         # Every part's share of the 2 cores while a point runs (is the box, not the EPP, the limit?)
                         groups = {
                             "simulators": [x.proc.pid for x in sims],
-                            "envoys": [envoy_floor.proc.pid, *(st.envoy.proc.pid for st in stacks)],
+                            "envoys": [envoy_floor.proc.pid, *(st.envoy.proc.pid for st in stacks)]
+                            + ([envoy_floor_uv.proc.pid] if envoy_floor_uv is not None else []),
                             "epps": [st.epp.proc.pid for st in stacks],
-                            "floor": [floor.proc.pid],
+                            "floor": [floor.proc.pid] + ([floor_uv.proc.pid] if floor_uv is not None else []),
                             "client": [os.getpid()],
                         }
                         share: dict[str, list[float]] = {g: [] for g in groups}
@@ -477,6 +493,10 @@ def part2(
             if envoy_floor is not None:
                 envoy_floor.stop()
             floor.stop()
+            if envoy_floor_uv is not None:
+                envoy_floor_uv.stop()
+            if floor_uv is not None:
+                floor_uv.stop()
             for st in stacks:
                 st.close()
     return rows
@@ -497,6 +517,11 @@ def _summarize(
         added99 = [r[name][1] - r["envoy alone"][1] for r in runs]
         floor50 = [r["python floor"][0] - r["envoy alone"][0] for r in runs]
         ratios = [a / f for a, f in zip(added50, floor50, strict=True) if f > 0] if name.startswith("epp") else []
+        uv = "python floor uvloop"
+        uv50 = [r[uv][0] - r["envoy alone"][0] for r in runs] if uv in runs[0] else []
+        uv_ratios = []
+        if uv50 and name.startswith("epp"):
+            uv_ratios = [a / f for a, f in zip(added50, uv50, strict=True) if f > 0]
         row = {
             "tokens": size,
             "rate": rate,
@@ -508,6 +533,8 @@ def _summarize(
             "added_p99_ms": med(added99),
             "vs_floor_p50": med(ratios) if ratios else None,
             "vs_floor_p50_runs": ratios,
+            "vs_floor_uvloop_p50": med(uv_ratios) if uv_ratios else None,
+            "vs_floor_uvloop_p50_runs": uv_ratios,
             "errors": errors,
             "cpu_us_per_request": med((cpu or {}).get(name) or [float("nan")]),
         }
@@ -517,7 +544,7 @@ def _summarize(
             f"{size:>6}{rate:>6.0f}{'sse' if stream else 'json':>6}  {name:24}"
             f"{row['p50_ms']:>8.2f}{row['p99_ms']:>8.2f}{row['added_p50_ms']:>8.2f}{row['added_p99_ms']:>8.2f}"
             f"{(f'{vs:.2f}x' if vs is not None else ''):>14}{' '.join(f'{x:.2f}' for x in ratios):>24}"
-            f"{row['cpu_us_per_request']:>12.0f}",
+            f"{row['cpu_us_per_request']:>12.0f}" + (f"   vs uvloop floor {med(uv_ratios):.2f}x" if uv_ratios else ""),
             flush=True,
         )
     return rows
@@ -679,6 +706,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="part 2/4: extra EPPs per chain, 'name[@checkout]=flags;...' (e.g. 'scrape10s=--refresh-metrics-interval "
         "10s' or 'main@/tmp/main-tree=': another commit's EPP)",
     )
+    p.add_argument(
+        "--floor-uvloop",
+        action="store_true",
+        help="part 2: also run the floor on uvloop (the EPP's loop when installed); ratios to it in vs_floor_uvloop",
+    )
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="part 1: process CPU time or wall time")
     p.add_argument("--json", help="write the rows here")
     ns = p.parse_args(argv)
@@ -694,7 +726,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             (int(s), [float(r) for r in rs.split(",")]) for s, rs in (pt.split(":") for pt in ns.points.split(";"))
         ]
         responses = [r == "sse" for r in ns.responses.split(",")]
-        out["part2"] = part2(points, ns.duration, ns.chains.split(","), ns.sims, ns.repeats2, responses, variants)
+        out["part2"] = part2(
+            points, ns.duration, ns.chains.split(","), ns.sims, ns.repeats2, responses, variants, ns.floor_uvloop
+        )
     if ns.part == "3":
         responses = [r == "sse" for r in ns.responses.split(",")]
         out["part3"] = [

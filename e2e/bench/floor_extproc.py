@@ -5,7 +5,7 @@ ends, then answer them with a fixed destination and stream the body back; pass r
 body chunks and trailers), but no parsing, no scheduling, no metrics: what any Python ext_proc server pays for
 transport and protobuf. `bench_breakdown` runs it beside the EPP behind the same Envoy configuration.
 
-    python -m e2e.bench.floor_extproc --port 9002 --destination 127.0.0.1:8000[,127.0.0.1:8001,...]
+    python -m e2e.bench.floor_extproc --port 9002 --destination 127.0.0.1:8000[,...] [--event-loop uvloop]
 
 With several destinations (a simulator pool) requests go round-robin over them, as cheap a pick as there is.
 """
@@ -101,8 +101,15 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--health-port", type=int, required=True)
     ap.add_argument("--destination", required=True, help="host:port, or a comma-separated list (round-robin)")
+    ap.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio")
     ns = ap.parse_args()
-    asyncio.run(serve(ns.port, ns.health_port, ns.destination))
+    factory = None
+    if ns.event_loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(serve(ns.port, ns.health_port, ns.destination))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from typing import cast
 
 __all__ = ["HTTPGetError", "KeepAliveGet"]
 
@@ -43,8 +44,9 @@ class _Response(asyncio.Protocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A duck-typed check: uvloop's TCP transport is not an asyncio.Transport subclass.
+        assert hasattr(transport, "write")
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.buf += data

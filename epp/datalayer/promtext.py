@@ -83,6 +83,7 @@ def find_family(text: str, name: str) -> list[Sample]:
     else:
         first = text.find("\n" + name)
         pos = first + 1 if first >= 0 else -1
+    in_group = False
     while pos >= 0:
         after = pos + n
         c = text[after : after + 1]
@@ -90,9 +91,19 @@ def find_family(text: str, name: str) -> list[Sample]:
             sample, end = _sample(text, after)
             if sample is not None:
                 out.append(sample)
+            in_group = True
             pos = end
+        elif in_group:
+            # The text format puts all of a family's samples in one group of lines: once a line after them is not
+            # one of them, the family is over (not scanning the rest of a ~100 KB page for more is most of the cut).
+            return out
         else:
             pos = after
+        if in_group:
+            if text.startswith(name, pos + 1):
+                pos += 1
+                continue
+            return out
         nxt = text.find("\n" + name, pos)
         pos = nxt + 1 if nxt >= 0 else -1
     return out

@@ -145,6 +145,7 @@ class Options:
     endpoint_max_scrape_failures: int = 2
     log_level: str = ""
     workers: int = 1
+    event_loop: str = "asyncio"
     worker_index: int = -1
     kubeconfig: str = ""
 
@@ -243,6 +244,7 @@ class Options:
                 raise FlagError(f"--{name}: port {port} is out of range")
         if self.workers < 1:
             raise FlagError(f"--workers must be >= 1, got {self.workers}")
+        _choice(self.event_loop, ("auto", "asyncio", "uvloop"), "event-loop")
         for name in ("drain-timeout", "refresh-metrics-interval", "refresh-prometheus-metrics-interval",
                      "metrics-staleness-threshold"):  # fmt: skip
             if getattr(self, name.replace("-", "_")) < 0:
@@ -351,6 +353,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("log-level", "string", "Python log level: debug, info, warning or error; overrides -v and --zap-log-level "
          "(pyepp)."),
     Flag("workers", "int", "EPP processes sharing the ports through SO_REUSEPORT (pyepp)."),
+    Flag("event-loop", "string",
+         "asyncio (default), uvloop, or auto (uvloop when installed): the loop the EPP serves on (pyepp)."),
     Flag("worker-index", "int", "internal: this worker's index", hidden=True),
     Flag("kubeconfig", "string", "kubeconfig file (default: $KUBECONFIG, in-cluster, else ~/.kube/config) (pyepp)."),
 )  # fmt: skip

@@ -296,3 +296,20 @@ def test_core_metrics_extractor_refuses_an_unknown_engine_config_key() -> None:
     spec = {"name": "vllm", "queuedRequestsSpec": "w", "kvUsageSpec": "k", "prefixCacheHitSpec": "hits_total"}
     with pytest.raises(PluginConfigError, match=r"engineConfigs\[0\]: unknown key 'prefixCacheHitSpec'"):
         build(CoreMetricsExtractorPlugin, {"engineConfigs": [spec]})
+
+
+def test_find_family_reads_one_group_of_lines_and_skips_prefix_sharing_families() -> None:
+    """A family's samples are one group of lines (the text format requires it): all of them are read, a family
+    whose name extends it (before or after the group) is not, and the scan ends with the group."""
+    from epp.datalayer.promtext import find_family
+
+    page = (
+        '# HELP foo_bucket x\nfoo_bucket{le="1"} 7\nfoo_bucketx 8\n'
+        '# HELP foo f\n# TYPE foo gauge\nfoo{a="1"} 1\nfoo{a="2"} 2\nfoo 3\n'
+        "foo_total 4\nbar 5\n"
+    )
+    assert find_family(page, "foo") == [({"a": "1"}, 1.0), ({"a": "2"}, 2.0), ({}, 3.0)]
+    assert find_family(page, "foo_bucket") == [({"le": "1"}, 7.0)]
+    assert find_family(page, "bar") == [({}, 5.0)]
+    assert find_family("foo 1", "foo") == [({}, 1.0)]
+    assert find_family(page, "baz") == []

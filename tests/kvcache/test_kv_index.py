@@ -231,3 +231,36 @@ def test_engine_map_incremental_merges_match_a_dict(fanout: int, step: int) -> N
     if step < 100:
         assert merges_seen > 100  # merges really ran interleaved with the other operations
     assert len(m.runs) <= 6 * fanout  # tiered merging keeps the run count bounded (~fanout per level)
+
+
+def test_engine_map_slices_are_bounded_and_never_share_a_call_with_a_spill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write's pause is one spill or one merge slice of at most `step` entries: never both, and never a bigger
+    slice when runs pile up (they get slices more often instead)."""
+    import random
+
+    from epp.kvcache import index as ix
+
+    calls: list[tuple[str, int]] = []
+    step, spill = ix._Merge.step, ix.EngineMap._spill
+
+    def counted_step(self: Any, budget: int) -> bool:
+        calls.append(("step", budget))
+        return step(self, budget)
+
+    def counted_spill(self: Any) -> None:
+        calls.append(("spill", 0))
+        spill(self)
+
+    monkeypatch.setattr(ix._Merge, "step", counted_step)
+    monkeypatch.setattr(ix.EngineMap, "_spill", counted_spill)
+    m = ix.EngineMap(run_size=16, fanout=2, step=8, step_every=4)
+    rnd = random.Random(3)
+    keys = [rnd.getrandbits(64) for _ in range(5000)]
+    for i in range(0, len(keys), 5):
+        calls.clear()
+        m.update([(e, 1) for e in keys[i : i + 5]], 5)
+        kinds = [k for k, _ in calls]
+        assert kinds.count("spill") + kinds.count("step") <= 1, kinds
+        assert all(b == 8 for k, b in calls if k == "step")
+    assert m.merges > 50
+    assert all(m.get(e) == 1 for e in keys)
