@@ -306,6 +306,14 @@ class FloorProcess(_Process):
                 time.sleep(0.05)
         raise self.fail("floor not ready")
 
+    def envoy_in_front(self, workdir: Path) -> EnvoyProcess:
+        """Wait for the floor, then start (and wait for) an Envoy whose ext_proc cluster is this floor."""
+        self.wait_ready()
+        lp, ap = free_ports(2)
+        envoy = EnvoyProcess(EnvoyOptions(listener_port=lp, admin_port=ap, ext_proc_port=self.port), workdir)
+        envoy.wait_ready()
+        return envoy
+
 
 async def _measure(
     paths: dict[str, tuple[str, list[dict[str, str]]]],
@@ -415,10 +423,7 @@ def part2(
                             ready_timeout=120.0,
                         )
                     )
-            floor.wait_ready()
-            lp, ap = free_ports(2)
-            envoy_floor = EnvoyProcess(EnvoyOptions(listener_port=lp, admin_port=ap, ext_proc_port=floor.port), work)
-            envoy_floor.wait_ready()
+            envoy_floor = floor.envoy_in_front(work)
             direct = f"http://127.0.0.1:{stacks[0].envoy.opts.direct_port}"
             paths: dict[str, tuple[str, list[dict[str, str]]]] = {
                 "envoy alone": (direct, [{DEST: s.hostport} for s in sims]),
@@ -426,12 +431,7 @@ def part2(
             }
             pids = {"python floor": floor.proc.pid}
             if floor_uv is not None:
-                floor_uv.wait_ready()
-                lp, ap = free_ports(2)
-                envoy_floor_uv = EnvoyProcess(
-                    EnvoyOptions(listener_port=lp, admin_port=ap, ext_proc_port=floor_uv.port), work
-                )
-                envoy_floor_uv.wait_ready()
+                envoy_floor_uv = floor_uv.envoy_in_front(work)
                 paths["python floor uvloop"] = (envoy_floor_uv.url, [{}])
                 pids["python floor uvloop"] = floor_uv.proc.pid
             for name, st in zip(names, stacks, strict=True):

@@ -30,8 +30,7 @@ from e2e.bench.bench_breakdown import FloorProcess
 from e2e.bench.loadgen import percentile
 from e2e.bench.procstat import cpu_seconds
 from e2e.harness.envoy_config import DESTINATION_HEADER as DEST
-from e2e.harness.envoy_config import EnvoyOptions
-from e2e.harness.ports import free_port, free_ports
+from e2e.harness.ports import free_port
 from e2e.harness.procs import EnvoyProcess
 from e2e.harness.stack import start_stack
 from e2e.sim.launch import start_simulators
@@ -126,12 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             if ns.floor:
                 floor = FloorProcess(work, ",".join(s.hostport for s in sims))
-                floor.wait_ready()
-                lp, ap = free_ports(2)
-                envoy_floor = EnvoyProcess(
-                    EnvoyOptions(listener_port=lp, admin_port=ap, ext_proc_port=floor.port), work
-                )
-                envoy_floor.wait_ready()
+                envoy_floor = floor.envoy_in_front(work)
                 paths["floor"] = (envoy_floor.url, [{}])
             pids = {"gateway": stack.epp.proc.pid}
             if floor is not None:
