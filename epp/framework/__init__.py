@@ -5,7 +5,14 @@ the context and services a plugin factory receives (`context`, `services`), requ
 registry of plugin types (`registry`). It imports nothing else from the EPP.
 """
 
-from epp.framework.context import BackgroundTask, EndpointListener, EndpointView, PluginContext, PluginRequirement
+from epp.framework.context import (
+    BackgroundTask,
+    EndpointListener,
+    EndpointView,
+    PluginContext,
+    PluginRequirement,
+    RemovalListener,
+)
 from epp.framework.errors import (
     BadRequest,
     InternalError,
@@ -137,6 +144,7 @@ __all__ = [
     "ProfileHandler",
     "ProfileResult",
     "ReferencesPlugins",
+    "RemovalListener",
     "RequestError",
     "RequestHeaderProcessor",
     "Response",

@@ -27,6 +27,20 @@ class EndpointListener(Protocol):
     def endpoint_removed(self, endpoint: Endpoint) -> None: ...
 
 
+class RemovalListener:
+    """An EndpointListener for state kept per endpoint that only needs dropping when the endpoint leaves: an added
+    endpoint has nothing yet, and one relabelled in place is the same server with the same state."""
+
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        return None
+
+    def endpoint_updated(self, endpoint: Endpoint) -> None:
+        return None
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        raise NotImplementedError
+
+
 class EndpointView(Protocol):
     """Read access to the pool's current endpoints, plus change notifications."""
 

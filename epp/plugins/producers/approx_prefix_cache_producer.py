@@ -29,6 +29,7 @@ from epp.framework import (
     Plugin,
     PluginContext,
     PrefixCacheMatchInfo,
+    RemovalListener,
     SchedulingResult,
 )
 
@@ -163,7 +164,7 @@ class PrefixIndex:
         return sum(len(v) for v in self._lru.values())
 
 
-class ApproxPrefixCacheProducer(Plugin):
+class ApproxPrefixCacheProducer(Plugin, RemovalListener):
     type_name = "approx-prefix-cache-producer"
 
     def __init__(
@@ -210,12 +211,6 @@ class ApproxPrefixCacheProducer(Plugin):
         return (self.key,)
 
     # Datastore listener: prune endpoints that left the pool.
-    def endpoint_added(self, endpoint: Endpoint) -> None:
-        return None
-
-    def endpoint_updated(self, endpoint: Endpoint) -> None:
-        """Relabelled in place: the same server with the same cache, so its entries stay."""
-
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         self.index.remove_endpoint(endpoint.name)
 

@@ -27,6 +27,7 @@ from epp.framework import (
     Params,
     Plugin,
     PluginContext,
+    RemovalListener,
     SchedulingResult,
 )
 
@@ -84,7 +85,7 @@ def request_items(request: InferenceRequest) -> dict[str, str]:
     return {f.hash: f.modality for f in features if f.hash}
 
 
-class MMEmbeddingsCacheProducer(Plugin):
+class MMEmbeddingsCacheProducer(Plugin, RemovalListener):
     type_name = TYPE
 
     def __init__(self, name: str = TYPE, cache_size_mb: int = DEFAULT_CACHE_SIZE_MB) -> None:
@@ -146,12 +147,6 @@ class MMEmbeddingsCacheProducer(Plugin):
                         cache.popitem(last=False)
 
     # -- endpoints: a removed one's LRU goes with it -------------------------------------------------------------
-
-    def endpoint_added(self, endpoint: Endpoint) -> None:
-        """Nothing to track until a request is routed there."""
-
-    def endpoint_updated(self, endpoint: Endpoint) -> None:
-        """Same endpoint, same encoder cache."""
 
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         self.caches.pop(endpoint.name, None)

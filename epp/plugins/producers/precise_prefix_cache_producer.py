@@ -46,6 +46,7 @@ from epp.framework import (
     Plugin,
     PluginContext,
     PrefixCacheMatchInfo,
+    RemovalListener,
     SchedulingResult,
     Usage,
 )
@@ -110,7 +111,7 @@ def tokenizer_pool_params(pool: Params) -> dict[str, Any]:
     return {"modelName": model, "udsTokenizerConfig": out}
 
 
-class PrecisePrefixCacheProducer(Plugin):
+class PrecisePrefixCacheProducer(Plugin, RemovalListener):
     type_name = "precise-prefix-cache-producer"
 
     def __init__(
@@ -179,12 +180,6 @@ class PrecisePrefixCacheProducer(Plugin):
         return producer
 
     # Datastore listener (approximateFallback only): an endpoint that left takes its history with it.
-    def endpoint_added(self, endpoint: Endpoint) -> None:
-        return None
-
-    def endpoint_updated(self, endpoint: Endpoint) -> None:
-        return None
-
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         if self.fallback is not None and endpoint.name in self._in_history:
             self._in_history.discard(endpoint.name)

@@ -41,6 +41,7 @@ from epp.framework import (
     Plugin,
     PluginContext,
     PrefixCacheMatchInfo,
+    RemovalListener,
     ResponseChunk,
     SchedulingResult,
     Usage,
@@ -183,7 +184,7 @@ def slo_header(headers: Mapping[str, str], name: str, old: str) -> float:
     return v if math.isfinite(v) and v > 0 else 0.0
 
 
-class PredictedLatencyProducer(Plugin):
+class PredictedLatencyProducer(Plugin, RemovalListener):
     type_name = "predicted-latency-producer"
 
     def __init__(
@@ -259,12 +260,6 @@ class PredictedLatencyProducer(Plugin):
         return (self.prefix_key,)
 
     # -- endpoints (EndpointListener) --------------------------------------------------------------------------
-
-    def endpoint_added(self, endpoint: Endpoint) -> None:
-        return None
-
-    def endpoint_updated(self, endpoint: Endpoint) -> None:
-        return None
 
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         self.ttft.forget(endpoint.name)

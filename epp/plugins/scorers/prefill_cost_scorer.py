@@ -72,6 +72,7 @@ from epp.framework import (
     Params,
     Plugin,
     PluginContext,
+    RemovalListener,
     SchedulingResult,
     Usage,
 )
@@ -113,7 +114,7 @@ class _Queue:
 COST = DataKey[_Cost]("prefill-cost")
 
 
-class PrefillCostScorer(Plugin):
+class PrefillCostScorer(Plugin, RemovalListener):
     type_name = "prefill-cost-scorer"
 
     def __init__(
@@ -181,12 +182,6 @@ class PrefillCostScorer(Plugin):
 
     # Datastore listener: what is tracked for an endpoint goes when it leaves (one that returns under the same name,
     # a StatefulSet's restart, is an empty engine).
-    def endpoint_added(self, endpoint: Endpoint) -> None:
-        return None
-
-    def endpoint_updated(self, endpoint: Endpoint) -> None:
-        return None
-
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         if self.queues.pop(endpoint.name, None) is not None:
             for rid in [rid for rid, e in self._inflight.items() if e.endpoint == endpoint.name]:
