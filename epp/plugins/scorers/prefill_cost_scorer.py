@@ -56,6 +56,8 @@ choice falls to backlog and decode load: the scorer degrades to a token-load bal
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
@@ -109,7 +111,12 @@ class _Queue:
     # The working set: prompt block keys routed there within `workingSetWindow`, oldest first (key -> when).
     recent: OrderedDict[int, float] = field(default_factory=OrderedDict)
     recent_block_tokens: int = 0
+    work: float = 0.0  # prefill seconds routed there, decayed with `utilizationWindow` (sum of e^-age/T)
+    picks: float = 0.0  # requests routed there, decayed the same way
+    work_at: float = 0.0
 
+
+_TRACE = open(os.environ["EPP_COST_TRACE"], "a") if os.environ.get("EPP_COST_TRACE") else None  # noqa: SIM115
 
 COST = DataKey[_Cost]("prefill-cost")
 
@@ -132,6 +139,13 @@ class PrefillCostScorer(Plugin, RemovalListener):
         saturation_weight: float = 1.0,
         working_set_window: float = 0.0,
         needs_block_keys: bool = False,
+        overflow_weight: float = 0.0,
+        request_tokens: float = 0.0,
+        idle_uncached_weight: float = -1.0,
+        marginal_overflow: bool = False,
+        utilization_weight: float = 0.0,
+        utilization_window: float = 10.0,
+        idle_traffic: bool = False,
     ) -> None:
         super().__init__(name)
         self.producer = producer
@@ -149,6 +163,13 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.window = working_set_window
         self.needs_block_keys = needs_block_keys
         self.saturation_weight = saturation_weight
+        self.overflow_weight = overflow_weight
+        self.request_tokens = request_tokens
+        self.idle_uw = idle_uncached_weight
+        self.marginal_overflow = marginal_overflow
+        self.util_weight = utilization_weight
+        self.util_window = utilization_window
+        self.idle_traffic = idle_traffic
         self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
         self.queues: dict[str, _Queue] = {}
         self._inflight: dict[str, _InFlight] = {}
@@ -176,6 +197,13 @@ class PrefillCostScorer(Plugin, RemovalListener):
             saturation_weight=params.float("saturationWeight", 1.0, min=0.0),
             working_set_window=window,
             needs_block_keys=explicit,
+            overflow_weight=params.float("overflowWeight", 0.0, min=0.0),
+            request_tokens=params.float("requestTokens", 0.0, min=0.0),
+            idle_uncached_weight=params.float("idleUncachedWeight", -1.0),
+            marginal_overflow=params.bool("marginalOverflow", False),
+            utilization_weight=params.float("utilizationWeight", 0.0, min=0.0),
+            utilization_window=params.duration("utilizationWindow", 10.0),
+            idle_traffic=params.bool("idleTraffic", False),
         )
         context.endpoints.subscribe(scorer)
         return scorer
@@ -209,6 +237,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         uncached: dict[str, int] = {}
         out: list[float] = []
         rate, dw, uw, queues = self.rate, self.decode_weight, self.uncached_weight, self.queues
+        ow, rt = self.overflow_weight, self.request_tokens
         evict = self.eviction_weight * self.reuse
         if self.saturation_weight > 0 and endpoints:
             busy = min((q.active if (q := queues.get(ep.name)) is not None else 0) for ep in endpoints)
@@ -220,11 +249,28 @@ class PrefillCostScorer(Plugin, RemovalListener):
             best = max(best, n - u)
             q = queues.get(ep.name)
             full = self.fullness(ep, q, now)
-            cost = (uw + evict * full) * u
+            w = uw
+            if self.idle_uw >= 0 and (q is None or (q.active == 0 and q.busy_until <= now)):
+                g = full
+                if self.idle_traffic and q is not None and q.picks > 0:
+                    self._decay(q, now)
+                    g = min(1.0, max(g, q.picks / self.util_window * u / (2.0 * rate)))
+                w = self.idle_uw + (uw - self.idle_uw) * g
+            cost = (w + evict * full) * u
             if q is not None:
                 if q.busy_until > now:
                     cost += (q.busy_until - now) * rate
-                cost += dw * full * q.active_tokens
+                cost += dw * full * q.active_tokens + rt * q.active
+                if self.util_weight > 0 and q.picks > 0:
+                    self._decay(q, now)
+                    rho = min(0.95, q.work / self.util_window)
+                    cost += self.util_weight * (q.work / q.picks) * rate * rho / (1.0 - rho)
+                if ow > 0 and q.recent_block_tokens:
+                    m = ep.metrics
+                    cap = m.cache_num_blocks * m.cache_block_size
+                    over = len(q.recent) * q.recent_block_tokens - cap + (u if self.marginal_overflow else 0)
+                    if cap > 0 and over > 0:
+                        cost += ow * over
             out.append(cost)
         if n > 0:
             self.reuse += self.reuse_alpha * (best / n - self.reuse)
@@ -246,6 +292,13 @@ class PrefillCostScorer(Plugin, RemovalListener):
             return min(1.0, len(q.recent) * q.recent_block_tokens / capacity)
         return min(1.0, q.written / capacity)
 
+    def _decay(self, q: _Queue, now: float) -> None:
+        if now > q.work_at:
+            f = math.exp((q.work_at - now) / self.util_window)
+            q.work *= f
+            q.picks *= f
+            q.work_at = now
+
     def _expire(self, q: _Queue, now: float, capacity: int) -> None:
         """Drop working-set entries older than the window, and beyond twice the capacity (a bound on memory;
         `MAX_WORKING_SET` blocks while the capacity is unknown)."""
@@ -255,7 +308,18 @@ class PrefillCostScorer(Plugin, RemovalListener):
             recent.popitem(last=False)
 
     def score(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
-        costs = self.costs(request, endpoints, time.monotonic())
+        now = time.monotonic()
+        costs = self.costs(request, endpoints, now)
+        if _TRACE is not None and costs:
+            c = request.data.get(self.cost_key)
+            rows = []
+            for ep, cost in zip(endpoints, costs, strict=True):
+                q = self.queues.get(ep.name)
+                rows.append([ep.name[-5:], round(cost), c.uncached.get(ep.name) if c else None,
+                             q.active if q else 0, round(max(0.0, q.busy_until - now) * self.rate) if q else 0,
+                             round(self.fullness(ep, q, now), 2), len(q.recent) * q.recent_block_tokens if q else 0])
+            _TRACE.write(f"{now:.3f} {c.prompt_tokens if c else 0} {rows}\n")
+            _TRACE.flush()
         if not costs:
             return []
         lo, hi = min(costs), max(costs)
@@ -280,6 +344,10 @@ class PrefillCostScorer(Plugin, RemovalListener):
         q = self.queues.setdefault(name, _Queue())
         uncached = cost.uncached.get(name, cost.prompt_tokens)
         q.busy_until = max(q.busy_until, now) + uncached / self.rate
+        if self.util_weight > 0 or self.idle_traffic:
+            self._decay(q, now)
+            q.work += uncached / self.rate
+            q.picks += 1.0
         out = request.max_tokens if request.max_tokens is not None else self.default_output
         entry = _InFlight(name, cost.prompt_tokens + max(0, out), now)
         match = request.data.get(self.match_key)
