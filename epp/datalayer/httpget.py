@@ -160,6 +160,8 @@ class _Response(asyncio.Protocol):
             start, stop = eol + 2, eol + 2 + size
             if len(buf) < stop + 2:
                 return None
+            if buf[stop : stop + 2] != b"\r\n":
+                raise HTTPGetError(f"chunk not followed by CRLF: {bytes(buf[stop : stop + 10])!r}")
             self.body += buf[start:stop]
             pos = self.pos = stop + 2
 
