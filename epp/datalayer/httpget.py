@@ -13,6 +13,8 @@ import asyncio
 import ssl
 from typing import cast
 
+from epp.framework.parsing import content_length
+
 __all__ = ["HTTPGetError", "KeepAliveGet"]
 
 _NO_BODY = (204, 304)
@@ -122,11 +124,11 @@ class _Response(asyncio.Protocol):
             name = name.strip().lower()
             if name == b"content-length":
                 try:
-                    self.length = int(value)
+                    self.length = content_length(value)
                 except ValueError:
                     raise HTTPGetError(f"bad Content-Length {value[:40]!r}") from None
-                if self.length < 0:
-                    raise HTTPGetError(f"bad Content-Length {value[:40]!r}")
+                if self.length > self.max_bytes:
+                    raise HTTPGetError(f"response over {self.max_bytes} bytes")
             elif name == b"transfer-encoding":
                 self.chunked = value.strip().lower().endswith(b"chunked")
             elif name == b"connection":

@@ -121,6 +121,11 @@ async def test_close_delimited_and_connection_close_reconnect(raw: Callable[...,
     "reply, error",
     [
         (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: +1\r\n\r\na", "bad Content-Length"),  # int() would take these
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 0_1\r\n\r\na", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1, 1\r\n\r\na", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2000\r\n\r\nabc", "response over 1024 bytes"),  # told at once
+        (b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\na", "response over 1024 bytes"),
         (b"SPDY/3 200 OK\r\nContent-Length: 1\r\n\r\na", "bad status line"),
         (b"HTTP/1.1 200 OK\r\nno colon here\r\nContent-Length: 1\r\n\r\na", "bad header line"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
