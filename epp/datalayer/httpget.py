@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import string
 from typing import cast
 
 from epp.framework.parsing import content_length
@@ -18,6 +19,7 @@ from epp.framework.parsing import content_length
 __all__ = ["HTTPGetError", "KeepAliveGet"]
 
 _NO_BODY = (204, 304)
+_HEX = frozenset(string.hexdigits.encode())
 
 
 class HTTPGetError(Exception):
@@ -112,7 +114,7 @@ class _Response(asyncio.Protocol):
     def _headers(self, block: bytes) -> None:
         lines = block.split(b"\r\n")
         parts = lines[0].split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3 or not parts[1].isdigit():
             raise HTTPGetError(f"bad status line {lines[0][:80]!r}")
         self.status = int(parts[1])
         if parts[0] == b"HTTP/1.0":
@@ -147,11 +149,12 @@ class _Response(asyncio.Protocol):
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
                 return None
-            size_field = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_field, 16)
-            except ValueError:
-                raise HTTPGetError(f"bad chunk size {size_field[:20]!r}") from None
+            size_field = bytes(buf[pos:eol]).split(b";", 1)[0].strip(b" \t")
+            if not 0 < len(size_field) <= 16 or not _HEX.issuperset(size_field):  # 1*HEXDIG: no sign, 0x or _
+                raise HTTPGetError(f"bad chunk size {size_field[:20]!r}")
+            size = int(size_field, 16)
+            if size > self.max_bytes:
+                raise HTTPGetError(f"response over {self.max_bytes} bytes")
             if size == 0:
                 end = buf.find(b"\r\n\r\n", eol)  # trailers (usually none) end with an empty line
                 if end < 0:
