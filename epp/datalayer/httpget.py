@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import string
 from typing import Protocol, cast
+
+from epp.framework.parsing import content_length
 
 __all__ = ["HTTPGetError", "KeepAliveGet", "ResponseSink"]
 
 _NO_BODY = (204, 304)
+_HEX = frozenset(string.hexdigits.encode())
 
 
 class HTTPGetError(Exception):
@@ -136,7 +140,7 @@ class _Response(asyncio.BufferedProtocol):
     def _headers(self, block: bytes) -> None:
         lines = block.split(b"\r\n")
         parts = lines[0].split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3 or not parts[1].isdigit():
             raise HTTPGetError(f"bad status line {lines[0][:80]!r}")
         self.status = int(parts[1])
         if parts[0] == b"HTTP/1.0":
@@ -148,11 +152,11 @@ class _Response(asyncio.BufferedProtocol):
             name = name.strip().lower()
             if name == b"content-length":
                 try:
-                    self.length = int(value)
+                    self.length = content_length(value)
                 except ValueError:
                     raise HTTPGetError(f"bad Content-Length {value[:40]!r}") from None
-                if self.length < 0:
-                    raise HTTPGetError(f"bad Content-Length {value[:40]!r}")
+                if self.length > self.max_bytes:
+                    raise HTTPGetError(f"response over {self.max_bytes} bytes")
             elif name == b"transfer-encoding":
                 self.chunked = value.strip().lower().endswith(b"chunked")
             elif name == b"connection":
@@ -171,11 +175,12 @@ class _Response(asyncio.BufferedProtocol):
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
                 return None
-            size_field = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_field, 16)
-            except ValueError:
-                raise HTTPGetError(f"bad chunk size {size_field[:20]!r}") from None
+            size_field = bytes(buf[pos:eol]).split(b";", 1)[0].strip(b" \t")
+            if not 0 < len(size_field) <= 16 or not _HEX.issuperset(size_field):  # 1*HEXDIG: no sign, 0x or _
+                raise HTTPGetError(f"bad chunk size {size_field[:20]!r}")
+            size = int(size_field, 16)
+            if size > self.max_bytes:
+                raise HTTPGetError(f"response over {self.max_bytes} bytes")
             if size == 0:
                 end = buf.find(b"\r\n\r\n", eol)  # trailers (usually none) end with an empty line
                 if end < 0:
@@ -186,6 +191,8 @@ class _Response(asyncio.BufferedProtocol):
             start, stop = eol + 2, eol + 2 + size
             if len(buf) < stop + 2:
                 return None
+            if buf[stop : stop + 2] != b"\r\n":
+                raise HTTPGetError(f"chunk not followed by CRLF: {bytes(buf[stop : stop + 10])!r}")
             self.body += buf[start:stop]
             pos = self.pos = stop + 2
 
