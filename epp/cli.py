@@ -132,8 +132,9 @@ def _serve(opts: Options) -> int:
     health.POLICY.max_scrape_failures = opts.endpoint_max_scrape_failures or 1 << 30
     if opts.worker_index >= 0 and options.metrics_port:
         options.metrics_port += opts.worker_index
-    from epp.server.eventloop import loop_factory, run
+    from epp.server.eventloop import loop_factory, run, set_switch_interval
 
+    set_switch_interval(opts.gil_switch_interval)
     try:
         _, factory = loop_factory(opts.event_loop)
     except RuntimeError as e:

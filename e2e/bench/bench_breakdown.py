@@ -600,9 +600,17 @@ async def _grpc_ab(ports: dict[str, int], n: int, stream: bool, prompts: Sequenc
     }
 
 
-def part3(chain: str, n: int, n_sims: int, epp_args: Sequence[str], responses: Sequence[bool]) -> list[dict[str, Any]]:
+def part3(
+    chain: str,
+    n: int,
+    n_sims: int,
+    epp_args: Sequence[str],
+    responses: Sequence[bool],
+    variants: Sequence[tuple[str, list[str], Path | None]] = (),
+) -> list[dict[str, Any]]:
     """Sequential requests straight to the EPP's and the floor's gRPC ports (what Envoy would send), alternated:
-    the transport and the server without Envoy, so the difference is what the EPP process adds per message."""
+    the transport and the server without Envoy, so the difference is what the EPP process adds per message.
+    `variants` adds EPPs (other flags or another checkout) to the same alternation."""
     from e2e.harness.procs import EppPorts, EppProcess
 
     texts = TextFactory(3)
@@ -613,26 +621,37 @@ def part3(chain: str, n: int, n_sims: int, epp_args: Sequence[str], responses: S
         work = Path(tmp)
         cfg = work / "epp.yaml"
         cfg.write_text(config_text(chain, sims))
-        epp = EppProcess(cfg, work, EppPorts(*free_ports(3)), log_level="warning", extra_args=list(epp_args))
+        epps = {
+            ("epp " + name).rstrip(): EppProcess(
+                cfg, work, EppPorts(*free_ports(3)), log_level="warning", extra_args=[*epp_args, *extra],
+                source_tree=tree,
+            )
+            for name, extra, tree in [("", [], None), *variants]
+        }  # fmt: skip
         floor = FloorProcess(work, ",".join(s.hostport for s in sims))
         try:
-            epp.wait_ready()
+            for e in epps.values():
+                e.wait_ready()
             floor.wait_ready()
             print(f"\n# part 3: ext_proc over gRPC without Envoy, {chain}, epp args {list(epp_args)}; median ms")
             for stream in responses:
-                r = asyncio.run(_grpc_ab({"epp": epp.ports.grpc, "floor": floor.port}, n, stream, prompts))
-                e, f = r["epp"], r["floor"]
-                row = {"chain": chain, "sse": stream, "epp_args": list(epp_args), **{k: v for k, v in r.items()}}
-                rows.append(row)
-                print(
-                    f"{'sse' if stream else 'json':>5}  request phase epp {e['request_ms']:.3f} floor "
-                    f"{f['request_ms']:.3f} (+{e['request_ms'] - f['request_ms']:.3f});  response phase "
-                    f"({e['messages']} msgs) epp {e['response_ms']:.3f} floor {f['response_ms']:.3f} "
-                    f"(+{e['response_ms'] - f['response_ms']:.3f})",
-                    flush=True,
-                )
+                ports = {k: e.ports.grpc for k, e in epps.items()} | {"floor": floor.port}
+                r = asyncio.run(_grpc_ab(ports, n, stream, prompts))
+                f = r["floor"]
+                for name in epps:
+                    e = r[name]
+                    row = {"chain": chain, "sse": stream, "epp_args": list(epp_args), "variant": name, **r}
+                    rows.append(row)
+                    print(
+                        f"{'sse' if stream else 'json':>5}  {name:16} request phase {e['request_ms']:.3f} floor "
+                        f"{f['request_ms']:.3f} (+{e['request_ms'] - f['request_ms']:.3f});  response phase "
+                        f"({e['messages']} msgs) {e['response_ms']:.3f} floor {f['response_ms']:.3f} "
+                        f"(+{e['response_ms'] - f['response_ms']:.3f})",
+                        flush=True,
+                    )
         finally:
-            epp.stop()
+            for e in epps.values():
+                e.stop()
             floor.stop()
     return rows
 
@@ -703,8 +722,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--variants",
         default="",
-        help="part 2/4: extra EPPs per chain, 'name[@checkout]=flags;...' (e.g. 'scrape10s=--refresh-metrics-interval "
-        "10s' or 'main@/tmp/main-tree=': another commit's EPP)",
+        help="part 2/3/4: extra EPPs per chain, 'name[@checkout]=flags;...' (e.g. 'scrape10s=--refresh-metrics-"
+        "interval 10s' or 'main@/tmp/main-tree=': another commit's EPP)",
     )
     p.add_argument(
         "--floor-uvloop",
@@ -734,7 +753,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out["part3"] = [
             row
             for chain in ns.chains.split(",")
-            for row in part3(chain, ns.n3, ns.sims, ns.epp_args.split(), responses)
+            for row in part3(chain, ns.n3, ns.sims, ns.epp_args.split(), responses, variants)
         ]
     if ns.part == "4":
         out["part4"] = part4(ns.chains.split(",")[0], ns.duration, ns.repeats2, ns.sims, variants)

@@ -9,6 +9,7 @@ simulators (metrics scraped, KV events subscribed) with the given strategy.
     python -m e2e.bench.bench_picks --workers 1,2 --strategy precise --streams 20000
     python -m e2e.bench.bench_picks --workers 1 --strategy precise --streams 8000 --repeats 3 \
         --sources old@/tmp/tree-64f7a9f,new@/tmp/tree-daba74d     # an A/B of two checkouts' EPPs, alternated
+        --sources 'default,si=--gil-switch-interval 500us'          # this checkout with and without a flag
 
 With `--sources` every run uses the same simulators and the same frames; each checkout's EPP serves in turn
 (`python -m epp` from that checkout), `--repeats` times, and the medians are compared.
@@ -123,18 +124,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--per-client", type=int, default=8, help="concurrent streams per connection")
     p.add_argument("--prompt-tokens", type=int, default=1024)
-    p.add_argument("--sources", default="", help="name@checkout,...: A/B the EPPs of these checkouts (alternated)")
+    p.add_argument(
+        "--sources",
+        default="",
+        help="name[@checkout][=flags],...: A/B the EPPs of these checkouts (this one without @), with these "
+        "`epp serve` flags (alternated)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="runs per worker count (and source), alternated")
     p.add_argument("--json", help="write results here")
     ns = p.parse_args(argv)
-    sources: list[tuple[str, Path | None]] = [("", None)]
+    sources: list[tuple[str, Path | None, list[str]]] = [("", None, [])]
     if ns.sources:
         sources = []
         for item in ns.sources.split(","):
-            name, _, tree = item.partition("@")
-            if not (Path(tree) / "epp" / "__init__.py").exists():
+            head, _, flags = item.partition("=")
+            name, _, tree = head.partition("@")
+            if tree and not (Path(tree) / "epp" / "__init__.py").exists():
                 raise SystemExit(f"--sources {item!r}: {tree} holds no epp package")
-            sources.append((name, Path(tree)))
+            sources.append((name, Path(tree) if tree else None, flags.split()))
     if shutil.which("h2load") is None:
         raise SystemExit("h2load not found: apt-get install nghttp2-client")
     prompt = TextFactory(5).text("picks", ns.prompt_tokens)
@@ -154,11 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for strategy in cfgs
             for src in sources
         ]
-        for w, strategy, (src_name, tree) in runs:
+        for w, strategy, (src_name, tree, flags) in runs:
             cfg = cfgs[strategy]
             grpc_port, health, metrics = free_ports(3)
             epp = EppProcess(cfg, Path(tmp), EppPorts(grpc_port, health, metrics), log_level="warning",
-                             extra_args=["--workers", str(w)], source_tree=tree,
+                             extra_args=["--workers", str(w), *flags], source_tree=tree,
                              kit_defaults=tree is None or _has_kit_flags(tree))  # fmt: skip
             try:
                 epp.wait_ready(120)

@@ -6,15 +6,27 @@ GET alone, client side only (the page served by a child process): aiohttp's Clie
 kept-alive `KeepAliveGet`, alternated, CPU µs per GET.
 
     python -m e2e.bench.bench_scraper [--endpoints 16] [--seconds 3]
+
+`--loop` measures the scrape loop as the EPP runs it, on the simulators' small page (`--page sim`, the benchmarks'
+case: 4 pods at 50 ms) or the vLLM-sized one: main-thread CPU µs per scrape of a process that does nothing else,
+the pages served by a child process (`--changing`: a counter on the page moves every GET). `--sources
+name@checkout,...` runs each checkout's scraper in its own process, alternated, for an A/B of two commits:
+
+    python -m e2e.bench.bench_scraper --loop --endpoints 4 --seconds 5 --rounds 3 --sources main@/tmp/main,new@.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -98,6 +110,113 @@ def serve_page(port_file: str) -> None:
     asyncio.run(run())
 
 
+def sim_page() -> str:
+    """The simulators' page after some traffic (its histograms and counters have series), ~5 KiB."""
+    from e2e.sim.metrics import SimMetrics
+
+    m = SimMetrics(model_name="Qwen/Qwen2.5-0.5B-Instruct", block_size=16, num_gpu_blocks=65536, max_loras=1,
+                   enable_prefix_caching=True)  # fmt: skip
+    m.bind(lambda: ([(0, 0, 0, 0.0)], [], []))
+    eng = m.engine(0)
+    for _ in range(20):
+        eng.on_admit(1024, 512, 0.001)
+        eng.on_first_token(0.01)
+        eng.on_token(0.005)
+        eng.on_finish(0.02, 16, "length")
+    return m.render().decode()
+
+
+def serve_pages(port_file: str, n: int, page: str, changing: bool) -> None:
+    """The child process of `--loop`: the page on n ports; with `changing`, a counter on it moves every GET."""
+
+    async def run() -> None:
+        text = sim_page() if page == "sim" else big_vllm_page()
+        count = [0]
+
+        async def handler(request: web.Request) -> web.Response:
+            if not changing:
+                return web.Response(text=text)
+            count[0] += 1
+            return web.Response(text=f"{text}bench_gets_total {count[0]}\n")
+
+        ports = []
+        async with contextlib.AsyncExitStack() as stack:
+            for _ in range(n):
+                app = web.Application()
+                app.router.add_get("/metrics", handler)
+                ports.append(await stack.enter_async_context(serve_app(app, access_log=False)))
+            Path(port_file + ".tmp").write_text(",".join(map(str, ports)))
+            os.replace(port_file + ".tmp", port_file)
+            await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+def loop_cost_child(ports: list[int], seconds: float) -> None:
+    """One checkout's scraper (whatever `epp` is importable) over the ports at 50 ms; prints main-thread CPU µs per
+    scrape and the scrapes done, as JSON."""
+
+    async def run() -> dict[str, float]:
+        ds = Datastore()
+        ds.replace_all([Endpoint(f"e{i}", "127.0.0.1", p) for i, p in enumerate(ports)])
+        scraper = MetricsScraper(ds, interval=0.05)
+        task = asyncio.create_task(scraper.run())
+        await asyncio.sleep(1.0)
+        r0 = resource.getrusage(resource.RUSAGE_THREAD)
+        c0, s0, f0 = time.thread_time(), scraper.scrapes, scraper.failures
+        await asyncio.sleep(seconds)
+        cpu, scrapes, failures = time.thread_time() - c0, scraper.scrapes - s0, scraper.failures - f0
+        r1 = resource.getrusage(resource.RUSAGE_THREAD)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return {"cpu_us_per_scrape": cpu / max(1, scrapes) * 1e6, "scrapes_per_s": scrapes / seconds,
+                "failures": failures, "cpu_pct": cpu / seconds * 100,
+                "sys_us_per_scrape": (r1.ru_stime - r0.ru_stime) / max(1, scrapes) * 1e6}  # fmt: skip
+
+    print(json.dumps(asyncio.run(run())), flush=True)
+
+
+def loop_cost(args: argparse.Namespace) -> None:
+    sources = [s.partition("@") for s in args.sources.split(",")] if args.sources else [("this", "@", ".")]
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file = os.path.join(tmp, "ports")
+        child = subprocess.Popen(
+            [sys.executable, "-m", "e2e.bench.bench_scraper", "--serve-pages", port_file, "--endpoints",
+             str(args.endpoints), "--page", args.page, *(["--changing"] if args.changing else [])]
+        )  # fmt: skip
+        try:
+            pf = Path(port_file)
+            while not pf.exists():
+                time.sleep(0.05)
+            ports = pf.read_text()
+            res: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in sources}
+            for r in range(args.rounds):
+                for name, _, tree in sources if r % 2 == 0 else sources[::-1]:
+                    env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--loop-child", ports, "--seconds", str(args.seconds)],
+                        env=env, cwd=tree, capture_output=True, text=True, check=True,
+                    )  # fmt: skip
+                    res[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        finally:
+            child.kill()
+            child.wait()
+    print(
+        f"scrape loop, {args.endpoints} endpoints @ 50 ms, page {args.page}{' (changing)' if args.changing else ''}, "
+        f"{args.rounds} alternated rounds of {args.seconds:.0f} s, load average {os.getloadavg()[0]:.1f}:"
+    )
+    for name, rows in res.items():
+        per = [x["cpu_us_per_scrape"] for x in rows]
+        print(
+            f"  {name:12} main-thread CPU per scrape median {statistics.median(per):6.0f} µs "
+            f"({' '.join(f'{x:.0f}' for x in per)}), of it in the kernel "
+            f"{statistics.median(x.get('sys_us_per_scrape', float('nan')) for x in rows):.0f}; "
+            f"{statistics.median(x['cpu_pct'] for x in rows):.2f}% of a core; "
+            f"{statistics.median(x['scrapes_per_s'] for x in rows):.0f} scrapes/s; "
+            f"failures {sum(x['failures'] for x in rows):.0f}"
+        )
+
+
 async def get_cost(port: int, n: int, rounds: int) -> dict[str, list[float]]:
     """CPU µs per GET of the page (body read, decoded to str), aiohttp vs KeepAliveGet, alternated rounds."""
     url = f"http://127.0.0.1:{port}/metrics"
@@ -133,9 +252,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gets", type=int, default=500, help="GETs per round of the client-only comparison")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--serve", help=argparse.SUPPRESS)
+    ap.add_argument("--loop", action="store_true", help="the scrape loop's CPU per scrape (see the docstring)")
+    ap.add_argument("--page", choices=("sim", "vllm"), default="sim")
+    ap.add_argument("--changing", action="store_true")
+    ap.add_argument("--sources", default="", help="--loop: name@checkout,... alternated")
+    ap.add_argument("--serve-pages", help=argparse.SUPPRESS)
+    ap.add_argument("--loop-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
         serve_page(args.serve)
+        return
+    if args.serve_pages:
+        serve_pages(args.serve_pages, args.endpoints, args.page, args.changing)
+        return
+    if args.loop_child:
+        loop_cost_child([int(p) for p in args.loop_child.split(",")], args.seconds)
+        return
+    if args.loop:
+        loop_cost(args)
         return
     page = big_vllm_page()
     ex = CoreMetricsExtractor()
@@ -158,9 +292,6 @@ def main(argv: list[str] | None = None) -> None:
         f"({scrapes / args.seconds:.0f}/s), "
         f"CPU {cpu / args.seconds * 100:.0f}% of a core (server included), {per:.0f} µs CPU per scrape"
     )
-    import os
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         port_file = os.path.join(tmp, "port")
         child = subprocess.Popen([sys.executable, "-m", "e2e.bench.bench_scraper", "--serve", port_file])

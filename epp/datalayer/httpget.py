@@ -11,26 +11,48 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import cast
+import string
+from typing import Protocol, cast
 
-__all__ = ["HTTPGetError", "KeepAliveGet"]
+from epp.framework.parsing import content_length
+
+__all__ = ["HTTPGetError", "KeepAliveGet", "ResponseSink"]
 
 _NO_BODY = (204, 304)
+_HEX = frozenset(string.hexdigits.encode())
 
 
 class HTTPGetError(Exception):
     """A malformed or oversized response (connection errors are OSError, timeouts TimeoutError)."""
 
 
-class _Response(asyncio.Protocol):
-    """Frames one response at a time out of the connection's bytes."""
+class ResponseSink(Protocol):
+    """Where one response goes: an asyncio.Future (`KeepAliveGet.get`), or an object whose `set_result` /
+    `set_exception` run the caller's code straight from the protocol's callbacks (`KeepAliveGet.send`: no task,
+    future or wake-up per GET)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: tuple[int, bytes], /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
+_READ_SIZE = 65536
+
+
+class _Response(asyncio.BufferedProtocol):
+    """Frames one response at a time out of the connection's bytes. Buffered: the transport reads into one buffer
+    kept for the connection's life (a plain Protocol gets a fresh 256 KiB `recv` allocation per read, which cost more
+    than the rest of a small page's scrape)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.buf = bytearray()
-        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self._rbuf = memoryview(bytearray(_READ_SIZE))
+        self.waiter: ResponseSink | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -48,7 +70,13 @@ class _Response(asyncio.Protocol):
         assert hasattr(transport, "write")
         self.transport = cast(asyncio.Transport, transport)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._rbuf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._rbuf[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
         self.buf += data
         if self.waiter is None or self.waiter.done():
             if self.waiter is None:  # bytes nobody asked for: the connection is out of step
@@ -60,11 +88,12 @@ class _Response(asyncio.Protocol):
             self._fail(e)
             return
         if done is not None:
-            self.waiter.set_result(done)
+            w, self.waiter = self.waiter, None  # answered: bytes after this, unasked for, are out of step
+            w.set_result(done)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        w = self.waiter
+        w, self.waiter = self.waiter, None
         if w is None or w.done():
             return
         if self.body_start >= 0 and self.length < 0 and not self.chunked:  # framed by EOF: this is the end
@@ -73,8 +102,9 @@ class _Response(asyncio.Protocol):
             w.set_exception(exc or ConnectionResetError("connection closed before the response ended"))
 
     def _fail(self, exc: Exception) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(exc)
+        w, self.waiter = self.waiter, None
+        if w is not None and not w.done():
+            w.set_exception(exc)
         self.close()
 
     def close(self) -> None:
@@ -110,7 +140,7 @@ class _Response(asyncio.Protocol):
     def _headers(self, block: bytes) -> None:
         lines = block.split(b"\r\n")
         parts = lines[0].split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3 or not parts[1].isdigit():
             raise HTTPGetError(f"bad status line {lines[0][:80]!r}")
         self.status = int(parts[1])
         if parts[0] == b"HTTP/1.0":
@@ -122,11 +152,11 @@ class _Response(asyncio.Protocol):
             name = name.strip().lower()
             if name == b"content-length":
                 try:
-                    self.length = int(value)
+                    self.length = content_length(value)
                 except ValueError:
                     raise HTTPGetError(f"bad Content-Length {value[:40]!r}") from None
-                if self.length < 0:
-                    raise HTTPGetError(f"bad Content-Length {value[:40]!r}")
+                if self.length > self.max_bytes:
+                    raise HTTPGetError(f"response over {self.max_bytes} bytes")
             elif name == b"transfer-encoding":
                 self.chunked = value.strip().lower().endswith(b"chunked")
             elif name == b"connection":
@@ -145,11 +175,12 @@ class _Response(asyncio.Protocol):
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
                 return None
-            size_field = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_field, 16)
-            except ValueError:
-                raise HTTPGetError(f"bad chunk size {size_field[:20]!r}") from None
+            size_field = bytes(buf[pos:eol]).split(b";", 1)[0].strip(b" \t")
+            if not 0 < len(size_field) <= 16 or not _HEX.issuperset(size_field):  # 1*HEXDIG: no sign, 0x or _
+                raise HTTPGetError(f"bad chunk size {size_field[:20]!r}")
+            size = int(size_field, 16)
+            if size > self.max_bytes:
+                raise HTTPGetError(f"response over {self.max_bytes} bytes")
             if size == 0:
                 end = buf.find(b"\r\n\r\n", eol)  # trailers (usually none) end with an empty line
                 if end < 0:
@@ -160,6 +191,8 @@ class _Response(asyncio.Protocol):
             start, stop = eol + 2, eol + 2 + size
             if len(buf) < stop + 2:
                 return None
+            if buf[stop : stop + 2] != b"\r\n":
+                raise HTTPGetError(f"chunk not followed by CRLF: {bytes(buf[stop : stop + 10])!r}")
             self.body += buf[start:stop]
             pos = self.pos = stop + 2
 
@@ -214,6 +247,23 @@ class KeepAliveGet:
         finally:
             if self._proto is not None:
                 self._proto.waiter = None
+
+    def send(self, sink: ResponseSink) -> bool:
+        """Start a GET over the open connection; its response or error goes to `sink` from the protocol's callbacks
+        (no timeout here: the caller keeps the deadline and calls `abort`). False, and nothing sent, when no
+        connection is open (then `get` connects)."""
+        proto = self._proto
+        if proto is None or proto.closed or proto.transport is None or proto.waiter is not None:
+            return False
+        proto.waiter = sink
+        proto.transport.write(self._request)
+        return True
+
+    def abort(self) -> None:
+        """Drop the connection and a GET in flight on it, without telling its sink (the caller gave up on it)."""
+        if self._proto is not None:
+            self._proto.waiter = None
+        self.close()
 
     async def _connect(self) -> _Response:
         self.close()

@@ -38,6 +38,17 @@ def request_path(headers: Mapping[str, str]) -> str:
     return DEFAULT_PATH
 
 
+def content_length(value: str | bytes) -> int:
+    """A Content-Length value, strictly: 1*DIGIT in ASCII (RFC 9110), surrounding spaces and tabs allowed; raises
+    ValueError for anything else (str.isdigit() and int() take '²', Arabic-Indic or full-width digits, signs,
+    underscores). More than 18 digits reads as 10**18, over any limit (int() of thousands of digits is refused)."""
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    digits = text.strip(" \t")
+    if not digits or not digits.isascii() or not digits.isdigit():
+        raise ValueError(f"invalid content-length {text[:40]!r}")
+    return int(digits) if len(digits) <= 18 else 10**18
+
+
 def match_path_suffix(path: str, suffix: str) -> bool:
     """The router's MatchPathSuffix: the path (trailing slash dropped) ends with the suffix (slashes trimmed)."""
     return path.strip().rstrip("/").endswith(suffix.strip().strip("/"))

@@ -14,6 +14,8 @@ dict of recent entries spilled every `engine_run_size` into sorted uint64 runs m
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -396,9 +398,12 @@ class MemoryIndex:
         self._retired_slots: list[int] = []
         self._sweep_keys: list[int] | None = None
         self._sweep_pos = 0
-        # request key -> {pod slot: expiry (monotonic)}
+        # request key -> {pod slot: expiry (monotonic)}, and the same as a mask of GPU-tier bits for lookups, kept
+        # exact by expiring in deadline order (a heap: entries shared by other replicas carry their own TTL)
         self._spec: dict[int, dict[int, float]] = {}
-        self._spec_expiry: list[tuple[float, int, Sequence[int]]] = []
+        self._spec_bits: dict[int, int] = {}
+        self._spec_expiry: list[tuple[float, int, int, Sequence[int]]] = []
+        self._spec_seq = itertools.count()
         self.lru_evictions = 0
         self._bases: dict[int, int] = {}
         # When set, every entry change is recorded as ("+"|"-", request key, pod, tier) or ("clear", 0, pod, 0)
@@ -437,11 +442,15 @@ class MemoryIndex:
         self._retired |= p.mask
         self._retired_slots.append(slot)
         self._sweep_keys = None  # restart the sweep so it covers this pod too
+        sbit = 1 << (slot * NT + TIER_GPU)
         for k in [k for k, d in self._spec.items() if slot in d]:
             d = self._spec[k]
             del d[slot]
-            if not d:
+            if d:
+                self._spec_bits[k] &= ~sbit
+            else:
                 del self._spec[k]
+                del self._spec_bits[k]
         self._sweep(self._SWEEP_CHUNK)
 
     def _sweep(self, budget: int) -> None:
@@ -624,30 +633,36 @@ class MemoryIndex:
         now = time.monotonic()
         self._expire_spec(now)
         slot = self._pod(pod).shift // NT
+        sbit = 1 << (slot * NT + TIER_GPU)
         exp = now + ttl
         spec = self._spec
+        bits = self._spec_bits
         for r in request_keys:
             d = spec.get(r)
             if d is None:
                 spec[r] = {slot: exp}
+                bits[r] = sbit
             else:
                 d[slot] = exp
-        self._spec_expiry.append((exp, slot, request_keys))
+                bits[r] |= sbit
+        heapq.heappush(self._spec_expiry, (exp, next(self._spec_seq), slot, request_keys))
 
     def _expire_spec(self, now: float) -> None:
+        """Drop the speculative entries whose time is up (an entry written again since keeps its later expiry)."""
         q = self._spec_expiry
-        n = 0
-        while n < len(q) and q[n][0] <= now:
-            _, slot, keys = q[n]
+        spec, bits = self._spec, self._spec_bits
+        while q and q[0][0] <= now:
+            _, _, slot, keys = heapq.heappop(q)
+            sbit = 1 << (slot * NT + TIER_GPU)
             for r in keys:
-                d = self._spec.get(r)
+                d = spec.get(r)
                 if d is not None and d.get(slot, now + 1) <= now:
                     del d[slot]
-                    if not d:
-                        del self._spec[r]
-            n += 1
-        if n:
-            del q[:n]
+                    if d:
+                        bits[r] &= ~sbit
+                    else:
+                        del spec[r]
+                        del bits[r]
 
     async def flush(self) -> None:
         return None
@@ -665,20 +680,15 @@ class MemoryIndex:
                     allowed |= p.mask
         if not allowed or not request_keys:
             return {}
-        spec = self._spec
-        now = time.monotonic() if spec else 0.0
+        if self._spec_expiry:
+            self._expire_spec(time.monotonic())  # what is left in _spec_bits is live
+        sget = self._spec_bits.get if self._spec_bits else None
         get = self._data.get
         runs: list[tuple[int, int]] = []
         prev = -1
         cnt = 0
         for r in request_keys:
-            m = get(r, 0) & allowed
-            if spec:
-                d = spec.get(r)
-                if d:
-                    for slot, exp in d.items():
-                        if exp > now:
-                            m |= (1 << (slot * NT + TIER_GPU)) & allowed
+            m = (get(r, 0) | sget(r, 0)) & allowed if sget is not None else get(r, 0) & allowed
             if m == prev:
                 cnt += 1
                 continue

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from epp.framework.context import RemovalListener
 from epp.framework.params import Params
 from epp.framework.services import CountedReport
 from epp.framework.types import Endpoint, PrefixMatch
@@ -77,8 +78,9 @@ class KVCacheSettings:
         )
 
 
-class KVCacheService:
-    """The request-side API (keys for a prompt, prefix matches per endpoint) over the event-fed index."""
+class KVCacheService(RemovalListener):
+    """The request-side API (keys for a prompt, prefix matches per endpoint) over the event-fed index; subscribed to
+    the endpoints, it drops a pod's delivered-hits windows when the pod leaves, KV events on or off."""
 
     def __init__(self, settings: KVCacheSettings, index: Index | None = None) -> None:
         self.settings = settings
@@ -143,6 +145,10 @@ class KVCacheService:
 
     def _forget(self, pod: str) -> None:
         self.feedback.forget(pod)
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        # With KV events on the event pool's subscriptions also forget it (and when its publisher changes).
+        self._forget(endpoint.hostport)
 
     def resync_pod(self, pod: str) -> None:
         """The pod's entries are wrong: clear them (its next events and delivered hits rebuild them)."""

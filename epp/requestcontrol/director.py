@@ -256,8 +256,9 @@ class SchedulingDirector:
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None:
-        if self.flow_controller is not None and self.flow_controller.evictor is not None:
-            self.flow_controller.evictor.untrack(request.request_id)
+        evictor = self.flow_controller.evictor if self.flow_controller is not None else None
+        if evictor is not None and decision is not None and decision.evicted is not None:
+            evictor.untrack(decision.evicted)
         endpoint = self._endpoint_for(decision)
         for hook in self._complete:
             try:

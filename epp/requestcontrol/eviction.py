@@ -41,20 +41,22 @@ class Evictor:
         grace: float = 0.0,
     ) -> None:
         self.eligible, self.victim_key, self.grace = eligible, victim_key, grace
-        self._inflight: dict[str, InFlight] = {}
-        self._outstanding: dict[str, tuple[float, float]] = {}  # request id → (credit, issued at)
+        # Keyed by each request's event, not its id: x-request-id is the client's, and two requests may share it.
+        self._inflight: dict[asyncio.Event, InFlight] = {}
+        self._outstanding: dict[asyncio.Event, tuple[float, float]] = {}  # event → (credit, issued at)
         self._cooling: list[tuple[float, float]] = []  # (credit, until)
         self.evicted_total = 0
 
     def track(self, request_id: str, priority: int) -> asyncio.Event:
+        """A request dispatched: the event is set if it is evicted, and is the handle `untrack` takes."""
         item = InFlight(request_id, priority, time.monotonic())
-        self._inflight[request_id] = item
+        self._inflight[item.event] = item
         return item.event
 
-    def untrack(self, request_id: str) -> None:
-        """The request ended (served, failed or evicted): confirms a revocation."""
-        self._inflight.pop(request_id, None)
-        rev = self._outstanding.pop(request_id, None)
+    def untrack(self, event: asyncio.Event) -> None:
+        """The request `track` gave `event` ended (served, failed or evicted): confirms a revocation."""
+        self._inflight.pop(event, None)
+        rev = self._outstanding.pop(event, None)
         if rev is not None:
             self._cooling.append((rev[0], time.monotonic() + self.grace))
 
@@ -64,9 +66,9 @@ class Evictor:
 
     def gate_open(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
-        for rid, (_, issued) in list(self._outstanding.items()):
+        for event, (_, issued) in list(self._outstanding.items()):
             if now - issued >= CONFIRM_TIMEOUT:  # never confirmed: give up on it
-                del self._outstanding[rid]
+                del self._outstanding[event]
         self._cooling = [(c, until) for c, until in self._cooling if until > now]
         return not self._outstanding and not self._cooling
 
@@ -94,7 +96,7 @@ class Evictor:
         out = []
         for it in victims[:n]:
             it.event.set()
-            self._outstanding[it.request_id] = (credit, now)
+            self._outstanding[it.event] = (credit, now)
             out.append(it.request_id)
         self.evicted_total += len(out)
         log.info("flow control evicted %d in-flight request(s) for priority %d: %s", len(out), demand_priority, out)

@@ -11,6 +11,7 @@ sockets, the scrapers' protocol, signal handlers, executors) works on both.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -32,6 +33,13 @@ def loop_factory(choice: str) -> tuple[str, Callable[[], asyncio.AbstractEventLo
             raise RuntimeError("--event-loop uvloop: uvloop is not installed (pip install uvloop)") from None
         return "asyncio", None
     return "uvloop", uvloop.new_event_loop
+
+
+def set_switch_interval(seconds: float) -> float:
+    """`--gil-switch-interval`: sys.setswitchinterval when > 0 (0 keeps Python's); returns the interval in force."""
+    if seconds > 0:
+        sys.setswitchinterval(seconds)
+    return sys.getswitchinterval()
 
 
 def run(main: Coroutine[Any, Any, T], factory: Callable[[], asyncio.AbstractEventLoop] | None) -> T:

@@ -48,6 +48,7 @@ from epp.framework.parsing import (
     ParsedRequest,
     ParserRegistry,
     RequestParser,
+    content_length,
     request_path,
 )
 from epp.framework.types import InferenceRequest, Usage
@@ -364,14 +365,18 @@ class RequestStream:
             self.subset = _subset_hint(msg.metadata_context) if self.s.honor_subset_hint else None
         self.started = time.monotonic()
         self.state = _HEADERS_DONE
-        declared = self.headers.get("content-length", "")
-        if declared.isdigit() and (len(declared) > 18 or int(declared) > self.s.max_body_bytes):
+        declared = self.headers.get("content-length")
+        try:
+            length = -1 if declared is None else content_length(declared)
+        except ValueError as e:  # the framing is invalid: a 400, as an HTTP server answers it (RFC 9112 6.3)
+            raise BadRequest(str(e)) from None
+        if length > self.s.max_body_bytes:
             # Refused without gathering a byte of it: its chunks are dropped as they come and the 413 goes out at
             # the end of the body. Answered before that, Envoy closes the connection while the client is still
             # sending, and a client that reads only after sending (most do) sees a reset, not the 413.
             self._too_large = True
-        elif declared.isdigit():
-            self._declared = int(declared)
+        elif length >= 0:
+            self._declared = length
         if msg.request_headers.end_of_stream or self.request_mode not in (FULL_DUPLEX, BUFFERED):
             # No body will reach us before the headers must be answered: route without scheduling.
             self.request = bodyless_request(self.headers)

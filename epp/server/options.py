@@ -146,6 +146,7 @@ class Options:
     log_level: str = ""
     workers: int = 1
     event_loop: str = "asyncio"
+    gil_switch_interval: float = 0.0
     worker_index: int = -1
     kubeconfig: str = ""
 
@@ -245,6 +246,8 @@ class Options:
         if self.workers < 1:
             raise FlagError(f"--workers must be >= 1, got {self.workers}")
         _choice(self.event_loop, ("auto", "asyncio", "uvloop"), "event-loop")
+        if self.gil_switch_interval < 0:
+            raise FlagError("--gil-switch-interval must not be negative")
         for name in ("drain-timeout", "refresh-metrics-interval", "refresh-prometheus-metrics-interval",
                      "metrics-staleness-threshold"):  # fmt: skip
             if getattr(self, name.replace("-", "_")) < 0:
@@ -355,6 +358,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("workers", "int", "EPP processes sharing the ports through SO_REUSEPORT (pyepp)."),
     Flag("event-loop", "string",
          "asyncio (default), uvloop, or auto (uvloop when installed): the loop the EPP serves on (pyepp)."),
+    Flag("gil-switch-interval", "duration",
+         "sys.setswitchinterval for the EPP process: how long a thread may hold the GIL while another waits for it "
+         "(grpc's poller thread hands every message to the loop); 0 keeps Python's 5ms (pyepp)."),
     Flag("worker-index", "int", "internal: this worker's index", hidden=True),
     Flag("kubeconfig", "string", "kubeconfig file (default: $KUBECONFIG, in-cluster, else ~/.kube/config) (pyepp)."),
 )  # fmt: skip

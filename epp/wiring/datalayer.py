@@ -1,4 +1,4 @@
-"""Build the data layer from the config: one MetricsScraper (per-endpoint loops) and the pool gauges."""
+"""Build the data layer from the config: one MetricsScraper (one timer for every endpoint) and the pool gauges."""
 
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ class EppServices:
         settings = KVCacheSettings.from_params(params)  # every asker's parameters are checked (and read)
         if self.kv is None:
             svc = KVCacheService(settings)
+            self._endpoints.subscribe(svc)  # a pod's delivered-hits windows go when it leaves
             if svc.settings.events_enabled:
                 self._endpoints.subscribe(svc.pool.subscriptions)
                 self._background.append(svc.pool.run)

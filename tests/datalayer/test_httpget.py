@@ -121,9 +121,20 @@ async def test_close_delimited_and_connection_close_reconnect(raw: Callable[...,
     "reply, error",
     [
         (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: +1\r\n\r\na", "bad Content-Length"),  # int() would take these
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 0_1\r\n\r\na", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1, 1\r\n\r\na", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2000\r\n\r\nabc", "response over 1024 bytes"),  # told at once
+        (b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\na", "response over 1024 bytes"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\nab\r\n0\r\n\r\n", "bad chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nab\r\n0\r\n\r\n", "bad chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"f" * 17 + b"\r\n", "bad chunk size"),
         (b"SPDY/3 200 OK\r\nContent-Length: 1\r\n\r\na", "bad status line"),
+        (b"HTTP/1.1 " + b"2" * 5000 + b" OK\r\nContent-Length: 1\r\n\r\na", "bad status line"),  # 3 digits
         (b"HTTP/1.1 200 OK\r\nno colon here\r\nContent-Length: 1\r\n\r\na", "bad header line"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n", "chunk not followed by CRLF"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhello\r\n0\r\n\r\n", "chunk not followed by CRLF"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nab", "bytes after the response body"),
         (ok(b"x" * 2000), "response over 1024 bytes"),
     ],

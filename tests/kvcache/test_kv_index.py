@@ -123,6 +123,24 @@ async def test_speculative_entries_expire(index: Any) -> None:
     assert await match(index, [11, 12]) == {A: (1, 1.0)}
 
 
+async def test_speculative_entries_of_mixed_ttls_expire_each_at_its_own_time(index: Any) -> None:
+    """Entries shared by other replicas carry their own TTL, so a later entry can expire first; an entry written
+    again lives to its later expiry; a cleared pod's entries are gone at once."""
+    index.add_speculative([11, 12], A, 0.6)
+    index.add_speculative([11, 12], B, 0.1)  # written after A's, expires before it
+    index.add_speculative([11], C, 0.1)
+    index.add_speculative([11], C, 0.6)  # rewritten: lives to the later expiry
+    assert await match(index, [11, 12]) == {A: (2, 2.0), B: (2, 2.0), C: (1, 1.0)}
+    await asyncio.sleep(0.25)
+    assert await match(index, [11, 12]) == {A: (2, 2.0), C: (1, 1.0)}
+    index.clear_pod(C)
+    assert await match(index, [11, 12]) == {A: (2, 2.0)}
+    index.add_speculative([12], B, 0.6)  # block 12 alone: no prefix from block 0 for B
+    assert await match(index, [11, 12]) == {A: (2, 2.0)}
+    await asyncio.sleep(0.5)
+    assert await match(index, [11, 12]) == {}
+
+
 async def test_redis_is_shared_by_replicas(redis_url: str) -> None:
     a = RedisIndex(redis_url, prefix="shared:")
     b = RedisIndex(redis_url, prefix="shared:")  # a replica that ingested nothing

@@ -17,6 +17,7 @@ from epp.config import parse_config
 from epp.datalayer.datastore import Datastore
 from epp.framework import (
     TOKENIZED_PROMPT,
+    CountedReport,
     CycleState,
     Endpoint,
     InferenceRequest,
@@ -403,3 +404,21 @@ async def test_error_responses_do_not_count_against_the_engine_counters(vllm_kv:
     again = chat_request(LONG, "after")
     await rig.prepare(again, eps)
     assert plugin.score(CycleState(), again, eps) == [0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("events", [False, True])
+async def test_delivered_hits_windows_go_when_the_endpoint_leaves(events: bool) -> None:
+    """The delivered-hits windows of a pod that leaves the pool go with it, KV events on or off: one back at the
+    same address is a new engine, and the windows of pods gone must not pile up. They went only through the event
+    pool's subscriptions, which exist only with events on."""
+    _, rig = make({**PARAMS, "kvEventsConfig": {**PARAMS["kvEventsConfig"], "enabled": events}})
+    svc = rig.svc
+    ep = Endpoint("m0", "10.0.0.9", 8000)
+    rig.ds.upsert(ep)
+    svc.report_delivered(ep.hostport, list(range(10)), 10, 32, 16, 160)
+    svc.report_counted(CountedReport(ep.hostport, 10, 10, 16, 160, 100.0, 1000.0))
+    assert ep.hostport in svc.feedback.pods and ep.hostport in svc.feedback.counter_pods
+    rig.ds.upsert(Endpoint("m0", "10.0.0.9", 8000, labels={"x": "y"}))  # relabelled in place: the same engine
+    assert ep.hostport in svc.feedback.pods and ep.hostport in svc.feedback.counter_pods
+    rig.ds.remove("m0")
+    assert ep.hostport not in svc.feedback.pods and ep.hostport not in svc.feedback.counter_pods

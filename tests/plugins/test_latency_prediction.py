@@ -195,7 +195,7 @@ def test_producer_tracks_in_flight_load_and_expires_lost_completions() -> None:
         asyncio.run(prod.prepare(r, eps))
         prod.pre_request(r, picked(eps[0]))
     load = prod.load["pod-0"]
-    assert list(load.flights) == ["a", "b"] and load.prefill_tokens == 1600 + 400
+    assert [f.request_id for f in load.flights.values()] == ["a", "b"] and load.prefill_tokens == 1600 + 400
     x_ttft, _ = prod._features(eps[0], 0)
     assert list(x_ttft[2:4]) == [2.0, 2]  # 2000 prefill tokens in flight, 2 requests
     prod.response_chunk(
@@ -208,6 +208,27 @@ def test_producer_tracks_in_flight_load_and_expires_lost_completions() -> None:
     prod.response_complete(a, eps[0], None)  # late completions are harmless
     prod.response_complete(b, eps[0], None)
     assert not load.flights and load.prefill_tokens == 0
+
+
+def test_producer_tracks_two_requests_with_the_same_request_id_as_two() -> None:
+    """x-request-id is the client's: a second request under the same id must not drop the first one's flight (its
+    load would vanish and its completion would release nothing); a request scheduled again replaces its own."""
+    eps = endpoints(2)
+    prod = build(PredictedLatencyProducer, {"contextTTL": "10s"})
+    prod.clock = Clock()
+    first, second = request("dup", 1600), request("dup", 800)
+    for r in (first, second):
+        asyncio.run(prod.prepare(r, eps))
+        prod.pre_request(r, picked(eps[0]))
+    load = prod.load["pod-0"]
+    assert len(load.flights) == 2 and load.prefill_tokens == 1600 + 800
+    prod.response_complete(first, eps[0], None)
+    assert [f.uncached for f in load.flights.values()] == [800] and load.prefill_tokens == 800
+    prod.pre_request(second, picked(eps[1]))  # scheduled again, on pod-1
+    assert not load.flights and load.prefill_tokens == 0
+    assert len(prod.load["pod-1"].flights) == 1 and prod.load["pod-1"].prefill_tokens == 800
+    prod.response_complete(second, eps[1], None)
+    assert not prod.load["pod-1"].flights and prod.load["pod-1"].prefill_tokens == 0
 
 
 def test_producer_headroom_against_slo_headers_and_tpot_neutral_without_streaming() -> None:

@@ -91,6 +91,24 @@ def test_in_flight_tokens_count_until_the_response_completes() -> None:
     assert s.queues["a"].active == 0
 
 
+def test_a_second_request_with_the_same_request_id_does_not_release_the_first() -> None:
+    """x-request-id is the client's: two requests in flight under one id are two requests, each booked and released
+    on its own (a retry of the same request, scheduled again, still replaces its own booking)."""
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "decodeWeight": 1, "uncachedWeight": 1})
+    e = eps()
+    first, second = req("dup", 1000, {}, max_tokens=0), req("dup", 1000, {}, max_tokens=0)
+    assert pick(s, first, e).name == "a"
+    assert pick(s, second, e).name == "b"  # a carries the first one's 1000 tokens
+    assert (s.queues["a"].active, s.queues["a"].active_tokens) == (1, 1000)
+    assert (s.queues["b"].active, s.queues["b"].active_tokens) == (1, 1000)
+    s.response_complete(first, e[0], None)
+    assert (s.queues["a"].active, s.queues["b"].active) == (0, 1)
+    s.pre_request(second, SchedulingResult({"default": ProfileResult([e[2]])}, "default"))  # rescheduled to c
+    assert (s.queues["b"].active, s.queues["c"].active) == (0, 1)
+    s.response_complete(second, e[2], None)
+    assert [q.active_tokens for q in s.queues.values()] == [0, 0, 0]
+
+
 def test_lost_completions_time_out() -> None:
     s = build(PrefillCostScorer, {"requestTimeout": "1s", "decodeWeight": 1})
     e = eps()

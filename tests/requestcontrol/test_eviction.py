@@ -25,10 +25,10 @@ def test_victims_are_sheddable_lowest_priority_newest_first() -> None:
     assert ev.reclaim(1.2, 1.0, demand_priority=0) == ["a"]
     assert events["a"].is_set() and not events["b2"].is_set()
     assert ev.reclaim(1.2, 1.0, 0) == []  # gated until "a" has ended
-    ev.untrack("a")
+    ev.untrack(events["a"])
     assert ev.reclaim(2.0, 1.0, 0) == ["b2", "b1"]  # target 1.0 / credit 0.5: two, the newest -1 first
     for rid in ("b1", "b2"):
-        ev.untrack(rid)
+        ev.untrack(events[rid])
     assert ev.reclaim(2.0, 1.0, 0) == []  # only c0 (not sheddable) and hi remain
     assert not events["c0"].is_set() and not events["hi"].is_set()
 
@@ -37,11 +37,26 @@ def test_the_demand_priority_bounds_victims_and_grace_paces_decisions() -> None:
     ev = evictor(grace=0.05)
     ev.track("x", -3)
     assert ev.reclaim(1.5, 1.0, demand_priority=-3) == []  # equal priority is not below the demand
-    ev.track("y", -4)
+    y = ev.track("y", -4)
     assert ev.reclaim(1.5, 1.0, demand_priority=-3) == ["y"]
-    ev.untrack("y")
+    ev.untrack(y)
     assert not ev.gate_open()  # cooling: freed capacity not yet visible
     time.sleep(0.06)
+    assert ev.gate_open()
+
+
+def test_requests_sharing_a_request_id_are_tracked_apart() -> None:
+    """x-request-id is the client's: a second request under the same id must not hide the first from eviction, and
+    each one's end confirms its own revocation."""
+    ev = evictor()
+    first, second = ev.track("dup", -1), ev.track("dup", -1)
+    ev.untrack(second)  # the second one ends: the first is still in flight
+    assert ev.reclaim(1.5, 1.0, demand_priority=0) == ["dup"]
+    assert first.is_set() and not second.is_set()
+    assert not ev.gate_open()
+    ev.untrack(second)  # a late end of the other request confirms nothing
+    assert not ev.gate_open()
+    ev.untrack(first)
     assert ev.gate_open()
 
 

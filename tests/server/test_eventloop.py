@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import sys
 from typing import Any
 
 import grpc
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp.server.eventloop import loop_factory, run
+from epp.server.eventloop import loop_factory, run, set_switch_interval
 from epp.server.options import FlagError, parse_options
 
 
@@ -41,6 +42,20 @@ def test_event_loop_flag() -> None:
     assert parse_options(["--event-loop", "uvloop"]).event_loop == "uvloop"
     with pytest.raises(FlagError, match='invalid argument "tokio" for "--event-loop"'):
         parse_options(["--event-loop", "tokio"])
+
+
+def test_gil_switch_interval_flag() -> None:
+    assert parse_options([]).gil_switch_interval == 0.0
+    assert parse_options(["--gil-switch-interval", "500us"]).gil_switch_interval == 0.0005
+    with pytest.raises(FlagError, match="--gil-switch-interval must not be negative"):
+        parse_options(["--gil-switch-interval", "-1ms"])
+    saved = sys.getswitchinterval()
+    try:
+        assert set_switch_interval(0.0) == saved  # 0: Python's, untouched
+        assert set_switch_interval(0.0005) == pytest.approx(0.0005)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(saved)
 
 
 def test_the_grpc_aio_server_serves_on_uvloop() -> None:

@@ -159,7 +159,8 @@ class _Flight:
 
 @dataclass(slots=True)
 class _EndpointLoad:
-    flights: dict[str, _Flight] = field(default_factory=dict)  # by request id, oldest first
+    # id(flight) -> flight, oldest first (not by request id: x-request-id is the client's, two requests may share it)
+    flights: dict[int, _Flight] = field(default_factory=dict)
     prefill_tokens: int = 0  # uncached prompt tokens of flights that have not produced a token yet
 
     def min_tpot_slo(self) -> float:
@@ -400,13 +401,19 @@ class PredictedLatencyProducer(Plugin, RemovalListener):
             target_model=request.target_model,
             stream=request.stream,
         )
+        old = request.data.pop(self.flight_key)
+        if old is not None:  # scheduled again: its earlier flight goes
+            self._land(old)
         load = self._load(ep.name)
-        old = load.flights.pop(request.request_id, None)
-        if old is not None:
-            self._finish_prefill(load, old)
-        load.flights[request.request_id] = flight
+        load.flights[id(flight)] = flight
         load.prefill_tokens += uncached
         request.data.put(self.flight_key, flight)
+
+    def _land(self, flight: _Flight) -> None:
+        """The flight ended: off its endpoint's load (unless contextTTL or the endpoint's removal dropped it)."""
+        load = self.load.get(flight.endpoint)
+        if load is not None and load.flights.pop(id(flight), None) is not None:
+            self._finish_prefill(load, flight)
 
     def _finish_prefill(self, load: _EndpointLoad, flight: _Flight) -> None:
         if flight.prefilling:
@@ -421,7 +428,7 @@ class PredictedLatencyProducer(Plugin, RemovalListener):
                 oldest = next(iter(load.flights.values()))
                 if oldest.dispatched >= horizon:
                     break
-                del load.flights[oldest.request_id]
+                del load.flights[id(oldest)]
                 self._finish_prefill(load, oldest)
 
     # -- the response ------------------------------------------------------------------------------------------
@@ -437,7 +444,7 @@ class PredictedLatencyProducer(Plugin, RemovalListener):
             return
         flight.first = now
         load = self.load.get(flight.endpoint)
-        if load is not None and load.flights.get(flight.request_id) is flight:
+        if load is not None and id(flight) in load.flights:
             self._finish_prefill(load, flight)
         else:
             flight.prefilling = False
@@ -450,10 +457,7 @@ class PredictedLatencyProducer(Plugin, RemovalListener):
             return
         request.data.pop(self.flight_key)
         now = self.clock()
-        load = self.load.get(flight.endpoint)
-        if load is not None and load.flights.get(flight.request_id) is flight:
-            del load.flights[flight.request_id]
-            self._finish_prefill(load, flight)
+        self._land(flight)
         if not self.streaming_mode:
             if flight.first:  # a response came back (not an early reset): its end-to-end latency is the target
                 self._learn_ttft(flight, (now - flight.dispatched) * 1000.0)

@@ -119,6 +119,7 @@ class _Queue:
 _TRACE = open(os.environ["EPP_COST_TRACE"], "a") if os.environ.get("EPP_COST_TRACE") else None  # noqa: SIM115
 
 COST = DataKey[_Cost]("prefill-cost")
+BOOKED = DataKey[_InFlight]("prefill-cost-booked")  # the request's own booking (x-request-id is the client's)
 
 
 class PrefillCostScorer(Plugin, RemovalListener):
@@ -151,6 +152,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.producer = producer
         self.info_key = PREFIX_CACHE_MATCH_INFO.of(producer)
         self.cost_key = COST.of(self.name)
+        self.booked_key = BOOKED.of(self.name)
         self.rate = prefill_tokens_per_second
         self.decode_weight = decode_weight
         self.uncached_weight = uncached_weight
@@ -172,7 +174,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.idle_traffic = idle_traffic
         self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
         self.queues: dict[str, _Queue] = {}
-        self._inflight: dict[str, _InFlight] = {}
+        self._inflight: dict[int, _InFlight] = {}  # id(booking) -> booking
         self._next_sweep = 0.0
 
     @classmethod
@@ -337,8 +339,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
         now = time.monotonic()
         if now >= self._next_sweep:
             self._sweep(now)
-        prev = self._inflight.pop(request.request_id, None)
-        if prev is not None:
+        prev = request.data.pop(self.booked_key)
+        if prev is not None and self._inflight.pop(id(prev), None) is not None:
             self._release(prev)
         name = targets[0].name
         q = self.queues.setdefault(name, _Queue())
@@ -374,11 +376,12 @@ class PrefillCostScorer(Plugin, RemovalListener):
         q.active_tokens += entry.tokens
         q.active += 1
         q.written += uncached + max(0, out)
-        self._inflight[request.request_id] = entry
+        self._inflight[id(entry)] = entry
+        request.data.put(self.booked_key, entry)
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
-        entry = self._inflight.pop(request.request_id, None)
-        if entry is not None:
+        entry = request.data.pop(self.booked_key)
+        if entry is not None and self._inflight.pop(id(entry), None) is not None:
             self._release(entry)
 
     def _release(self, entry: _InFlight) -> None:
