@@ -385,3 +385,62 @@ def test_working_set_window_needs_the_precise_producer() -> None:
         build_pipeline(parse_config(config(", workingSetWindow: 10s")), plugin_context(Datastore()))
     s = build(PrefillCostScorer, {})
     assert not s.dedup and s.window == 0.0 and s.saturation_weight == 1.0
+
+
+def test_a_recompute_on_an_idle_endpoint_with_free_kv_costs_the_idle_weight() -> None:
+    """Multi-turn chat whose system prompt only a holds: on an idle pod with an empty cache the recompute delays and
+    evicts nobody, so it is charged `idleUncachedWeight` per token instead of `uncachedWeight`."""
+    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0}
+    s = build(PrefillCostScorer, {**params, "idleUncachedWeight": 1})
+    e = with_capacity(eps(), 64 * 1024)
+    place(s, req("busy", 100, {}, max_tokens=0), e, 0)  # a has a request in flight
+    r = req("q", 1000, {})
+    now = time.monotonic()
+    assert s.costs(r, e, now=now + 10) == [2000.0, 1000.0, 1000.0]  # a busy: uncachedWeight 2; b, c idle: 1
+    # without the parameter every endpoint pays uncachedWeight, as before
+    assert build(PrefillCostScorer, params).costs(r, e, now=now) == [2000.0, 2000.0, 2000.0]
+
+
+def test_the_idle_discount_shrinks_with_kv_pressure_and_with_the_endpoints_own_traffic() -> None:
+    """The demo's overload: b is idle for a moment but holds its own groups and gets requests of its own several
+    times a second; a 1000-token recompute there would make the next ones wait, so it costs uncachedWeight."""
+    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
+              "idleUncachedWeight": 1, "trafficWindow": "10s", "workingSetWindow": "60s"}  # fmt: skip
+    s = build(PrefillCostScorer, params)
+    e = with_capacity(eps(), 128 * 16)  # 128 blocks each
+    # KV pressure: b's working set is 96 of its 128 blocks -> weight 1 + (2 - 1) x 0.75
+    fill = keyed("fill", list(range(96)), {}, max_tokens=0)
+    place(s, fill, e, 1)
+    # traffic: 40 requests within the window on c, each keeping it busy a moment
+    traffic = [req(f"t{i}", 16, {}, max_tokens=0) for i in range(40)]
+    for t in traffic:
+        place(s, t, e, 2)
+    for done in (fill, *traffic):  # responses complete: b and c are idle
+        s.response_complete(done, None, None)
+    now = max(q.busy_until for q in s.queues.values()) + 0.001
+    r = req("q", 1000, {})
+    costs = s.costs(r, e, now=now)
+    assert costs[0] == pytest.approx(1000.0)  # a: idle, empty, no traffic
+    assert costs[1] == pytest.approx(1750.0, rel=0.01)  # b: idle but 3/4 full
+    # c: ~40 requests in 10 s arrive at 4/s; during a 1 s prefill ~4 of them would queue behind it -> full weight
+    assert costs[2] == pytest.approx(2000.0, rel=0.01)
+
+
+def test_a_working_set_beyond_capacity_is_charged_its_overflow() -> None:
+    params = {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
+              "workingSetWindow": "60s"}  # fmt: skip
+    e = with_capacity(eps(), 64 * 16)  # 64 blocks each
+    for weight, extra in ((0, 0.0), (1, 36 * 16.0), (2, 2 * 36 * 16.0)):
+        s = build(PrefillCostScorer, {**params, "overflowWeight": weight} if weight else params)
+        place(s, keyed("big", list(range(100)), {}, max_tokens=0), e, 0)  # a asked for 100 distinct blocks
+        r = keyed("q", list(range(500, 510)), {})
+        assert s.costs(r, e, now=time.monotonic()) == [2 * 160.0 + extra, 320.0, 320.0]
+
+
+def test_overflow_weight_needs_the_working_set() -> None:
+    with pytest.raises(PluginConfigError, match="overflowWeight.*workingSetWindow"):
+        build(PrefillCostScorer, {"overflowWeight": 1})
+    with pytest.raises(PluginConfigError):
+        build(PrefillCostScorer, {"idleUncachedWeight": -1})
+    with pytest.raises(PluginConfigError):
+        build(PrefillCostScorer, {"trafficWindow": "fast"})

@@ -57,7 +57,6 @@ choice falls to backlog and decode load: the scorer degrades to a token-load bal
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
@@ -111,12 +110,9 @@ class _Queue:
     # The working set: prompt block keys routed there within `workingSetWindow`, oldest first (key -> when).
     recent: OrderedDict[int, float] = field(default_factory=OrderedDict)
     recent_block_tokens: int = 0
-    work: float = 0.0  # prefill seconds routed there, decayed with `utilizationWindow` (sum of e^-age/T)
-    picks: float = 0.0  # requests routed there, decayed the same way
-    work_at: float = 0.0
+    traffic: float = 0.0  # requests routed there, each weighted e^-(age / trafficWindow)
+    traffic_at: float = 0.0
 
-
-_TRACE = open(os.environ["EPP_COST_TRACE"], "a") if os.environ.get("EPP_COST_TRACE") else None  # noqa: SIM115
 
 COST = DataKey[_Cost]("prefill-cost")
 BOOKED = DataKey[_InFlight]("prefill-cost-booked")  # the request's own booking (x-request-id is the client's)
@@ -141,12 +137,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
         working_set_window: float = 0.0,
         needs_block_keys: bool = False,
         overflow_weight: float = 0.0,
-        request_tokens: float = 0.0,
-        idle_uncached_weight: float = -1.0,
-        marginal_overflow: bool = False,
-        utilization_weight: float = 0.0,
-        utilization_window: float = 10.0,
-        idle_traffic: bool = False,
+        idle_uncached_weight: float | None = None,
+        traffic_window: float = 10.0,
     ) -> None:
         super().__init__(name)
         self.producer = producer
@@ -166,12 +158,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.needs_block_keys = needs_block_keys
         self.saturation_weight = saturation_weight
         self.overflow_weight = overflow_weight
-        self.request_tokens = request_tokens
-        self.idle_uw = idle_uncached_weight
-        self.marginal_overflow = marginal_overflow
-        self.util_weight = utilization_weight
-        self.util_window = utilization_window
-        self.idle_traffic = idle_traffic
+        self.idle_weight = uncached_weight if idle_uncached_weight is None else idle_uncached_weight
+        self.traffic_window = traffic_window
         self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
         self.queues: dict[str, _Queue] = {}
         self._inflight: dict[int, _InFlight] = {}  # id(booking) -> booking
@@ -185,12 +173,17 @@ class PrefillCostScorer(Plugin, RemovalListener):
         dedup = params.bool("dedupInFlightBlocks", False)
         window = params.duration("workingSetWindow", 0.0)
         explicit = (dedup and params.has("dedupInFlightBlocks")) or (window > 0 and params.has("workingSetWindow"))
+        uncached_weight = params.float("uncachedWeight", 2.0, min=0.0)
+        # the overflow is the working set's: without a window it would never be charged
+        overflow = params.float("overflowWeight", 0.0, min=0.0)
+        if overflow > 0 and window <= 0:
+            raise params.fail("overflowWeight", "needs workingSetWindow (the working set whose overflow it charges)")
         scorer = cls(
             name,
             producer=producer,
             prefill_tokens_per_second=params.float("prefillTokensPerSecond", 15928.0, min=1.0),
             decode_weight=params.float("decodeWeight", 1.0, min=0.0),
-            uncached_weight=params.float("uncachedWeight", 2.0, min=0.0),
+            uncached_weight=uncached_weight,
             default_output_tokens=params.int("defaultOutputTokens", 256, min=0),
             request_timeout=params.duration("requestTimeout", 300.0),
             eviction_weight=params.float("evictionWeight", 1.0, min=0.0),
@@ -199,13 +192,9 @@ class PrefillCostScorer(Plugin, RemovalListener):
             saturation_weight=params.float("saturationWeight", 1.0, min=0.0),
             working_set_window=window,
             needs_block_keys=explicit,
-            overflow_weight=params.float("overflowWeight", 0.0, min=0.0),
-            request_tokens=params.float("requestTokens", 0.0, min=0.0),
-            idle_uncached_weight=params.float("idleUncachedWeight", -1.0),
-            marginal_overflow=params.bool("marginalOverflow", False),
-            utilization_weight=params.float("utilizationWeight", 0.0, min=0.0),
-            utilization_window=params.duration("utilizationWindow", 10.0),
-            idle_traffic=params.bool("idleTraffic", False),
+            overflow_weight=overflow,
+            idle_uncached_weight=params.float("idleUncachedWeight", uncached_weight, min=0.0),
+            traffic_window=params.duration("trafficWindow", 10.0),
         )
         context.endpoints.subscribe(scorer)
         return scorer
@@ -239,7 +228,6 @@ class PrefillCostScorer(Plugin, RemovalListener):
         uncached: dict[str, int] = {}
         out: list[float] = []
         rate, dw, uw, queues = self.rate, self.decode_weight, self.uncached_weight, self.queues
-        ow, rt = self.overflow_weight, self.request_tokens
         evict = self.eviction_weight * self.reuse
         if self.saturation_weight > 0 and endpoints:
             busy = min((q.active if (q := queues.get(ep.name)) is not None else 0) for ep in endpoints)
@@ -252,27 +240,19 @@ class PrefillCostScorer(Plugin, RemovalListener):
             q = queues.get(ep.name)
             full = self.fullness(ep, q, now)
             w = uw
-            if self.idle_uw >= 0 and (q is None or (q.active == 0 and q.busy_until <= now)):
-                g = full
-                if self.idle_traffic and q is not None and q.picks > 0:
-                    self._decay(q, now)
-                    g = min(1.0, max(g, q.picks / self.util_window * u / (2.0 * rate)))
-                w = self.idle_uw + (uw - self.idle_uw) * g
+            if self.idle_weight != uw and (q is None or (q.active == 0 and q.busy_until <= now)):
+                w = self.idle_weight + (uw - self.idle_weight) * self._busy_share(q, full, u, now)
             cost = (w + evict * full) * u
             if q is not None:
                 if q.busy_until > now:
                     cost += (q.busy_until - now) * rate
-                cost += dw * full * q.active_tokens + rt * q.active
-                if self.util_weight > 0 and q.picks > 0:
-                    self._decay(q, now)
-                    rho = min(0.95, q.work / self.util_window)
-                    cost += self.util_weight * (q.work / q.picks) * rate * rho / (1.0 - rho)
-                if ow > 0 and q.recent_block_tokens:
+                cost += dw * full * q.active_tokens
+                if self.overflow_weight > 0 and q.recent_block_tokens:
                     m = ep.metrics
-                    cap = m.cache_num_blocks * m.cache_block_size
-                    over = len(q.recent) * q.recent_block_tokens - cap + (u if self.marginal_overflow else 0)
-                    if cap > 0 and over > 0:
-                        cost += ow * over
+                    capacity = m.cache_num_blocks * m.cache_block_size
+                    over = len(q.recent) * q.recent_block_tokens - capacity
+                    if capacity > 0 and over > 0:
+                        cost += self.overflow_weight * over
             out.append(cost)
         if n > 0:
             self.reuse += self.reuse_alpha * (best / n - self.reuse)
@@ -294,12 +274,20 @@ class PrefillCostScorer(Plugin, RemovalListener):
             return min(1.0, len(q.recent) * q.recent_block_tokens / capacity)
         return min(1.0, q.written / capacity)
 
+    def _busy_share(self, q: _Queue | None, full: float, uncached: int, now: float) -> float:
+        """How far an idle endpoint is from free for a recompute of `uncached` tokens, 0..1: its KV pressure, or
+        the requests of its own expected to arrive while the prefill runs (they would queue behind it), whichever is
+        larger."""
+        if q is None or q.traffic <= 0:
+            return full
+        self._decay(q, now)
+        arrivals = q.traffic / self.traffic_window * uncached / self.rate
+        return min(1.0, max(full, arrivals / 2))
+
     def _decay(self, q: _Queue, now: float) -> None:
-        if now > q.work_at:
-            f = math.exp((q.work_at - now) / self.util_window)
-            q.work *= f
-            q.picks *= f
-            q.work_at = now
+        if now > q.traffic_at:
+            q.traffic *= math.exp((q.traffic_at - now) / self.traffic_window)
+            q.traffic_at = now
 
     def _expire(self, q: _Queue, now: float, capacity: int) -> None:
         """Drop working-set entries older than the window, and beyond twice the capacity (a bound on memory;
@@ -310,18 +298,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
             recent.popitem(last=False)
 
     def score(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
-        now = time.monotonic()
-        costs = self.costs(request, endpoints, now)
-        if _TRACE is not None and costs:
-            c = request.data.get(self.cost_key)
-            rows = []
-            for ep, cost in zip(endpoints, costs, strict=True):
-                q = self.queues.get(ep.name)
-                rows.append([ep.name[-5:], round(cost), c.uncached.get(ep.name) if c else None,
-                             q.active if q else 0, round(max(0.0, q.busy_until - now) * self.rate) if q else 0,
-                             round(self.fullness(ep, q, now), 2), len(q.recent) * q.recent_block_tokens if q else 0])
-            _TRACE.write(f"{now:.3f} {c.prompt_tokens if c else 0} {rows}\n")
-            _TRACE.flush()
+        costs = self.costs(request, endpoints, time.monotonic())
         if not costs:
             return []
         lo, hi = min(costs), max(costs)
@@ -346,10 +323,9 @@ class PrefillCostScorer(Plugin, RemovalListener):
         q = self.queues.setdefault(name, _Queue())
         uncached = cost.uncached.get(name, cost.prompt_tokens)
         q.busy_until = max(q.busy_until, now) + uncached / self.rate
-        if self.util_weight > 0 or self.idle_traffic:
+        if self.idle_weight != self.uncached_weight:
             self._decay(q, now)
-            q.work += uncached / self.rate
-            q.picks += 1.0
+            q.traffic += 1.0
         out = request.max_tokens if request.max_tokens is not None else self.default_output
         entry = _InFlight(name, cost.prompt_tokens + max(0, out), now)
         match = request.data.get(self.match_key)
