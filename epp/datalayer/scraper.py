@@ -241,7 +241,7 @@ class MetricsScraper:
     async def _reconnect(self, t: _Target) -> None:
         try:
             status, body = await t.client.get(self.timeout)
-        except (HTTPGetError, TimeoutError, OSError) as e:
+        except Exception as e:  # HTTPGetError, TimeoutError, OSError; anything else fails this scrape alone too
             t.task = None
             self._finish(t, 0, b"", e)
         else:

@@ -221,3 +221,21 @@ async def test_a_scrape_that_cannot_start_fails_alone_and_the_ticks_go_on(
             await wait_for(lambda: sb.gets >= gets_b + 3)  # b is still scraped on the ticks
             broken[0] = False
             await wait_for(lambda: a.health.scrape_failures == 0)  # and a recovers
+            # The same for a GET that (re)connects: an unexpected error fails the scrape, the next one runs.
+            get = KeepAliveGet.get
+            calls = [0]
+
+            async def first_reconnect_fails(self: KeepAliveGet, timeout: float) -> tuple[int, bytes]:
+                if self.port == sa.port:
+                    calls[0] += 1
+                    if calls[0] == 1:
+                        raise RuntimeError("boom")
+                return await get(self, timeout)
+
+            monkeypatch.setattr(KeepAliveGet, "get", first_reconnect_fails)
+            failed = scraper.failures
+            assert scraper._targets["a"].client._proto is not None
+            scraper._targets["a"].client.abort()  # the connection is gone: the next scrape of a reconnects
+            await wait_for(lambda: calls[0] >= 2)
+            assert scraper.failures >= failed + 1  # (+1 more if the abort caught a GET in flight: its deadline)
+            await wait_for(lambda: a.health.scrape_failures == 0 and a.health.last_ok > 0)
