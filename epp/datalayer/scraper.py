@@ -193,12 +193,17 @@ class MetricsScraper:
         now = self._loop.time()
         when = math.inf
         for t in list(self._targets.values()):
-            if t.busy:
-                if now >= t.deadline:  # (a reconnecting GET has its own timeout: deadline inf)
-                    t.client.abort()
-                    self._finish(t, 0, b"", TimeoutError(f"no answer within {self.timeout:g} s"), now)
-            elif now >= t.due - _EARLY:
-                self._begin(t, now)
+            try:
+                if t.busy:
+                    if now >= t.deadline:  # (a reconnecting GET has its own timeout: deadline inf)
+                        t.client.abort()
+                        self._finish(t, 0, b"", TimeoutError(f"no answer within {self.timeout:g} s"), now)
+                elif now >= t.due - _EARLY:
+                    self._begin(t, now)
+            except Exception as e:  # one endpoint's failure must not stop the ticks for all
+                log.exception("endpoint %s: starting a scrape failed", t.endpoint.name)
+                t.client.abort()
+                self._finish(t, 0, b"", e, now)
             w = t.deadline if t.busy else t.due
             if w < when:
                 when = w
@@ -236,7 +241,7 @@ class MetricsScraper:
     async def _reconnect(self, t: _Target) -> None:
         try:
             status, body = await t.client.get(self.timeout)
-        except (HTTPGetError, TimeoutError, OSError) as e:
+        except Exception as e:  # HTTPGetError, TimeoutError, OSError; anything else fails this scrape alone too
             t.task = None
             self._finish(t, 0, b"", e)
         else:

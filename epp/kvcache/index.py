@@ -643,8 +643,9 @@ class MemoryIndex:
                 spec[r] = {slot: exp}
                 bits[r] = sbit
             else:
+                if slot not in d:  # (in d already: the bit is set)
+                    bits[r] |= sbit
                 d[slot] = exp
-                bits[r] |= sbit
         heapq.heappush(self._spec_expiry, (exp, next(self._spec_seq), slot, request_keys))
 
     def _expire_spec(self, now: float) -> None:

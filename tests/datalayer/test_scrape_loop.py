@@ -18,6 +18,7 @@ from epp.datalayer import health
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.extractor import ENGINE_LABEL, CoreMetricsExtractor
 from epp.datalayer.health import HealthPolicy
+from epp.datalayer.httpget import KeepAliveGet
 from epp.datalayer.scraper import MetricsScraper
 from epp.framework import Endpoint, Metrics
 
@@ -194,3 +195,47 @@ async def test_a_kept_alive_get_without_answer_fails_at_its_deadline_and_the_nex
             s.hang_after = -1
             await wait_for(lambda: ep.metrics.update_time > stamp)
             assert ep.health.scrape_failures == 0
+
+
+async def test_a_scrape_that_cannot_start_fails_alone_and_the_ticks_go_on(
+    policy: HealthPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with servers(2) as (sa, sb):
+        a, b = Endpoint("a", "127.0.0.1", sa.port), Endpoint("b", "127.0.0.1", sb.port)
+        ds = Datastore()
+        ds.replace_all([a, b])
+        scraper = MetricsScraper(ds, interval=0.02, max_backoff=0.04)
+        async with scraping(scraper):
+            await wait_for(lambda: sa.gets >= 2 and sb.gets >= 2)
+            send = KeepAliveGet.send
+            broken = [True]
+
+            def failing_for_a(self: KeepAliveGet, sink: Any) -> bool:
+                if broken[0] and self.port == sa.port:
+                    raise RuntimeError("boom")
+                return send(self, sink)
+
+            monkeypatch.setattr(KeepAliveGet, "send", failing_for_a)
+            await wait_for(lambda: a.health.scrape_failures >= 2)
+            gets_b = sb.gets
+            await wait_for(lambda: sb.gets >= gets_b + 3)  # b is still scraped on the ticks
+            broken[0] = False
+            await wait_for(lambda: a.health.scrape_failures == 0)  # and a recovers
+            # The same for a GET that (re)connects: an unexpected error fails the scrape, the next one runs.
+            get = KeepAliveGet.get
+            calls = [0]
+
+            async def first_reconnect_fails(self: KeepAliveGet, timeout: float) -> tuple[int, bytes]:
+                if self.port == sa.port:
+                    calls[0] += 1
+                    if calls[0] == 1:
+                        raise RuntimeError("boom")
+                return await get(self, timeout)
+
+            monkeypatch.setattr(KeepAliveGet, "get", first_reconnect_fails)
+            failed = scraper.failures
+            assert scraper._targets["a"].client._proto is not None
+            scraper._targets["a"].client.abort()  # the connection is gone: the next scrape of a reconnects
+            await wait_for(lambda: calls[0] >= 2)
+            assert scraper.failures >= failed + 1  # (+1 more if the abort caught a GET in flight: its deadline)
+            await wait_for(lambda: a.health.scrape_failures == 0 and a.health.last_ok > 0)
