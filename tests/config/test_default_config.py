@@ -80,6 +80,9 @@ async def test_default_without_kv_events_keeps_a_shared_prefix_on_its_pod() -> N
     first = await d.handle_request(r0)
     await asyncio.sleep(0)  # the history records the pick right after the decision
     d.handle_response_complete(r0, first, None)
+    # a chat turn comes after the previous answer: the prefill estimated there (551 tokens at the default 15928
+    # tokens/s) is done; a prompt sent while it still runs may go to an idle pod, whose parallel prefill is faster
+    await asyncio.sleep(0.05)
     for i in range(1, 6):
         r = chat(prefix + f"Q{i}", f"r{i}")
         again = await d.handle_request(r)
@@ -87,6 +90,7 @@ async def test_default_without_kv_events_keeps_a_shared_prefix_on_its_pod() -> N
         await asyncio.sleep(0)
         if i < 5:
             d.handle_response_complete(r, again, None)
+            await asyncio.sleep(0.05)
     # the last turn is still in flight there: an unrelated prompt (cached nowhere) goes to an idle pod
     other = await d.handle_request(chat("An unrelated question about something else entirely. " * 40, "x"))
     assert other.destination != first.destination

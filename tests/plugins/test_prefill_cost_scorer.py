@@ -23,6 +23,9 @@ from epp.plugins.scorers.prefill_cost_scorer import PrefillCostScorer, _Queue
 from tests.helpers import build
 
 KEY = PREFIX_CACHE_MATCH_INFO.of("precise-prefix-cache-producer")
+# KV pressure from every token written since start, every endpoint charged uncachedWeight (the defaults until the
+# working-set and idle terms): for the tests of those terms alone
+WRITTEN = {"workingSetWindow": 0, "idleUncachedWeight": 2}
 S = CycleState()
 
 
@@ -143,7 +146,7 @@ def with_capacity(endpoints: list[Endpoint], tokens: int, block: int = 16) -> li
 
 
 def test_kv_pressure_is_the_share_of_capacity_written_there() -> None:
-    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "decodeWeight": 1, "evictionWeight": 0})
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "decodeWeight": 1, "evictionWeight": 0, **WRITTEN})
     e = with_capacity(eps(), 4000)
     r = req("r1", 1000, {}, max_tokens=1000)  # writes 2000 tokens on a: half its KV
     assert pick(s, r, e).name == "a"
@@ -158,7 +161,7 @@ def test_kv_pressure_is_the_share_of_capacity_written_there() -> None:
 
 
 def test_a_full_cache_charges_the_expected_recompute_of_what_it_evicts() -> None:
-    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 1})
+    s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 1, **WRITTEN})
     e = with_capacity(eps(), 1000)
     for i in range(3):  # every prompt is fully cached on a: the pool's reuse moves towards 1
         s.costs(req(f"hot{i}", 1024, {"a": 64}), e, now=0.0)
@@ -169,7 +172,7 @@ def test_a_full_cache_charges_the_expected_recompute_of_what_it_evicts() -> None
     cost = s.costs(req("cold", 1024, {}), e, now=0.0)
     assert cost[1] == pytest.approx((2 + reuse) * 1024) and cost[2] == 2 * 1024
     # a workload without reuse charges no eviction, however full the cache
-    fresh = build(PrefillCostScorer, {"evictionWeight": 1})
+    fresh = build(PrefillCostScorer, {"evictionWeight": 1, **WRITTEN})
     fresh.queues["b"] = _Queue(written=1000)
     assert fresh.costs(req("x", 1024, {}), e, now=0.0) == [2048.0, 2048.0, 2048.0]
 
@@ -282,7 +285,7 @@ def test_working_set_is_the_distinct_blocks_routed_there_within_the_window() -> 
     place(s, keyed("big", list(range(1000, 1200)), {}), e, 0)
     assert len(q.recent) == 2 * 64 + 1 and next(iter(q.recent)) == 1200 - 129
     # without the window nothing is tracked: pressure is every token written since start
-    old = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9})
+    old = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "workingSetWindow": 0})
     place(old, keyed("r1", list(range(16)), {}), e, 0)
     assert not old.queues["a"].recent and old.fullness(e[0], old.queues["a"], 0.0) == (256 + 8) / 1024
 
@@ -384,7 +387,8 @@ def test_working_set_window_needs_the_precise_producer() -> None:
     with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
         build_pipeline(parse_config(config(", workingSetWindow: 10s")), plugin_context(Datastore()))
     s = build(PrefillCostScorer, {})
-    assert not s.dedup and s.window == 0.0 and s.saturation_weight == 1.0
+    assert s.dedup and s.window == 30.0 and s.saturation_weight == 0.0
+    assert s.idle_weight == 1.0 and s.overflow_weight == 1.0 and s.traffic_window == 10.0
 
 
 def test_a_recompute_on_an_idle_endpoint_with_free_kv_costs_the_idle_weight() -> None:
@@ -397,8 +401,9 @@ def test_a_recompute_on_an_idle_endpoint_with_free_kv_costs_the_idle_weight() ->
     r = req("q", 1000, {})
     now = time.monotonic()
     assert s.costs(r, e, now=now + 10) == [2000.0, 1000.0, 1000.0]  # a busy: uncachedWeight 2; b, c idle: 1
-    # without the parameter every endpoint pays uncachedWeight, as before
-    assert build(PrefillCostScorer, params).costs(r, e, now=now) == [2000.0, 2000.0, 2000.0]
+    # with the idle weight at uncachedWeight every endpoint pays it, as before the parameter
+    same = build(PrefillCostScorer, {**params, "idleUncachedWeight": 2})
+    assert same.costs(r, e, now=now) == [2000.0, 2000.0, 2000.0]
 
 
 def test_the_idle_discount_shrinks_with_kv_pressure_and_with_the_endpoints_own_traffic() -> None:
@@ -428,18 +433,19 @@ def test_the_idle_discount_shrinks_with_kv_pressure_and_with_the_endpoints_own_t
 
 def test_a_working_set_beyond_capacity_is_charged_its_overflow() -> None:
     params = {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
-              "workingSetWindow": "60s"}  # fmt: skip
+              "workingSetWindow": "60s", "idleUncachedWeight": 2}  # fmt: skip
     e = with_capacity(eps(), 64 * 16)  # 64 blocks each
     for weight, extra in ((0, 0.0), (1, 36 * 16.0), (2, 2 * 36 * 16.0)):
-        s = build(PrefillCostScorer, {**params, "overflowWeight": weight} if weight else params)
+        s = build(PrefillCostScorer, {**params, "overflowWeight": weight})
         place(s, keyed("big", list(range(100)), {}, max_tokens=0), e, 0)  # a asked for 100 distinct blocks
         r = keyed("q", list(range(500, 510)), {})
         assert s.costs(r, e, now=time.monotonic()) == [2 * 160.0 + extra, 320.0, 320.0]
 
 
 def test_overflow_weight_needs_the_working_set() -> None:
-    with pytest.raises(PluginConfigError, match="overflowWeight.*workingSetWindow"):
-        build(PrefillCostScorer, {"overflowWeight": 1})
+    with pytest.raises(PluginConfigError, match=r"overflowWeight.*workingSetWindow"):
+        build(PrefillCostScorer, {"overflowWeight": 1, "workingSetWindow": 0})
+    build(PrefillCostScorer, {"workingSetWindow": 0})  # the default overflow weight is not an error without it
     with pytest.raises(PluginConfigError):
         build(PrefillCostScorer, {"idleUncachedWeight": -1})
     with pytest.raises(PluginConfigError):

@@ -1,39 +1,38 @@
 """prefill-cost-scorer (pyepp): score each endpoint by the work, in prompt tokens, that stands between this request
 and its first token there.
 
-    cost(e) = (uncachedWeight + evictionWeight x reuse x full(e) + saturationWeight x busy) x uncached(e)
+    cost(e) = (w(e) + evictionWeight x reuse x full(e) + saturationWeight x busy) x uncached(e)
             + backlog(e)                        prefill tokens already routed to e and not yet processed
             + decodeWeight x full(e) x active(e)   KV tokens the requests in flight on e hold
+            + overflowWeight x max(0, working set(e) - capacity(e))
 
 uncached(e) is the prompt tokens e does not hold (precise prefix match). full(e) is KV pressure against e's KV
-capacity (`vllm:cache_config_info` blocks x block size, scraped; 1 when unknown), capped at 1: every token written
-there since start (uncached prompt + output) or, with `workingSetWindow` (opt-in), the pod's working set, the
-distinct prompt blocks routed there within the window (measured: no better than the default on the suite). Once the
-blocks a pod is being asked for exceed what it holds, every token computed there evicts one that will be asked for
-again with probability `reuse` (the share of recent prompts' tokens some pod held, a moving average): that
-expected recompute is charged to the tokens the request computes there. The tokens held by in-flight requests cost
-in proportion to the pressure too: while the cache has room they evict nothing.
+capacity (`vllm:cache_config_info` blocks x block size, scraped; 1 when unknown), capped at 1: e's working set, the
+distinct prompt blocks routed there within `workingSetWindow` (30 s; needs the precise producer's block keys), or
+with the window 0 (or without block keys) every token written there since start. Once the blocks a pod is being asked
+for exceed what it holds, every token computed there evicts one that will be asked for again with probability
+`reuse` (the share of recent prompts' tokens some pod held, a moving average): that expected recompute is charged to
+the tokens the request computes there, and a working set beyond the capacity is charged itself (the pod thrashes:
+its overflow is recomputed by someone). The tokens held by in-flight requests cost in proportion to the pressure.
 
-Two terms keep a request with its cached prefix when the whole pool is overloaded. Under a sustained overload of
-`make demo`'s shape the earlier cost (`dedupInFlightBlocks: false`, `saturationWeight: 0`) spread every group over
-3-4 pods: each request of a group in flight on the pod caching the group's 1024-token prompt was charged that
-prompt again, so a few of them outweighed recomputing it elsewhere; the copies overflowed the caches and the pool
-kept recomputing:
+w(e), what a recomputed token costs, is `uncachedWeight` (2) on a busy endpoint: it delays the requests queued behind
+it too. On an idle endpoint (nothing in flight, no prefill queued) it falls to `idleUncachedWeight` (1: only this
+request waits for it) in proportion to how free that endpoint is: scaled back up by its KV pressure (a recompute into
+a full cache evicts) and by the requests of its own expected during the prefill (`trafficWindow`'s arrival rate x
+the prefill's time / 2: they would queue behind it), whichever is larger. So a burst of sub-agents or a new chat
+session spreads to pods that are idle and empty, while under `make demo`'s overload a group stays on its pod: the
+other pods, idle for a moment between their own groups' requests, get requests every few hundred ms.
 
-- active(e) can count each KV block that several in-flight requests share once (`dedupInFlightBlocks`, opt-in,
-  from the precise producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat
-  session's own history) still count in full; a request without block keys counts its whole prompt. It needs the
-  precise producer (another prefix producer is a config error). Off by default: it wins the demo's shapes (the
-  suite's shared-prefix-demo p90 4x lower) but lets chat sessions sharing a system prompt pile onto few pods whose
-  histories, resident between turns, in-flight counting does not see (multi-turn p90 4x at the demo's scale), and
-  keeps a burst of sub-agents sharing a context on one pod (agentic p90 1.4x); docs/benchmarks.md, "Working set,
-  shared blocks once". The working set (`workingSetWindow`) was built to see those histories; on the suite it made
-  no measurable difference.
-- busy is the number of requests in flight on the least-loaded endpoint: 0 while some endpoint is idle. Once every
-  endpoint carries requests, a token computed again cannot use idle capacity: it delays the requests queued on the
-  pod that computes it and, as routing evens the queues out, the pool's. So the recompute charge grows with the
-  pool's load (llm-d's prefix-cache-affinity-filter keeps a request sticky up to a fixed TTFT penalty instead); at
-  light load the term is 0 and work spreads as before.
+active(e) counts each KV block several in-flight requests share once (`dedupInFlightBlocks`, from the precise
+producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat session's own
+history) count in full; a request without block keys counts its whole prompt. Counting every request's whole prompt
+(the earlier default) spread `make demo`'s groups over 3-4 pods under its sustained overload: each request of a
+group in flight on the pod caching the group's 1024-token prompt was charged that prompt again. Counting blocks
+once without the idle and working-set terms piled chat sessions sharing a system prompt onto few pods and kept
+bursts of sub-agents on one pod; with them, the suite's six workloads at 4 pods / block 16 are all at or below the
+best other strategy (docs/benchmarks.md, "Idle endpoints and the working set"). busy (`saturationWeight`, 0 by
+default) is the number of requests in flight on the least-loaded endpoint: the earlier way to keep a group sticky
+under overload, charging a recompute more as the whole pool fills.
 
 The backlog is an estimate on a per-endpoint clock: each pick appends its uncached tokens to e's FCFS prefill
 queue, which drains at `prefillTokensPerSecond` (the engine's prefill throughput, llm-d's
@@ -48,7 +47,8 @@ computes again delay every request queued behind them, not only this one (with 1
 request's TTFT and, under a burst, spreads a prefix over pods that all compute it). The score is min-max
 normalized and inverted (lowest cost = 1).
 
-With `evictionWeight` 0 and every capacity unknown this is the earlier cost (uncached, backlog, in-flight tokens).
+With `evictionWeight` 0, `dedupInFlightBlocks` false and every capacity unknown this is the earlier cost (uncached,
+backlog, in-flight tokens).
 
 A request without a prefix match (no tokens, cold index) costs the same uncached tokens everywhere, so the
 choice falls to backlog and decode load: the scorer degrades to a token-load balancer.
@@ -170,13 +170,13 @@ class PrefillCostScorer(Plugin, RemovalListener):
         producer = params.str("prefixMatchInfoProducerName", DEFAULT_PRODUCER)
         # Both block-key terms read the precise producer's keys: turned on with another prefix producer they would
         # never take effect, so the config is refused.
-        dedup = params.bool("dedupInFlightBlocks", False)
-        window = params.duration("workingSetWindow", 0.0)
+        dedup = params.bool("dedupInFlightBlocks", True)
+        window = params.duration("workingSetWindow", 30.0)
         explicit = (dedup and params.has("dedupInFlightBlocks")) or (window > 0 and params.has("workingSetWindow"))
         uncached_weight = params.float("uncachedWeight", 2.0, min=0.0)
         # the overflow is the working set's: without a window it would never be charged
-        overflow = params.float("overflowWeight", 0.0, min=0.0)
-        if overflow > 0 and window <= 0:
+        overflow = params.float("overflowWeight", 1.0, min=0.0)
+        if overflow > 0 and window <= 0 and params.has("overflowWeight"):
             raise params.fail("overflowWeight", "needs workingSetWindow (the working set whose overflow it charges)")
         scorer = cls(
             name,
@@ -189,11 +189,11 @@ class PrefillCostScorer(Plugin, RemovalListener):
             eviction_weight=params.float("evictionWeight", 1.0, min=0.0),
             reuse_window=params.int("reuseWindow", 50, min=1),
             dedup_in_flight_blocks=dedup,
-            saturation_weight=params.float("saturationWeight", 1.0, min=0.0),
+            saturation_weight=params.float("saturationWeight", 0.0, min=0.0),
             working_set_window=window,
             needs_block_keys=explicit,
             overflow_weight=overflow,
-            idle_uncached_weight=params.float("idleUncachedWeight", uncached_weight, min=0.0),
+            idle_uncached_weight=params.float("idleUncachedWeight", 1.0, min=0.0),
             traffic_window=params.duration("trafficWindow", 10.0),
         )
         context.endpoints.subscribe(scorer)
