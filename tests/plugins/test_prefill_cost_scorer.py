@@ -246,7 +246,8 @@ def test_when_every_pod_is_busy_a_request_stays_with_its_cached_prefix() -> None
     b. While b is idle, recomputing the prefix there is cheaper; once every pod carries requests, a recompute delays
     the pool's queues and the request stays on a (with saturationWeight 0, the earlier cost, it moved to b)."""
     for weight, expected in ((1.0, "a"), (0.0, "b")):
-        s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1000, "saturationWeight": weight, "evictionWeight": 0})
+        params = {"prefillTokensPerSecond": 1000, "saturationWeight": weight, "evictionWeight": 0, "decodeWeight": 1}
+        s = build(PrefillCostScorer, {**params, **WRITTEN})
         e = eps()[:2]
         for i in range(9):  # nine requests of the group in flight on a
             place(s, req(f"g{i}", 1088, {"a": 64}), e, 0)

@@ -39,13 +39,13 @@ queue, which drains at `prefillTokensPerSecond` (the engine's prefill throughput
 `peakPrefillThroughput`); in-flight requests are counted from the pick to the end of the response, with a
 `requestTimeout` so a lost completion cannot pin an endpoint. It is Dynamo's cost function (prefill not covered by
 the cached prefix plus decode load) with the prefill charge decayed by the estimated prefill time rather than held
-until completion. `decodeWeight` 1 (Dynamo's) counts the KV the running requests hold: with much less, sessions
-that share a system prompt pile onto the pod that caches it and evict each other (on the suite's multi-turn
-workload, 0.3 gave TTFT p90 3.9 s and 1.0 gave 1.7 s). `uncachedWeight` > 1 charges a recompute more than a wait
-of the same length: the tokens a pod
-computes again delay every request queued behind them, not only this one (with 1 the pick is greedy for this
-request's TTFT and, under a burst, spreads a prefix over pods that all compute it). The score is min-max
-normalized and inverted (lowest cost = 1).
+until completion. `decodeWeight` counts the KV the running requests hold, 0.5 by default (Dynamo's 1 was ours until
+2026-12-03): with the idle discount, 1 moved requests off their cached prefix onto idle pods (`make demo`'s overload
+p90 1160 vs 170 ms, its multi-turn 797 vs 341 ms); before the idle discount much less piled sessions sharing a system
+prompt onto the pod that caches it (0.3 gave the suite's multi-turn p90 3.9 s, 1.0 1.7 s). `uncachedWeight` > 1
+charges a recompute more than a wait of the same length: the tokens a pod computes again delay every request queued
+behind them, not only this one (with 1 the pick is greedy for this request's TTFT and, under a burst, spreads a
+prefix over pods that all compute it). The score is min-max normalized and inverted (lowest cost = 1).
 
 With `evictionWeight` 0, `dedupInFlightBlocks` false and every capacity unknown this is the earlier cost (uncached,
 backlog, in-flight tokens).
@@ -126,7 +126,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         name: str | None = None,
         producer: str = DEFAULT_PRODUCER,
         prefill_tokens_per_second: float = 15928.0,
-        decode_weight: float = 1.0,
+        decode_weight: float = 0.5,
         uncached_weight: float = 2.0,
         default_output_tokens: int = 256,
         request_timeout: float = 300.0,
@@ -182,7 +182,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
             name,
             producer=producer,
             prefill_tokens_per_second=params.float("prefillTokensPerSecond", 15928.0, min=1.0),
-            decode_weight=params.float("decodeWeight", 1.0, min=0.0),
+            decode_weight=params.float("decodeWeight", 0.5, min=0.0),
             uncached_weight=uncached_weight,
             default_output_tokens=params.int("defaultOutputTokens", 256, min=0),
             request_timeout=params.duration("requestTimeout", 300.0),
