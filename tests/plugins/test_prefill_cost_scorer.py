@@ -451,3 +451,5 @@ def test_overflow_weight_needs_the_working_set() -> None:
         build(PrefillCostScorer, {"idleUncachedWeight": -1})
     with pytest.raises(PluginConfigError):
         build(PrefillCostScorer, {"trafficWindow": "fast"})
+    with pytest.raises(PluginConfigError, match="trafficWindow"):
+        build(PrefillCostScorer, {"trafficWindow": 0})

@@ -174,6 +174,9 @@ class PrefillCostScorer(Plugin, RemovalListener):
         window = params.duration("workingSetWindow", 30.0)
         explicit = (dedup and params.has("dedupInFlightBlocks")) or (window > 0 and params.has("workingSetWindow"))
         uncached_weight = params.float("uncachedWeight", 2.0, min=0.0)
+        traffic_window = params.duration("trafficWindow", 10.0)
+        if traffic_window <= 0:
+            raise params.fail("trafficWindow", "must be a positive duration (the request rate is averaged over it)")
         # the overflow is the working set's: without a window it would never be charged
         overflow = params.float("overflowWeight", 1.0, min=0.0)
         if overflow > 0 and window <= 0 and params.has("overflowWeight"):
@@ -194,7 +197,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
             needs_block_keys=explicit,
             overflow_weight=overflow,
             idle_uncached_weight=params.float("idleUncachedWeight", 1.0, min=0.0),
-            traffic_window=params.duration("trafficWindow", 10.0),
+            traffic_window=traffic_window,
         )
         context.endpoints.subscribe(scorer)
         return scorer
