@@ -284,15 +284,22 @@ class MetricsScraper:
             m.update_time = time.monotonic()
             self.reparses_skipped += 1
         else:
-            try:
-                m = self.extractor.extract(body.decode("utf-8", "replace"), ep)
-            except Exception as e:  # a malformed page must not stop the scrapes
-                self.failures += 1
+            parsed, why = self._parse(body, ep)
+            if parsed is None:
                 t.metrics = None
-                return False, f"cannot parse metrics: {e}"
+                return False, why
+            m = parsed
             t.page, t.engine = body, engine
         ep.metrics = t.metrics = m
         return True, ""
+
+    def _parse(self, body: bytes, endpoint: Endpoint) -> tuple[Metrics | None, str]:
+        """The page's Metrics, or None and why (a malformed page must not stop the scrapes)."""
+        try:
+            return self.extractor.extract(body.decode("utf-8", "replace"), endpoint), ""
+        except Exception as e:
+            self.failures += 1
+            return None, f"cannot parse metrics: {e}"
 
     def _outcome(self, t: _Target, ok: bool, why: str) -> None:
         ep = t.endpoint
@@ -326,11 +333,10 @@ class MetricsScraper:
         if status != 200:
             self.failures += 1
             return False, f"HTTP {status}"
-        try:
-            endpoint.metrics = self.extractor.extract(body.decode("utf-8", "replace"), endpoint)
-        except Exception as e:  # a malformed page must not kill the loop
-            self.failures += 1
-            return False, f"cannot parse metrics: {e}"
+        m, why = self._parse(body, endpoint)
+        if m is None:
+            return False, why
+        endpoint.metrics = m
         return True, ""
 
     def stats(self) -> dict[str, Any]:
