@@ -10,9 +10,12 @@ simulators (metrics scraped, KV events subscribed) with the given strategy.
     python -m e2e.bench.bench_picks --workers 1 --strategy precise --streams 8000 --repeats 3 \
         --sources old@/tmp/tree-64f7a9f,new@/tmp/tree-daba74d     # an A/B of two checkouts' EPPs, alternated
         --sources 'default,si=--gil-switch-interval 500us'          # this checkout with and without a flag
+        --sources 'default,floor'                                    # beside the Python floor (below)
 
 With `--sources` every run uses the same simulators and the same frames; each checkout's EPP serves in turn
-(`python -m epp` from that checkout), `--repeats` times, and the medians are compared.
+(`python -m epp` from that checkout), `--repeats` times, and the medians are compared. The source named `floor` is
+`e2e/bench/floor_extproc.py` instead of an EPP: a minimal grpc.aio ext_proc server answering every stream with a
+fixed destination, i.e. what the same h2load load costs any Python ext_proc server (transport and protobuf only).
 """
 
 from __future__ import annotations
@@ -116,6 +119,26 @@ def _has_kit_flags(tree: Path) -> bool:
     return "--tracing" in out.stdout
 
 
+FLOOR = "floor"
+
+
+def _floor_run(tmp: Path, frames: Path, ns: argparse.Namespace) -> dict[str, float]:
+    """The same h2load run against the Python floor (fixed destination): the transport's own ceiling."""
+    from e2e.bench.bench_breakdown import FloorProcess
+
+    floor = FloorProcess(tmp, "127.0.0.1:8000")
+    try:
+        floor.wait_ready()
+        h2load(floor.port, frames, min(2000, ns.streams), ns.clients, ns.per_client)  # warm up
+        cpu0 = cpu_seconds(floor.proc.pid)
+        res = h2load(floor.port, frames, ns.streams, ns.clients, ns.per_client)
+        res["cpu_us_per_pick"] = (cpu_seconds(floor.proc.pid) - cpu0) / ns.streams * 1e6
+        res["picks_counted"] = res["succeeded"]
+    finally:
+        floor.stop()
+    return res
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_picks")
     p.add_argument("--workers", default="1,2")
@@ -139,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for item in ns.sources.split(","):
             head, _, flags = item.partition("=")
             name, _, tree = head.partition("@")
+            if name == FLOOR and (tree or flags):
+                raise SystemExit(f"--sources {item!r}: the floor takes no checkout or flags")
             if tree and not (Path(tree) / "epp" / "__init__.py").exists():
                 raise SystemExit(f"--sources {item!r}: {tree} holds no epp package")
             sources.append((name, Path(tree) if tree else None, flags.split()))
@@ -162,6 +187,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             for src in sources
         ]
         for w, strategy, (src_name, tree, flags) in runs:
+            if src_name == FLOOR:
+                if w != 1:
+                    continue
+                res = _floor_run(Path(tmp), frames, ns)
+                rows.append({**res, "workers": 1, "source": FLOOR, "strategy": ""})
+                print(f"floor: {res['picks_per_s']:.0f} picks/s ({res['failed']:.0f} failed; p50 "
+                      f"{res.get('p50_ms', float('nan')):.1f} ms, p99 {res.get('p99_ms', float('nan')):.1f} ms; "
+                      f"CPU {res['cpu_us_per_pick']:.0f} µs/pick)", flush=True)  # fmt: skip
+                continue
             cfg = cfgs[strategy]
             grpc_port, health, metrics = free_ports(3)
             epp = EppProcess(cfg, Path(tmp), EppPorts(grpc_port, health, metrics), log_level="warning",
