@@ -75,6 +75,7 @@ SERVED_METADATA_KEY = "x-gateway-destination-endpoint-served"  # envoy.lb metada
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 BODY_CHUNK_LIMIT = 62_000  # GIE's BodyByteLimit: Envoy takes at most 64 KiB per streamed chunk
+ROUTING_WIRE_CACHE = 4096  # destinations whose routing answer is kept serialized (cleared when full)
 DEFAULT_MAX_BODY_BYTES = 128 * 1024 * 1024  # a gathered request body beyond this is refused with 413
 # All request bodies being gathered at once, across streams: past it a body is refused with 503 (parsing multiplies
 # a body several times over, so this bounds the EPP's peak memory, not just the raw bytes).
@@ -209,6 +210,8 @@ class ServerState:
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
         self.tracing: Any = None  # epp.server.tracing.Tracing with --tracing (spans per request)
         self._parse_pool: ThreadPoolExecutor | None = None
+        # destination -> the serialized request-headers answer of a decision that sets only the destination
+        self.routing_wire: dict[str, bytes] = {}
 
     def parse_pool(self) -> ThreadPoolExecutor:
         """The one thread that parses large request bodies (one at a time: each is bounded by the body limits)."""
@@ -383,9 +386,7 @@ class RequestStream:
             self.request.subset = self.subset
             self.decision = self.s.pick_bodyless(self.subset)
             self.state = _BODY_DONE
-            resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=self._routing_common(None)))
-            self._put_metadata(resp)
-            return [resp]
+            return [self._routing_headers(None)]
         if self.request_mode == BUFFERED:
             strip = pb.CommonResponse(
                 header_mutation=pb.HeaderMutation(remove_headers=[DESTINATION_KEY, *DISAGG_HEADERS])
@@ -535,8 +536,7 @@ class RequestStream:
             resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
             self._put_metadata(resp)
             return [resp]
-        resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=self._routing_common(len(forward))))
-        self._put_metadata(resp)
+        resp = self._routing_headers(len(forward))
         if len(forward) > BODY_CHUNK_LIMIT:
             return itertools.chain([resp], self._stream_body(forward, end_of_stream))
         out = [resp]
@@ -560,6 +560,38 @@ class RequestStream:
         parsed = parser.parse(self.headers, raw)
         request, forward = build_request(self.headers, parsed, raw, self.s.model_rewrites)
         return parsed, request, forward, forward is not raw
+
+    def _routing_headers(self, content_length: int | None) -> pb.ProcessingResponse:
+        """The request-headers answer for the decision: header mutation, content-length and `envoy.lb` metadata.
+
+        A decision that sets nothing but the destination (no extra headers or metadata, no trace, no scores) is parsed
+        from a serialization kept per destination, with the content-length appended: building the nested messages
+        field by field cost ~12 µs a request, parsing the bytes ~1."""
+        d = self.decision
+        assert d is not None
+        s = self.s
+        if d.headers or d.metadata or self._span is not None or s.emit_endpoint_scores:
+            resp = pb.ProcessingResponse(
+                request_headers=pb.HeadersResponse(response=self._routing_common(content_length))
+            )
+            self._put_metadata(resp)
+            return resp
+        destination = d.destination
+        wire = s.routing_wire.get(destination)
+        if wire is None:
+            built = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=self._routing_common(None)))
+            self._put_metadata(built)
+            wire = built.SerializeToString()
+            if len(s.routing_wire) >= ROUTING_WIRE_CACHE:
+                s.routing_wire.clear()
+            s.routing_wire[destination] = wire
+        resp = pb.ProcessingResponse.FromString(wire)
+        if content_length is not None:
+            opt = resp.request_headers.response.header_mutation.set_headers.add()
+            opt.header.key = "content-length"
+            opt.header.raw_value = str(content_length).encode()
+            opt.append_action = _OVERWRITE
+        return resp
 
     def _routing_common(self, content_length: int | None) -> pb.CommonResponse:
         """The header mutation (and the dynamic metadata, set by the caller's response) for the decision."""
