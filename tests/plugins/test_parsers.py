@@ -137,6 +137,11 @@ def test_json_depth_limit() -> None:
         deep = b'{"a":' + b"[" * depth + b"]" * depth + b"}"
         with pytest.raises(BadRequest, match="nests deeper than 128 levels"):
             decode_json_object(deep)
+    # objects and arrays interleaved: neither kind alone reaches the limit, together they nest past it
+    pairs = MAX_JSON_DEPTH // 2
+    with pytest.raises(BadRequest, match="nests deeper than 128 levels"):
+        decode_json_object(b'{"a":[' * pairs + b"{}" + b"]}" * pairs)
+    assert decode_json_object(b'{"a":[' * (pairs - 1) + b"{}" + b"]}" * (pairs - 1))
     many = b'{"a":[' + b",".join([b"[]"] * 5000) + b"]}"  # many containers, shallow: fine
     assert len(decode_json_object(many)["a"]) == 5000
 

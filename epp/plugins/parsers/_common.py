@@ -65,7 +65,17 @@ def _containers(body: bytes, limit: int) -> int:
     """How many `{` and `[` the body holds (counting stops past `limit`). A large body (parsed on the parse thread)
     is counted a MiB at a time: one `count` over 100 MiB holds the GIL, and so the event loop, for ~50 ms."""
     if len(body) < LARGE_BODY_BYTES:
-        return body.count(b"{") + body.count(b"[")
+        # find() is memchr: a body with few containers (the usual request) is scanned at memory speed, where each
+        # count() walked it byte by byte (5 us for two counts over a 7 KB completion, the JSON decode itself 1.4)
+        n = 0
+        for ch in b"{[":
+            i = body.find(ch)
+            while i >= 0:
+                n += 1
+                if n > limit:
+                    return n
+                i = body.find(ch, i + 1)
+        return n
     n = 0
     for i in range(0, len(body), _COUNT_STEP):
         n += body.count(b"{", i, i + _COUNT_STEP) + body.count(b"[", i, i + _COUNT_STEP)
