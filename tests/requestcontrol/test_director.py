@@ -175,6 +175,77 @@ async def test_data_producers_budget_and_failures_do_not_fail_the_request() -> N
     assert time.monotonic() - t0 < 1.0 and not slow.finished
 
 
+class StepProducer(Plugin):
+    """Records the order producers run in; `suspend` awaits that many loop turns first, `fail` raises after them."""
+
+    def __init__(self, name: str, log: list[str], suspend: int = 0, fail: bool = False) -> None:
+        super().__init__(name)
+        self.log, self.suspend, self.fail = log, suspend, fail
+
+    async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        for _ in range(self.suspend):
+            await asyncio.sleep(0)
+        if self.fail:
+            raise ValueError("bad input")
+        self.log.append(self.name)
+
+
+async def test_producers_that_finish_at_once_or_suspend_all_run_in_order() -> None:
+    """Producers that never suspend run as plain calls; once one suspends the rest run under the budget; a failure
+    before or after a suspension skips only that producer."""
+    ds = pool(2)
+    d = director(ds, "plugins: [{type: queue-scorer}]", producer_budget=5.0)
+    ran: list[str] = []
+    d._producers = [
+        StepProducer("a", ran),
+        StepProducer("b", ran, fail=True),
+        StepProducer("c", ran, suspend=2),
+        StepProducer("d", ran, suspend=1, fail=True),
+        StepProducer("e", ran),
+        StepProducer("f", ran, suspend=1),
+    ]
+    assert (await d.handle_request(chat("hi"))).endpoints
+    assert ran == ["a", "c", "e", "f"]
+
+
+async def test_budget_counts_from_the_start_when_the_first_suspension_comes_late() -> None:
+    """The producers that ran without suspending used the budget up: the next one's first wait is cut at once."""
+    ds = pool(2)
+    d = director(ds, "plugins: [{type: queue-scorer}]", producer_budget=0.05)
+
+    class Busy(Plugin):
+        async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+            time.sleep(0.1)  # CPU-bound past the budget, no suspension
+
+    slow = SlowProducer("slow", 5.0)
+    d._producers = [Busy("busy"), slow]
+    t0 = time.monotonic()
+    assert (await d.handle_request(chat("hi"))).endpoints
+    assert time.monotonic() - t0 < 1.0 and not slow.finished
+
+
+async def test_a_cancelled_request_cancels_the_suspended_producer() -> None:
+    ds = pool(2)
+    d = director(ds, "plugins: [{type: queue-scorer}]", producer_budget=10.0)
+    cancelled: list[bool] = []
+
+    class Waits(Plugin):
+        async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+
+    d._producers = [Waits("waits")]
+    task = asyncio.ensure_future(d.handle_request(chat("hi")))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cancelled == [True]
+
+
 async def test_response_hooks_drive_active_request_bookkeeping() -> None:
     ds = pool(2)
     d = director(ds, "plugins: [{type: active-request-scorer}]")
