@@ -123,12 +123,17 @@ def config_text(
 ) -> str:
     """The EPP config of `strategy` over `sims`; `prefill_tps` is the engines' prefill throughput (tokens/s) for
     the strategies that take it."""
+    return chain_config(strategy, block_size=block_size, prefill_tps=prefill_tps, ours_overrides=ours_overrides) + (
+        endpoints_yaml(sims) + extra
+    )
+
+
+def chain_config(
+    strategy: str, *, block_size: int = 16, prefill_tps: float = 15928.0, ours_overrides: dict[str, Any] | None = None
+) -> str:
+    """The plugins and profiles of `strategy` (a config without its endpoints)."""
     if strategy == OURS:
-        return _ours(block_size, prefill_tps, ours_overrides) + endpoints_yaml(sims) + extra
+        return _ours(block_size, prefill_tps, ours_overrides)
     if strategy not in PROFILES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(available_strategies())}")
-    return (
-        PROFILES[strategy].format(block_size=block_size, prefill_tps=prefill_tps).lstrip()
-        + endpoints_yaml(sims)
-        + extra
-    )
+    return PROFILES[strategy].format(block_size=block_size, prefill_tps=prefill_tps).lstrip()
