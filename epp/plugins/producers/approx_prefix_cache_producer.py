@@ -131,10 +131,11 @@ class PrefixIndex:
         if lru is None:
             lru = self._lru[endpoint] = OrderedDict()
         holders = self._holders
+        touch = lru.move_to_end
         for h in hashes:
-            if h in lru:
-                lru.move_to_end(h)
-            else:
+            try:
+                touch(h)  # held already (a repeated prefix, the usual case): one lookup instead of two
+            except KeyError:
                 lru[h] = None
                 s = holders.get(h)
                 if s is None:

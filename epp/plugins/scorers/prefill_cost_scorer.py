@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, _count_elements  # type: ignore[attr-defined]
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -347,11 +347,9 @@ class PrefillCostScorer(Plugin, RemovalListener):
             entry.keys, entry.block_tokens = match.keys, bs
             entry.tokens -= len(match.keys) * bs
             held = q.blocks
-            for k in match.keys:
-                c = held.get(k, 0)
-                held[k] = c + 1
-                if c == 0:
-                    q.active_tokens += bs
+            before = len(held)
+            _count_elements(held, match.keys)  # held[k] += 1 for each key, at C speed
+            q.active_tokens += (len(held) - before) * bs  # the keys no in-flight request held yet
         q.active_tokens += entry.tokens
         q.active += 1
         q.written += uncached + max(0, out)
