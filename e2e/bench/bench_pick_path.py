@@ -8,7 +8,8 @@ than wall time.
 
 The endpoints are four static ones with a scraped KV capacity (512 blocks of 16) and no KV events, as the
 simulators of `bench_picks` are (they never receive a request there): the precise index holds only this EPP's
-speculative entries, and pyepp-default's approximateFallback matches every endpoint from its routing history.
+speculative entries, and pyepp-default's approximateFallback matches every endpoint from its routing history
+(`--publishing`: as with `bench_picks --warm-sims`, every endpoint counts as publishing, the fallback is off).
 """
 
 from __future__ import annotations
@@ -47,13 +48,18 @@ def messages(prompt_tokens: int = 1024) -> list[bytes]:
     return out
 
 
-def server_state(strategy: str) -> ServerState:
+def server_state(strategy: str, publishing: bool = False) -> ServerState:
     eps = "endpoints:\n" + "".join(f"- {{name: ep{i}, address: 127.0.0.1, port: {9000 + i}}}\n" for i in range(4))
     rt = build_runtime(parse_config(chain_config(strategy) + eps, source="bench"))
     endpoints = [Endpoint(name=f"ep{i}", address="127.0.0.1", port=9000 + i) for i in range(4)]
     for e in endpoints:
         e.metrics = Metrics(cache_block_size=16, cache_num_blocks=512, update_time=time.monotonic())
     rt.datastore.replace_all(endpoints)
+    if publishing and rt.pipeline is not None:  # as if every engine had published KV events: the index alone matches
+        for plugin in rt.pipeline.plugins.values():
+            applier = getattr(getattr(plugin, "index", None), "applier", None)
+            if applier is not None:
+                applier.publishing.update(e.hostport for e in endpoints)
     return ServerState(rt.director, rt.datastore, RequestMetrics(CollectorRegistry()))
 
 
@@ -110,10 +116,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--picks", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--phases", action="store_true", help="also the CPU per director phase (one more run)")
+    p.add_argument(
+        "--publishing",
+        action="store_true",
+        help="the endpoints count as KV-event publishers (bench_picks --warm-sims): no approximate fallback",
+    )
     ns = p.parse_args(argv)
     wires = messages()
     loop = asyncio.new_event_loop()
-    states = {s: server_state(s) for s in ns.strategies.split(",")}
+    states = {s: server_state(s, ns.publishing) for s in ns.strategies.split(",")}
     for st in states.values():
         for _ in range(8):  # the prompt's first tokenizations (the tokenizer loads), one at a time
             loop.run_until_complete(one(st, wires))
