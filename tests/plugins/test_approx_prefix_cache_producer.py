@@ -116,3 +116,69 @@ def test_producer_parameters() -> None:
     assert both.block_size_tokens == 32
     with pytest.raises(PluginConfigError, match="lruCapacityPerServer"):
         build(ApproxPrefixCacheProducer, name="p", parameters={"lruCapacityPerServer": 0})
+
+
+def _reference_match(holders: dict[int, set[str]], hashes: list[int]) -> dict[str, float]:
+    """The walk block by block, as GIE describes it: each endpoint's run of hits from the first block."""
+    counts: dict[str, float] = {}
+    active: set[str] | None = None
+    depth = 0
+    for h in hashes:
+        eps = holders.get(h, set())
+        now = set(eps) if active is None else active & eps
+        for name in (active or set()) - now:
+            counts[name] = depth
+        active = now
+        if not active:
+            return counts
+        depth += 1
+    for name in active or ():
+        counts[name] = depth
+    return counts
+
+
+def test_index_match_equals_the_block_by_block_walk() -> None:
+    """The C-level walk finds the same runs as the plain one, with holes, drop-outs and eviction in play."""
+    import random
+
+    rng = random.Random(7)
+    for trial in range(300):
+        idx = PrefixIndex(capacity=rng.choice([5, 12, 40]))
+        chains = [[rng.randrange(1 << 40) for _ in range(12)] for _ in range(3)]
+        for _ in range(rng.randrange(1, 25)):
+            chain = rng.choice(chains)
+            idx.add(rng.choice("abcdef"), chain[: rng.randrange(1, 13)])
+        for chain in chains:
+            for cut in (1, 5, 12):
+                q = chain[:cut] + [rng.randrange(1 << 40)] * rng.randrange(2)
+                assert idx.match(q) == _reference_match(idx._holders, q), (trial, q)
+    assert idx.match([]) == {}
+
+
+def test_index_add_keeps_lru_order_when_some_hashes_are_new() -> None:
+    """A request whose prefix is held and whose tail is new: every hash ends up touched in order, so eviction
+    takes the oldest first as before."""
+    idx = PrefixIndex(capacity=4)
+    idx.add("a", [1, 2])
+    idx.add("a", [9])
+    idx.add("a", [1, 2, 3])  # 1 and 2 held, 3 new: order now 9, 1, 2, 3
+    idx.add("a", [4])  # evicts 9
+    assert idx.match([9]) == {} and idx.match([1, 2, 3, 4]) == {"a": 4}
+    idx.add("a", [5])  # evicts 1, the oldest
+    assert idx.match([1]) == {} and idx.match([2]) == {"a": 1}
+
+
+async def test_repeated_prompt_hashes_come_from_the_memo_and_it_is_bounded() -> None:
+    from epp.plugins.producers import approx_prefix_cache_producer as mod
+
+    p = ApproxPrefixCacheProducer("approx", block_size_tokens=4)
+    r1, r2 = chat("y" * 200), chat("y" * 200)
+    first = p.hashes_for(r1, 4)
+    assert p.hashes_for(r2, 4) is first  # the memo's list, not a second hashing
+    assert p.hashes_for(chat("y" * 200, salt="s"), 4) != first  # the seed is part of the key
+    for i in range(mod.HASH_MEMO_SIZE + 10):
+        p.hashes_for(chat(f"{i:04d}" * 50), 4)
+    assert len(p._memo) == mod.HASH_MEMO_SIZE
+    long = chat("z" * (mod.HASH_MEMO_CHARS + 10))
+    p.max_blocks = 10**6
+    assert p.hashes_for(long, 4) and all(len(k[2]) <= mod.HASH_MEMO_CHARS for k in p._memo)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Self
 
 from epp.framework import (
@@ -35,6 +35,8 @@ from epp.framework import (
 
 AVERAGE_CHARS_PER_TOKEN = 4
 PREFILL_PROFILE = "prefill"
+HASH_MEMO_SIZE = 64  # prompts whose block hashes are kept, each held with its text ...
+HASH_MEMO_CHARS = 65_536  # ... if that is at most this long (bounds the memo at a few MB)
 # The prompt's block hashes, from prepare() to PreRequest (one key per producer instance).
 BLOCK_HASHES = DataKey[list[int]]("approx-prefix-block-hashes")
 
@@ -93,6 +95,8 @@ def block_hashes(text: str, block_chars: int, max_blocks: int, seed: int) -> lis
 
 log = logging.getLogger(__name__)
 
+_consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend  # runs an iterator to its end in C
+
 
 class PrefixIndex:
     """Per-endpoint LRU of block hashes plus the reverse map hash → endpoints holding it."""
@@ -132,16 +136,21 @@ class PrefixIndex:
             lru = self._lru[endpoint] = OrderedDict()
         holders = self._holders
         touch = lru.move_to_end
-        for h in hashes:
-            try:
-                touch(h)  # held already (a repeated prefix, the usual case): one lookup instead of two
-            except KeyError:
-                lru[h] = None
-                s = holders.get(h)
-                if s is None:
-                    holders[h] = {endpoint}
-                else:
-                    s.add(endpoint)
+        # A repeated prefix (the usual case) is touched in C; the first hash not held yet stops it with a KeyError
+        # at an unknown position, so the loop then goes over all of them (touching a held one again is harmless).
+        try:
+            _consume(map(touch, hashes))
+        except KeyError:
+            for h in hashes:
+                try:
+                    touch(h)
+                except KeyError:
+                    lru[h] = None
+                    s = holders.get(h)
+                    if s is None:
+                        holders[h] = {endpoint}
+                    else:
+                        s.add(endpoint)
         cap = capacity or self.capacity
         while len(lru) > cap:
             old, _ = lru.popitem(last=False)
@@ -183,6 +192,7 @@ class ApproxPrefixCacheProducer(Plugin, RemovalListener):
         self.index = PrefixIndex(lru_capacity)
         self.key = PREFIX_CACHE_MATCH_INFO.of(self.name)
         self._hashes_key = BLOCK_HASHES.of(self.name)
+        self._memo: dict[tuple[int, int, str], list[int]] = {}  # recent prompts' hashes (read-only lists)
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
@@ -227,7 +237,19 @@ class ApproxPrefixCacheProducer(Plugin, RemovalListener):
         text = request_text(request, self.max_blocks * block_chars)
         salt = request.body.get("cache_salt") if isinstance(request.body, dict) else None
         seed = hash((request.target_model, salt if isinstance(salt, str) else ""))
-        return block_hashes(text, block_chars, self.max_blocks, seed)
+        # A prompt seen lately (a retry, a repeated prompt, a fan-out of the same one) is not hashed again: the key
+        # costs one pass over the text in C, the chain a Python step per block.
+        key = (seed, block_chars, text)
+        memo = self._memo
+        hashes = memo.get(key)
+        if hashes is None:
+            hashes = block_hashes(text, block_chars, self.max_blocks, seed)
+            if len(text) > HASH_MEMO_CHARS:
+                return hashes
+            memo[key] = hashes
+            if len(memo) > HASH_MEMO_SIZE:
+                del memo[next(iter(memo))]
+        return hashes
 
     async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
         self.produce(request, endpoints)
