@@ -155,6 +155,12 @@ class HFBackend:
 
     async def completion(self, model: str, prompt: str) -> list[int]:
         tok = await self._tokenizer(model)
+        enc = self._segments(model, tok)
+        if enc.completions:
+            # Segments and chunks: a prompt that shares its head with an earlier one encodes only the rest, on
+            # the loop when that is small.
+            size = enc.uncached_chars(prompt) if len(prompt) >= self.offload_chars else len(prompt)
+            return await self._run(size, enc.encode_completion, prompt)
         # vLLM's completions API encodes with add_special_tokens=True
         ids = await self._run(len(prompt), lambda: tok(prompt, add_special_tokens=True)["input_ids"])
         return list(ids)

@@ -109,3 +109,64 @@ def test_a_tokenizer_whose_added_tokens_strip_whitespace_is_encoded_whole(hf: An
     assert not enc.enabled
     text = "<|im_start|>user\n hi <|im_end|>"
     assert enc.encode(text) == list(hf(text, add_special_tokens=False)["input_ids"])
+
+
+def test_chunked_completions_equal_whole_text_encoding(hf: Any) -> None:
+    """Long completions prompts are cut into chunks; the ids stay those of `tok(text, add_special_tokens=True)`."""
+    enc = SegmentEncoder(hf)
+    assert enc.completions and enc.chunk_chars == SegmentEncoder.CHUNK_CHARS
+    rnd = random.Random(11)
+    words = [w for w in WORDS if w] + ["Alpha", "beta", "x", "yz", "don't", "3", "4.5", "--", "  ", "\n"]
+    for size in (30, 300, 900, 2500):
+        for _ in range(12):
+            text = " ".join(rnd.choice(words) for _ in range(size)) + rnd.choice(["", " ", "\n", "!"])
+            assert enc.encode_completion(text) == list(hf(text, add_special_tokens=True)["input_ids"]), size
+
+
+def test_prompts_sharing_a_head_encode_only_the_rest(hf: Any) -> None:
+    """A shared-prefix workload: the second prompt's shared chunks come from the cache, the ids are unchanged."""
+    backend = HFBackend({QWEN25_MODEL: qwen25_tokenizer_dir()}, offload_chars=10**9)
+    rnd = random.Random(13)
+    head = " ".join(rnd.choice(["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]) for _ in range(1500))
+    first = asyncio.run(backend.completion(QWEN25_MODEL, head + " first question"))
+    enc = backend._seg[str(qwen25_tokenizer_dir())]
+    assert len(head) > 10 * enc.chunk_chars and enc.misses > 10  # the head went in as many chunks
+    misses, hits = enc.misses, enc.hits
+    text = head + " second question, another one"
+    assert enc.uncached_chars(text) < 2 * enc.chunk_chars
+    second = asyncio.run(backend.completion(QWEN25_MODEL, text))
+    assert enc.misses - misses <= 2 and enc.hits - hits > 10
+    assert second == list(hf(text, add_special_tokens=True)["input_ids"])
+    assert second[: len(first) - 8] == first[: len(first) - 8]
+
+
+def _trained(pre: Any, corpus: list[str]) -> Any:
+    from tokenizers import Tokenizer, models, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE(unk_token="<unk>"))
+    raw.pre_tokenizer = pre
+    raw.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"]))
+    return PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def test_tokenizers_whose_words_do_not_end_at_spaces_are_not_chunked() -> None:
+    """SentencePiece-style Metaspace prepends "▁" to a text's first word, and a model without pre-tokenizer merges
+    across spaces: a cut would change the ids, so neither is chunked (Metaspace's "first" scheme also fails the
+    segment probe: a piece after an added token would gain a "▁") and the ids stay the whole-text ones."""
+    from tokenizers import pre_tokenizers
+
+    rnd = random.Random(17)
+    words = ["lorem", "ipsum", "dolor", "sit", "amet", "x"]
+    corpus = [" ".join(rnd.choice(words) for _ in range(60)) for _ in range(60)]
+    text = " ".join(corpus) + "</s>" + corpus[0] + " " + " ".join(corpus[1:4])
+    for pre in (pre_tokenizers.Metaspace(prepend_scheme="first"), pre_tokenizers.Metaspace(), None):
+        tok = _trained(pre, corpus)
+        enc = SegmentEncoder(tok)
+        assert enc.chunk_chars == 0, pre
+        assert enc.encode(text) == list(tok(text, add_special_tokens=False)["input_ids"]), pre
+    # ByteLevel's own regex splits words the same way: chunked, and still exact
+    tok = _trained(pre_tokenizers.ByteLevel(add_prefix_space=False), corpus)
+    enc = SegmentEncoder(tok)
+    assert enc.chunk_chars == SegmentEncoder.CHUNK_CHARS
+    assert enc.encode(text) == list(tok(text, add_special_tokens=False)["input_ids"])
