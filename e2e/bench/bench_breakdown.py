@@ -9,7 +9,9 @@ the end-of-request hooks. Approximate and precise chains, 1k and 8k-token prompt
 
 Part 2, through a real Envoy, side by side in one run at the same open-loop rate: Envoy alone (the client names
 the pod), Envoy + the Python floor (`floor_extproc`: same protos and message sequence, fixed destination), and
-Envoy + the EPP (each chain). Added latency = path − Envoy alone; ours over the floor is what we can cut.
+Envoy + the EPP (each chain). Added latency = path − Envoy alone; ours over the floor is what we can cut. Each
+path sends to a simulator pool of its own, so an EPP ingests only its own requests' KV events (`--shared-pool`:
+one pool for all, as before 2026-12-04).
 
     python -m e2e.bench.bench_breakdown                     # both parts
     python -m e2e.bench.bench_breakdown --part 2 --points 1024:10,50 --chains precise --sims 4 --repeats2 5
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -388,117 +391,146 @@ def part2(
     responses: Sequence[bool] = (False, True),
     variants: Sequence[tuple[str, list[str], Path | None]] = (),
     floor_uvloop: bool = False,
+    shared_pool: bool = False,
 ) -> list[dict[str, Any]]:
     """Each point runs `repeats` times (the path order rotated each time); per path the median over the repeats of
     its p50/p99 is reported, and ours/floor is the median of the per-repeat ratios of added p50. `variants` adds,
-    per chain, an EPP started with extra `epp serve` flags (an A/B of a flag in the same run)."""
+    per chain, an EPP started with extra `epp serve` flags (an A/B of a flag in the same run).
+
+    Every path has a pool of `n_sims` simulators of its own, so an EPP ingests the KV events of the requests it
+    routed, as one replica in front of its pool does; with `shared_pool` all paths share one pool and each EPP also
+    ingests the events of every other path's requests."""
     texts = TextFactory(3)
     rows: list[dict[str, Any]] = []
-    with (
-        tempfile.TemporaryDirectory(prefix="pyepp-breakdown-") as tmp,
-        start_simulators(n_sims, base_args=SIM_ARGS) as sims,
-    ):
-        work = Path(tmp)
-        stacks = []
-        floor = FloorProcess(work, ",".join(s.hostport for s in sims))
-        envoy_floor: EnvoyProcess | None = None
-        # The same floor on uvloop (`--floor-uvloop`): the EPP serves on uvloop when it is installed.
-        floor_uv = FloorProcess(work, ",".join(s.hostport for s in sims), "uvloop") if floor_uvloop else None
-        envoy_floor_uv: EnvoyProcess | None = None
-        try:
-            names = []
-            for chain in chains:
-                for i, (variant, extra, tree) in enumerate([("", [], None), *variants]):
-                    d = work / f"{chain}-{i}"
-                    d.mkdir()
-                    names.append(f"epp {chain} {variant}".rstrip())
-                    stacks.append(
-                        start_stack(
-                            d,
-                            backends=[],
-                            config=config_text(chain, sims),
-                            epp_args=["--log-level", "warning", *extra],
-                            envoy_overrides={"direct_port": free_port()},
-                            epp_source=tree,
-                            ready_timeout=120.0,
-                        )
+    n_epps = len(chains) * (1 + len(variants))
+    with contextlib.ExitStack() as pools:
+        tmp = pools.enter_context(tempfile.TemporaryDirectory(prefix="pyepp-breakdown-"))
+        sims = pools.enter_context(start_simulators(n_sims, base_args=SIM_ARGS))
+        # Envoy alone's pool, each floor's, each EPP's: every pool serves one path's requests
+        own = [
+            sims if shared_pool else pools.enter_context(start_simulators(n_sims, base_args=SIM_ARGS))
+            for _ in range(1 + int(floor_uvloop) + n_epps)
+        ]
+        rows.extend(_part2_run(Path(tmp), sims, own, points, duration, chains, repeats, responses, variants,
+                               floor_uvloop, texts))  # fmt: skip
+    return rows
+
+
+def _part2_run(
+    work: Path,
+    sims: list[Any],
+    pools: list[list[Any]],
+    points: list[tuple[int, list[float]]],
+    duration: float,
+    chains: Sequence[str],
+    repeats: int,
+    responses: Sequence[bool],
+    variants: Sequence[tuple[str, list[str], Path | None]],
+    floor_uvloop: bool,
+    texts: TextFactory,
+) -> list[dict[str, Any]]:
+    """`sims` serves Envoy alone; `pools` the floor, the uvloop floor if any, then each EPP."""
+    rows: list[dict[str, Any]] = []
+    n_sims = len(sims)
+    stacks: list[Any] = []
+    floor = FloorProcess(work, ",".join(s.hostport for s in pools[0]))
+    envoy_floor: EnvoyProcess | None = None
+    # The same floor on uvloop (`--floor-uvloop`): the EPP serves on uvloop when it is installed.
+    floor_uv = FloorProcess(work, ",".join(s.hostport for s in pools[1]), "uvloop") if floor_uvloop else None
+    epp_pools = pools[1 + int(floor_uvloop) :]
+    envoy_floor_uv: EnvoyProcess | None = None
+    try:
+        names = []
+        for chain in chains:
+            for i, (variant, extra, tree) in enumerate([("", [], None), *variants]):
+                d = work / f"{chain}-{i}"
+                d.mkdir()
+                names.append(f"epp {chain} {variant}".rstrip())
+                stacks.append(
+                    start_stack(
+                        d,
+                        backends=[],
+                        config=config_text(chain, epp_pools[len(stacks)]),
+                        epp_args=["--log-level", "warning", *extra],
+                        envoy_overrides={"direct_port": free_port()},
+                        epp_source=tree,
+                        ready_timeout=120.0,
                     )
-            envoy_floor = floor.envoy_in_front(work)
-            direct = f"http://127.0.0.1:{stacks[0].envoy.opts.direct_port}"
-            paths: dict[str, tuple[str, list[dict[str, str]]]] = {
-                "envoy alone": (direct, [{DEST: s.hostport} for s in sims]),
-                "python floor": (envoy_floor.url, [{}]),
-            }
-            pids = {"python floor": floor.proc.pid}
-            if floor_uv is not None:
-                envoy_floor_uv = floor_uv.envoy_in_front(work)
-                paths["python floor uvloop"] = (envoy_floor_uv.url, [{}])
-                pids["python floor uvloop"] = floor_uv.proc.pid
-            for name, st in zip(names, stacks, strict=True):
-                paths[name] = (st.url, [{}])
-                pids[name] = st.epp.proc.pid
-            print(
-                f"\n# part 2: through Envoy, ms (added = path − envoy alone); {n_sims} simulators, {duration:.0f} s "
-                f"per point, median of {repeats} alternated repeats"
-            )
-            print(
-                f"{'tokens':>6}{'rate':>6}{'resp':>6}  {'path':24}{'p50':>8}{'p99':>8}{'+p50':>8}{'+p99':>8}"
-                f"{'vs floor p50':>14}{'ratios':>24}{'CPU µs/req':>12}"
-            )
-            for size, rates in points:
-                prefix = texts.text(("prefix", size), size // 2)
-                prompts = [prefix + texts.text(("q", size, i), size - size // 2) for i in range(8)]
-                for stream in responses:
-                    asyncio.run(_measure(paths, prompts, 5, 1.0, stream))  # warm up
-                    for rate in rates:
-                        runs: list[dict[str, tuple[float, float]]] = []
-                        cpu: dict[str, list[float]] = {k: [] for k in pids}
-                        err = 0
-                        # Every part's share of the 2 cores while a point runs (is the box, not the EPP, the limit?)
-                        groups = {
-                            "simulators": [x.proc.pid for x in sims],
-                            "envoys": [envoy_floor.proc.pid, *(st.envoy.proc.pid for st in stacks)]
-                            + ([envoy_floor_uv.proc.pid] if envoy_floor_uv is not None else []),
-                            "epps": [st.epp.proc.pid for st in stacks],
-                            "floor": [floor.proc.pid] + ([floor_uv.proc.pid] if floor_uv is not None else []),
-                            "client": [os.getpid()],
-                        }
-                        share: dict[str, list[float]] = {g: [] for g in groups}
-                        for r in range(repeats):
-                            c0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
-                            g0 = {g: sum(cpu_seconds(p) for p in ps) for g, ps in groups.items()}
-                            t0 = time.monotonic()
-                            lat, e = asyncio.run(_measure(paths, prompts, rate, duration, stream, order=r))
-                            dt = time.monotonic() - t0
-                            for k, pid in pids.items():  # the server process's CPU (idle work included) per request
-                                cpu[k].append((cpu_seconds(pid) - c0[k]) / max(1, len(lat[k])) * 1e6)
-                            for g, ps in groups.items():
-                                share[g].append((sum(cpu_seconds(p) for p in ps) - g0[g]) / dt * 100)
-                            err += e
-                            runs.append(
-                                {k: (percentile(v, 0.5) * 1e3, percentile(v, 0.99) * 1e3) for k, v in lat.items()}
-                            )
-                        rows.extend(_summarize(size, rate, stream, runs, err, cpu))
-                        load = os.getloadavg()[0]
-                        print(
-                            "  CPU, % of one core (median of repeats): "
-                            + ", ".join(f"{g} {statistics.median(v):.0f}%" for g, v in share.items())
-                            + f"; load average {load:.1f}",
-                            flush=True,
-                        )
-                        rows.append({"tokens": size, "rate": rate, "sse": stream, "cpu_share": share, "load": load})
-                        if err:
-                            print(f"  ({err} errors)")
-        finally:
-            if envoy_floor is not None:
-                envoy_floor.stop()
-            floor.stop()
-            if envoy_floor_uv is not None:
-                envoy_floor_uv.stop()
-            if floor_uv is not None:
-                floor_uv.stop()
-            for st in stacks:
-                st.close()
+                )
+        envoy_floor = floor.envoy_in_front(work)
+        direct = f"http://127.0.0.1:{stacks[0].envoy.opts.direct_port}"
+        paths: dict[str, tuple[str, list[dict[str, str]]]] = {
+            "envoy alone": (direct, [{DEST: s.hostport} for s in sims]),
+            "python floor": (envoy_floor.url, [{}]),
+        }
+        pids = {"python floor": floor.proc.pid}
+        if floor_uv is not None:
+            envoy_floor_uv = floor_uv.envoy_in_front(work)
+            paths["python floor uvloop"] = (envoy_floor_uv.url, [{}])
+            pids["python floor uvloop"] = floor_uv.proc.pid
+        for name, st in zip(names, stacks, strict=True):
+            paths[name] = (st.url, [{}])
+            pids[name] = st.epp.proc.pid
+        print(
+            f"\n# part 2: through Envoy, ms (added = path − envoy alone); {n_sims} simulators, {duration:.0f} s "
+            f"per point, median of {repeats} alternated repeats"
+        )
+        print(
+            f"{'tokens':>6}{'rate':>6}{'resp':>6}  {'path':24}{'p50':>8}{'p99':>8}{'+p50':>8}{'+p99':>8}"
+            f"{'vs floor p50':>14}{'ratios':>24}{'CPU µs/req':>12}"
+        )
+        for size, rates in points:
+            prefix = texts.text(("prefix", size), size // 2)
+            prompts = [prefix + texts.text(("q", size, i), size - size // 2) for i in range(8)]
+            for stream in responses:
+                asyncio.run(_measure(paths, prompts, 5, 1.0, stream))  # warm up
+                for rate in rates:
+                    runs: list[dict[str, tuple[float, float]]] = []
+                    cpu: dict[str, list[float]] = {k: [] for k in pids}
+                    err = 0
+                    # Every part's share of the 2 cores while a point runs (is the box, not the EPP, the limit?)
+                    groups = {
+                        "simulators": sorted({x.proc.pid for pool in [sims, *pools] for x in pool}),
+                        "envoys": [envoy_floor.proc.pid, *(st.envoy.proc.pid for st in stacks)]
+                        + ([envoy_floor_uv.proc.pid] if envoy_floor_uv is not None else []),
+                        "epps": [st.epp.proc.pid for st in stacks],
+                        "floor": [floor.proc.pid] + ([floor_uv.proc.pid] if floor_uv is not None else []),
+                        "client": [os.getpid()],
+                    }
+                    share: dict[str, list[float]] = {g: [] for g in groups}
+                    for r in range(repeats):
+                        c0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
+                        g0 = {g: sum(cpu_seconds(p) for p in ps) for g, ps in groups.items()}
+                        t0 = time.monotonic()
+                        lat, e = asyncio.run(_measure(paths, prompts, rate, duration, stream, order=r))
+                        dt = time.monotonic() - t0
+                        for k, pid in pids.items():  # the server process's CPU (idle work included) per request
+                            cpu[k].append((cpu_seconds(pid) - c0[k]) / max(1, len(lat[k])) * 1e6)
+                        for g, ps in groups.items():
+                            share[g].append((sum(cpu_seconds(p) for p in ps) - g0[g]) / dt * 100)
+                        err += e
+                        runs.append({k: (percentile(v, 0.5) * 1e3, percentile(v, 0.99) * 1e3) for k, v in lat.items()})
+                    rows.extend(_summarize(size, rate, stream, runs, err, cpu))
+                    load = os.getloadavg()[0]
+                    print(
+                        "  CPU, % of one core (median of repeats): "
+                        + ", ".join(f"{g} {statistics.median(v):.0f}%" for g, v in share.items())
+                        + f"; load average {load:.1f}",
+                        flush=True,
+                    )
+                    rows.append({"tokens": size, "rate": rate, "sse": stream, "cpu_share": share, "load": load})
+                    if err:
+                        print(f"  ({err} errors)")
+    finally:
+        if envoy_floor is not None:
+            envoy_floor.stop()
+        floor.stop()
+        if envoy_floor_uv is not None:
+            envoy_floor_uv.stop()
+        if floor_uv is not None:
+            floor_uv.stop()
+        for st in stacks:
+            st.close()
     return rows
 
 
@@ -715,6 +747,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--chains", default="approximate,precise")
     p.add_argument("--sims", type=int, default=4, help="part 2: simulators in the pool (one saturates at 50/s)")
+    p.add_argument(
+        "--shared-pool",
+        action="store_true",
+        help="part 2: one simulator pool for every path (before 2026-12-04; each EPP then also ingests the KV "
+        "events of the other paths' requests); default: a pool per EPP, one for Envoy alone and the floors",
+    )
     p.add_argument("--repeats2", type=int, default=3, help="part 2: alternated repeats per point")
     p.add_argument("--responses", default="json,sse", help="part 2/3: json, sse or both")
     p.add_argument("-n3", type=int, default=300, help="part 3: requests per server")
@@ -746,7 +784,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         responses = [r == "sse" for r in ns.responses.split(",")]
         out["part2"] = part2(
-            points, ns.duration, ns.chains.split(","), ns.sims, ns.repeats2, responses, variants, ns.floor_uvloop
+            points,
+            ns.duration,
+            ns.chains.split(","),
+            ns.sims,
+            ns.repeats2,
+            responses,
+            variants,
+            ns.floor_uvloop,
+            ns.shared_pool,
         )
     if ns.part == "3":
         responses = [r == "sse" for r in ns.responses.split(",")]
