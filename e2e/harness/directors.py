@@ -9,6 +9,8 @@ from epp.requestcontrol.types import RoutingDecision, locate_candidates
 
 
 class RoundRobinDirector:
+    completes_before_last_answer = False
+
     def __init__(self, endpoints: EndpointView) -> None:
         self._view = endpoints
         self._next = 0

@@ -108,6 +108,9 @@ class SchedulingDirector:
         self._pre_request = list(pipeline.pre_request)
         self._received = list(pipeline.response_received)
         self._complete = list(pipeline.response_complete)
+        # A ResponseComplete hook that answers with dynamic metadata (request-attribute-reporter) must run before
+        # the last body message is answered; without one, completion can wait until that answer is written.
+        self.completes_before_last_answer = any(getattr(h, "writes_response_metadata", False) for h in self._complete)
         self._streaming = list(pipeline.response_streaming)
         self._header_processors = list(pipeline.header_processors)
         self._screeners = list(pipeline.screeners)

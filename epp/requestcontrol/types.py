@@ -39,6 +39,10 @@ class RoutingDecision:
 
 
 class Director(Protocol):
+    # True when a ResponseComplete hook must run before the last response body message is answered (its output
+    # goes out with that answer); otherwise the servicer completes the request right after writing the answer.
+    completes_before_last_answer: bool
+
     async def handle_request(self, request: InferenceRequest) -> RoutingDecision: ...
 
     def handle_response_headers(

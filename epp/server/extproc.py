@@ -235,6 +235,7 @@ class RequestStream:
         "_body",
         "_body_size",
         "_chunks",
+        "_complete_after_write",
         "_declared",
         "_error_format",
         "_held",
@@ -246,6 +247,7 @@ class RequestStream:
         "_sse",
         "_too_large",
         "decision",
+        "defer_completion",
         "headers",
         "model_routed",
         "request",
@@ -287,6 +289,10 @@ class RequestStream:
         self._sse: SSEUsageReader | None = None
         self._skip_response = False  # the parser's SkipResponseProcessing: no usage read from the response
         self._resp_json: list[bytes] | None = None
+        # Set by the servicer: the end of the response is answered first and completed right after the answer is
+        # written (usage, metrics and the director's ResponseComplete hooks are then off the client's path).
+        self.defer_completion = False
+        self._complete_after_write = False
 
     # -- dispatch ---------------------------------------------------------------------------------------------
 
@@ -710,9 +716,12 @@ class RequestStream:
             out_chunk = chunk
         reported: dict[str, Any] | None = None
         if eos:
-            self.complete()
-            if req is not None:  # request-attribute-reporter: dynamic metadata with the last body message
-                reported = req.data.get(RESPONSE_METADATA)
+            if self.defer_completion and not self.s.director.completes_before_last_answer:
+                self._complete_after_write = True
+            else:
+                self.complete()
+                if req is not None:  # request-attribute-reporter: dynamic metadata with the last body message
+                    reported = req.data.get(RESPONSE_METADATA)
         if self.response_mode == FULL_DUPLEX:
             if len(out_chunk) <= BODY_CHUNK_LIMIT:  # the common case (an SSE event): one response, no lists
                 resp = pb.ProcessingResponse()
@@ -757,6 +766,12 @@ class RequestStream:
         self.complete()
         evicted = TooManyRequests("request evicted by flow control", dropped_reason=DROPPED_EVICTED)
         return immediate(evicted, self._format())
+
+    def written(self) -> None:
+        """The answers to a message are written: a completion deferred past them runs now."""
+        if self._complete_after_write:
+            self._complete_after_write = False
+            self.complete()
 
     def complete(self) -> None:
         """Record usage and tell the director, exactly once per routed request (also on early stream end)."""
@@ -815,12 +830,14 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                     return
                 for resp in await stream.handle(msg):
                     await write(resp)
+                stream.written()
         finally:
             evicted.cancel()
 
     async def Process(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         """Read/write on the context rather than an async generator: measurably fewer hops per message."""
         stream = RequestStream(self.state)
+        stream.defer_completion = True
         self.state.active_streams += 1
         read, write, eof = context.read, context.write, grpc.aio.EOF
         try:
@@ -830,6 +847,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                     break
                 for resp in await stream.handle(msg):
                     await write(resp)
+                stream.written()
                 if stream.eviction is not None:  # flow-control eviction: watch for it alongside the stream
                     await self._evictable(stream, read, write)
                     break

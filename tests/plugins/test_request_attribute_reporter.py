@@ -50,3 +50,20 @@ def test_a_non_integer_result_is_not_reported() -> None:
 def test_bad_parameters(params: dict[str, object], match: str) -> None:
     with pytest.raises(PluginConfigError, match=match):
         build(RequestAttributeReporter, params)
+
+
+def test_a_director_with_the_reporter_completes_before_the_last_answer() -> None:
+    """Its metadata goes out with the last body answer, so the servicer must not defer completion past it."""
+    from epp.config import parse_config
+    from epp.wiring.runtime import build_runtime
+
+    base = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+    reporter = (
+        "- type: request-attribute-reporter\n  parameters:\n    attributes:\n"
+        "    - key: {name: x-cost}\n      expression: usage.prompt_tokens\n"
+    )
+    tail = "- type: random-picker\nschedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: random-picker\n"
+    with_it = build_runtime(parse_config(base + reporter + tail, source="t"))
+    without = build_runtime(parse_config(base + tail, source="t"))
+    assert with_it.director.completes_before_last_answer
+    assert not without.director.completes_before_last_answer

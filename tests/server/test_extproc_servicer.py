@@ -44,6 +44,7 @@ class RecordingDirector:
     """Round-robin, plus a record of every call; `fail` makes handle_request raise it."""
 
     inner: RoundRobinDirector
+    completes_before_last_answer: bool = False
     fail: BaseException | None = None
     fail_response_headers: bool = False
     fallbacks: bool = False
@@ -832,6 +833,7 @@ async def test_reported_attributes_go_to_envoy_with_the_last_body_message(epp: H
         reporter.response_complete(request, None, usage)
 
     epp.director.handle_response_complete = complete  # type: ignore[method-assign]
+    epp.director.completes_before_last_answer = True  # as SchedulingDirector says when the reporter is configured
     call = epp.stub.Process()
     await exchange(call, [headers_msg(), body_msg(b'{"model": "m", "prompt": "x"}', True)], 2)
     reply = b'{"id":"1","model":"m","usage":{"prompt_tokens":3,"completion_tokens":2}}'
@@ -952,3 +954,49 @@ async def test_a_second_signal_ends_the_window_and_aborts_in_flight_streams() ->
             await call.read()
     finally:
         await channel.close()
+
+
+class _Context:
+    """What ExtProcServicer.Process uses of a grpc.aio context: read() from a list, write() into one."""
+
+    def __init__(self, messages: list[pb.ProcessingRequest]) -> None:
+        self.messages = list(messages)
+        self.written: list[pb.ProcessingResponse] = []
+
+    async def read(self) -> Any:
+        return self.messages.pop(0) if self.messages else grpc.aio.EOF
+
+    async def write(self, resp: pb.ProcessingResponse) -> None:
+        self.written.append(resp)
+
+
+@pytest.mark.parametrize("before", [False, True])
+async def test_the_last_answer_is_written_before_the_request_completes(before: bool) -> None:
+    """Usage, metrics and the ResponseComplete hooks run after the last body answer is written, off the client's
+    path, unless a hook's output goes out with that answer (request-attribute-reporter)."""
+    from epp.server.extproc import ExtProcServicer, ServerState
+
+    ds = Datastore()
+    ds.replace_all([Endpoint("a", "10.0.0.1", 8000)])
+    director = RecordingDirector(RoundRobinDirector(ds), completes_before_last_answer=before)
+    ctx = _Context(
+        [
+            headers_msg(),
+            body_msg(b'{"model": "m", "prompt": "x"}', True),
+            resp_headers_msg(),
+            resp_body_msg(b'{"id":"1","usage":{"prompt_tokens":3,"completion_tokens":2}}', True),
+        ]
+    )
+    seen: list[int] = []
+    recorded = director.handle_response_complete
+
+    def complete(request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None) -> None:
+        seen.append(len(ctx.written))
+        recorded(request, decision, usage)
+
+    director.handle_response_complete = complete  # type: ignore[method-assign]
+    state = ServerState(director, ds, RequestMetrics(CollectorRegistry()))
+    await ExtProcServicer(state).Process(None, ctx)  # type: ignore[arg-type]
+    assert len(ctx.written) == 4 and ctx.written[3].HasField("response_body")
+    assert seen == [3 if before else 4]  # once, before or after the last answer went out
+    assert director.completed and director.completed[0][1] is not None  # with the usage read from the body

@@ -44,6 +44,7 @@ def usage_value(usage: Usage | None) -> dict[str, Any]:
 
 class RequestAttributeReporter(Plugin):
     type_name = "request-attribute-reporter"
+    writes_response_metadata = True  # its value goes out with the last response body message
 
     def __init__(self, name: str, namespace: str, key: str, expression: Any, condition: Any | None) -> None:
         super().__init__(name)
