@@ -159,7 +159,8 @@ class HFBackend:
         if enc.completions:
             # Segments and chunks: a prompt that shares its head with an earlier one encodes only the rest, on
             # the loop when that is small.
-            size = enc.uncached_chars(prompt) if len(prompt) >= self.offload_chars else len(prompt)
+            big = len(prompt) >= self.offload_chars and not self._offloaded  # else the length decides as before
+            size = enc.uncached_chars(prompt) if big else len(prompt)
             return await self._run(size, enc.encode_completion, prompt)
         # vLLM's completions API encodes with add_special_tokens=True
         ids = await self._run(len(prompt), lambda: tok(prompt, add_special_tokens=True)["input_ids"])
