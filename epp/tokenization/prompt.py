@@ -122,11 +122,14 @@ class HFBackend:
                 HFBackend._loaded[d] = tok
         return tok
 
-    def _segments(self, model: str, tok: Any) -> SegmentEncoder:
+    async def _segments(self, model: str, tok: Any) -> SegmentEncoder:
+        """The tokenizer's segment encoder, built on the tokenizer thread: its probes encode a few texts, which
+        must not run on the event loop."""
         d = self._dir(model)
         enc = self._seg.get(d)
         if enc is None:
-            enc = self._seg[d] = SegmentEncoder(tok)
+            enc = await asyncio.get_running_loop().run_in_executor(self._executor, SegmentEncoder, tok)
+            enc = self._seg.setdefault(d, enc)
         return enc
 
     async def warm(self) -> None:
@@ -138,9 +141,12 @@ class HFBackend:
         loop = asyncio.get_running_loop()
         for d, model in dirs.items():
             try:
-                await loop.run_in_executor(self._executor, self._load, d, model)
+                tok = await loop.run_in_executor(self._executor, self._load, d, model)
             except TokenizationError as e:
                 log.error("tokenizer preload failed: %s", e)
+                continue
+            if d not in self._seg:
+                self._seg[d] = await loop.run_in_executor(self._executor, SegmentEncoder, tok)
 
     async def _run(self, size: int, fn: Any, *args: Any) -> Any:
         """Small prompts inline (cheaper than a thread hop), big ones on the tokenizer thread; while that
@@ -155,7 +161,7 @@ class HFBackend:
 
     async def completion(self, model: str, prompt: str) -> list[int]:
         tok = await self._tokenizer(model)
-        enc = self._segments(model, tok)
+        enc = await self._segments(model, tok)
         if enc.completions:
             # Segments and chunks: a prompt that shares its head with an earlier one encodes only the rest, on
             # the loop when that is small.
@@ -187,6 +193,7 @@ class HFBackend:
         template = self.chat_template or tok.chat_template
         if not isinstance(template, str):
             raise TokenizationError(f"the tokenizer for {model!r} has no chat template")
+        enc = await self._segments(model, tok)
         convo = conversation(messages, content_format(template), media=media)
         tool_list = tool_dicts(tools)
         size = sum(len(str(m.get("content", ""))) for m in convo)
@@ -196,7 +203,7 @@ class HFBackend:
             text = tok.apply_chat_template(
                 convo, tools=tool_list, chat_template=template, tokenize=False, add_generation_prompt=True, **kwargs
             )
-            return self._segments(model, tok).encode(text)
+            return enc.encode(text)
 
         try:
             return list(await self._run(size, render))

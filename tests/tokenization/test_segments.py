@@ -170,3 +170,29 @@ def test_tokenizers_whose_words_do_not_end_at_spaces_are_not_chunked() -> None:
     enc = SegmentEncoder(tok)
     assert enc.chunk_chars == SegmentEncoder.CHUNK_CHARS
     assert enc.encode(text) == list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def test_the_segment_encoder_is_built_on_the_tokenizer_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its probes encode a few texts: at warm-up, or on the first request, never on the event loop."""
+    import threading
+
+    from epp.tokenization import prompt
+
+    built: list[str] = []
+
+    class Recording(SegmentEncoder):
+        def __init__(self, tok: Any) -> None:
+            built.append(threading.current_thread().name)
+            super().__init__(tok)
+
+    monkeypatch.setattr(prompt, "SegmentEncoder", Recording)
+    for warm in (True, False):
+        backend = HFBackend({QWEN25_MODEL: qwen25_tokenizer_dir()})
+
+        async def run(b: HFBackend = backend, w: bool = warm) -> list[int]:
+            if w:
+                await b.warm()
+            return await b.completion(QWEN25_MODEL, "hello world " * 10)
+
+        ids = asyncio.run(run())
+        assert ids and len(built) == 1 and built.pop().startswith("tokenize")
