@@ -23,7 +23,7 @@ import logging
 import re
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -36,8 +36,6 @@ _CHUNK_PROBE = (
     "x1 y2 z3 ABC def GHI\n\nnew paragraph  with  double  spaces and-hyphenated words (parenthesised) end. "
 ) * 3
 _SAFE_CUT = re.compile(r"(?<=[A-Za-z]) (?=[A-Za-z])")
-
-
 _PER_CHAR_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents"}
 
 
@@ -138,15 +136,19 @@ class SegmentEncoder:
         hop)."""
         if not self.enabled:
             return len(text)
-        assert self._split is not None
         cache = self._cache
-        n = 0
+        short = self.MIN_CACHED_CHARS
+        return sum(len(p) for added, p in self._parts(text) if not added and (len(p) < short or p not in cache))
+
+    def _parts(self, text: str) -> Iterator[tuple[bool, str]]:
+        """The text in encoding order: (True, an added token) or (False, a chunk of the text between them)."""
+        assert self._split is not None
         for i, piece in enumerate(self._split.split(text)):
-            if i % 2 == 0:
+            if i % 2:
+                yield True, piece
+            elif piece:
                 for chunk in self._chunks(piece):
-                    if len(chunk) < self.MIN_CACHED_CHARS or chunk not in cache:
-                        n += len(chunk)
-        return n
+                    yield False, chunk
 
     def _chunks(self, piece: str) -> list[str]:
         """The piece cut at safe spaces about every chunk_chars characters (whole when short or chunking is off)."""
@@ -165,15 +167,13 @@ class SegmentEncoder:
             start = m.start()
 
     def _encode_split(self, text: str) -> list[int]:
-        assert self._split is not None and self._raw is not None
         out: list[int] = []
         ids_of = self._ids
-        for i, piece in enumerate(self._split.split(text)):
-            if i % 2:
-                out.append(ids_of[piece])
-            elif piece:
-                for chunk in self._chunks(piece):
-                    out.extend(self._encode_piece(chunk))
+        for added, part in self._parts(text):
+            if added:
+                out.append(ids_of[part])
+            else:
+                out.extend(self._encode_piece(part))
         return out
 
     def _encode_piece(self, piece: str) -> Sequence[int]:
