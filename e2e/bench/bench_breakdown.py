@@ -400,8 +400,6 @@ def part2(
     Every path has a pool of `n_sims` simulators of its own, so an EPP ingests the KV events of the requests it
     routed, as one replica in front of its pool does; with `shared_pool` all paths share one pool and each EPP also
     ingests the events of every other path's requests."""
-    texts = TextFactory(3)
-    rows: list[dict[str, Any]] = []
     n_epps = len(chains) * (1 + len(variants))
     with contextlib.ExitStack() as pools:
         tmp = pools.enter_context(tempfile.TemporaryDirectory(prefix="pyepp-breakdown-"))
@@ -411,9 +409,7 @@ def part2(
             sims if shared_pool else pools.enter_context(start_simulators(n_sims, base_args=SIM_ARGS))
             for _ in range(1 + int(floor_uvloop) + n_epps)
         ]
-        rows.extend(_part2_run(Path(tmp), sims, own, points, duration, chains, repeats, responses, variants,
-                               floor_uvloop, texts))  # fmt: skip
-    return rows
+        return _part2_run(Path(tmp), sims, own, points, duration, chains, repeats, responses, variants, floor_uvloop)
 
 
 def _part2_run(
@@ -427,9 +423,9 @@ def _part2_run(
     responses: Sequence[bool],
     variants: Sequence[tuple[str, list[str], Path | None]],
     floor_uvloop: bool,
-    texts: TextFactory,
 ) -> list[dict[str, Any]]:
     """`sims` serves Envoy alone; `pools` the floor, the uvloop floor if any, then each EPP."""
+    texts = TextFactory(3)
     rows: list[dict[str, Any]] = []
     n_sims = len(sims)
     stacks: list[Any] = []
