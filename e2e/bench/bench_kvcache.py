@@ -136,16 +136,19 @@ def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
 
 PUBLISHER = r"""
 import sys, time, zmq, msgpack
-port, n, bpe, seed = map(int, sys.argv[1:5])
+port, n, bpe, seed, epb, rate = map(int, sys.argv[1:7])
 sys.path.insert(0, ".")
 from e2e.bench.bench_kvcache import make_payloads
-payloads = make_payloads(n, 4, bpe, seed)
+payloads = make_payloads(n, epb, bpe, seed)
 ctx = zmq.Context()
 pub = ctx.socket(zmq.PUB)
 pub.setsockopt(zmq.SNDHWM, 0)
 pub.connect(f"tcp://127.0.0.1:{port}")
 time.sleep(0.5)
+t0 = time.perf_counter()
 for i, p in enumerate(payloads):
+    if rate:  # paced: one batch at a time, as an engine publishes after its steps
+        time.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
     pub.send_multipart([b"kv@10.0.0.9:8000@m", i.to_bytes(8, "big"), p])
 time.sleep(1)
 pub.close(linger=2000)
@@ -176,6 +179,7 @@ def bench_zmq(args: argparse.Namespace) -> dict[str, float]:
         idx = MemoryIndex()
         cfg = PoolConfig(zmq_endpoint=f"tcp://127.0.0.1:{port}", concurrency=2, queue_size=100_000, discover_pods=False)
         pool = EventPool(EventApplier(idx, TokenProcessor(BS)), cfg, PoolMetrics(CollectorRegistry()))
+        pool.workers.known_pods = None  # the publisher is no Datastore endpoint: accept its topic
         task = asyncio.create_task(pool.run())
         await pool.started()
         item_times: list[float] = []
@@ -199,7 +203,7 @@ def bench_zmq(args: argparse.Namespace) -> dict[str, float]:
         tick = asyncio.create_task(ticker())
         blocks = args.batches * 4 * args.blocks_per_event
         proc = subprocess.Popen(
-            [sys.executable, "-c", PUBLISHER, str(port), str(args.batches), str(args.blocks_per_event), "7"]
+            [sys.executable, "-c", PUBLISHER, str(port), str(args.batches), str(args.blocks_per_event), "7", "4", "0"]
         )
         try:
             while len(idx) == 0:
@@ -260,6 +264,43 @@ def populate(idx: Any, tp: TokenProcessor, pods: list[str], n_blocks: int, promp
         idx.add(list(range(e, e + m)), tp.block_keys(toks, MODEL), pods[filler % len(pods)], 0)
         e += m
         filler -= m
+
+
+def bench_paced(rate: int = 200, batches: int = 1000, blocks: int = 64, repeats: int = 3) -> dict[str, float]:
+    """The serving case: one small batch at a time (one BlockStored of `blocks` blocks, as a 1k-token prefill
+    publishes), paced at `rate` batches/s, so every batch wakes the loop on its own. Main-thread CPU per batch
+    (receive, queue, decode, seq check, apply), net of the same loop's idle CPU over the same time."""
+
+    async def run() -> float:
+        port = free_port()
+        idx = MemoryIndex()
+        cfg = PoolConfig(zmq_endpoint=f"tcp://127.0.0.1:{port}", concurrency=2, queue_size=100_000, discover_pods=False)
+        pool = EventPool(EventApplier(idx, TokenProcessor(BS)), cfg, PoolMetrics(CollectorRegistry()))
+        pool.workers.known_pods = None  # the publisher is no Datastore endpoint: accept its topic
+        task = asyncio.create_task(pool.run())
+        await pool.started()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", PUBLISHER, str(port), str(batches), str(blocks), "11", "1", str(rate)]
+        )
+        try:
+            while len(idx) == 0:
+                await asyncio.sleep(0.001)
+            c0, t0 = time.thread_time(), time.perf_counter()
+            while len(idx) < batches * blocks:
+                await asyncio.sleep(0.05)
+                if time.perf_counter() - t0 > 120:
+                    raise TimeoutError(f"only {len(idx)} of {batches * blocks} blocks arrived")
+            busy, wall = time.thread_time() - c0, time.perf_counter() - t0
+            c1 = time.thread_time()
+            await asyncio.sleep(min(wall, 2.0))
+            idle = (time.thread_time() - c1) * wall / min(wall, 2.0)
+        finally:
+            proc.wait(30)
+            task.cancel()
+        return (busy - idle) / (batches - 1) * 1e6
+
+    runs = sorted(asyncio.run(run()) for _ in range(repeats))
+    return {f"main-thread CPU per paced batch ({blocks} blocks, {rate}/s), µs": statistics.median(runs)}
 
 
 def bench_lookup(args: argparse.Namespace) -> list[tuple[int, float, float, float]]:
@@ -494,6 +535,8 @@ def main() -> None:
     print("\n# zmq end to end (publisher process → tcp → SUB → worker → index) and request-path stall")
     for k, v in bench_zmq(args).items():
         print(f"  {k:45s} {v:>12,.2f}")
+    for k, v in bench_paced(batches=200 if args.quick else 1000, repeats=args.repeats // 2 or 1).items():
+        print(f"  {k:45s} {v:>12,.1f}")
     print(f"\n# lookup (8 pods, index of {args.index_blocks:,} blocks): median µs per request")
     print(f"  {'tokens':>7} {'blocks':>7} {'hash µs':>9} {'lookup µs':>10} {'total µs':>9}")
     for ntok, h, lk, tot in bench_lookup(args):
