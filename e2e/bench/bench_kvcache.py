@@ -161,6 +161,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def central_pool() -> tuple[int, MemoryIndex, EventPool, asyncio.Task[None]]:
+    """A running pool bound centrally on a free port, accepting any topic (the publisher is no pool endpoint)."""
+    port = free_port()
+    idx = MemoryIndex()
+    cfg = PoolConfig(zmq_endpoint=f"tcp://127.0.0.1:{port}", concurrency=2, queue_size=100_000, discover_pods=False)
+    pool = EventPool(EventApplier(idx, TokenProcessor(BS)), cfg, PoolMetrics(CollectorRegistry()))
+    pool.workers.known_pods = None
+    task = asyncio.create_task(pool.run())
+    await pool.started()
+    return port, idx, pool, task
+
+
 def bench_zmq(args: argparse.Namespace) -> dict[str, float]:
     """Publisher in another process → tcp → our central SUB → worker → index; plus the event-loop stall."""
 
@@ -175,13 +187,7 @@ def bench_zmq(args: argparse.Namespace) -> dict[str, float]:
 
     async def run() -> tuple[float, ...]:
         base = await idle_stalls(1.0)
-        port = free_port()
-        idx = MemoryIndex()
-        cfg = PoolConfig(zmq_endpoint=f"tcp://127.0.0.1:{port}", concurrency=2, queue_size=100_000, discover_pods=False)
-        pool = EventPool(EventApplier(idx, TokenProcessor(BS)), cfg, PoolMetrics(CollectorRegistry()))
-        pool.workers.known_pods = None  # the publisher is no Datastore endpoint: accept its topic
-        task = asyncio.create_task(pool.run())
-        await pool.started()
+        port, idx, pool, task = await central_pool()
         item_times: list[float] = []
         real = pool.workers.process
 
@@ -272,13 +278,7 @@ def bench_paced(rate: int = 200, batches: int = 1000, blocks: int = 64, repeats:
     (receive, queue, decode, seq check, apply), net of the same loop's idle CPU over the same time."""
 
     async def run() -> float:
-        port = free_port()
-        idx = MemoryIndex()
-        cfg = PoolConfig(zmq_endpoint=f"tcp://127.0.0.1:{port}", concurrency=2, queue_size=100_000, discover_pods=False)
-        pool = EventPool(EventApplier(idx, TokenProcessor(BS)), cfg, PoolMetrics(CollectorRegistry()))
-        pool.workers.known_pods = None  # the publisher is no Datastore endpoint: accept its topic
-        task = asyncio.create_task(pool.run())
-        await pool.started()
+        port, idx, _pool, task = await central_pool()
         proc = subprocess.Popen(
             [sys.executable, "-c", PUBLISHER, str(port), str(batches), str(blocks), "11", "1", str(rate)]
         )
