@@ -5,6 +5,8 @@
              batches look like vLLM's: BlockStored events of `--blocks-per-event` chained blocks.
   zmq      — the same through real sockets: a publisher *process* sends pre-encoded frames over tcp
              (PUB → our SUB → shard queue → worker → index), measured until the index holds them all.
+  paced    — the serving case: one 64-block batch at a time (a 1k-token prefill's), 200/s, each waking the loop;
+             main-thread CPU per batch.
   stall    — the request path while ingesting: the largest event-loop stall seen by a 1 ms ticker.
   lookup   — per request: hashing the prompt into request keys and the index lookup, 1k–32k tokens,
              8 pods, an index holding 200k blocks.
@@ -299,7 +301,7 @@ def bench_paced(rate: int = 200, batches: int = 1000, blocks: int = 64, repeats:
             task.cancel()
         return (busy - idle) / (batches - 1) * 1e6
 
-    runs = sorted(asyncio.run(run()) for _ in range(repeats))
+    runs = [asyncio.run(run()) for _ in range(repeats)]
     return {f"main-thread CPU per paced batch ({blocks} blocks, {rate}/s), µs": statistics.median(runs)}
 
 
