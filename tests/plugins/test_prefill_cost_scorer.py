@@ -453,3 +453,30 @@ def test_overflow_weight_needs_the_working_set() -> None:
         build(PrefillCostScorer, {"trafficWindow": "fast"})
     with pytest.raises(PluginConfigError, match="trafficWindow"):
         build(PrefillCostScorer, {"trafficWindow": 0})
+
+
+def test_cold_arrivals_charge_an_idle_endpoint_taken_by_a_request_that_holds_little() -> None:
+    """Mooncake at 8 pods: a prompt with a small prefix cached on a busy pod moved to an idle one, which the next
+    cold prompt then lacked. With `coldArrivalWeight` the idle endpoints are charged the pool's cold arrivals
+    expected during the recompute, shared over the idle endpoints; a request holding most of its prompt (a burst of
+    sub-agents sharing a prompt) is not charged and spreads as before."""
+    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
+              "idleUncachedWeight": 1, "trafficWindow": "10s"}  # fmt: skip
+    scorers = {w: build(PrefillCostScorer, {**params, "coldArrivalWeight": w}) for w in (0, 2)}
+    for s in scorers.values():
+        e = with_capacity(eps(), 64 * 1024)
+        place(s, req("busy", 96, {"a": 6}), e, 0)  # in flight on a, nothing left to prefill
+    now = time.monotonic() + 10
+    on, off = scorers[2], scorers[0]
+    for i in range(4):  # four prompts nobody holds, then this one: 5 cold arrivals in the 10 s window
+        on.costs(req(f"cold{i}", 1000, {}), e, now=now)
+    small = req("small", 1000, {"a": 12.5})  # a holds 200 of its 1000 tokens
+    assert off.costs(small, e, now=now) == [1600.0, 1000.0, 1000.0]
+    # 0.5 cold arrivals/s x 1 s of prefill x weight 2 / 2 idle endpoints = 0.5 -> weight 1 + (2 - 1) x 0.5
+    assert on.costs(small, e, now=now) == pytest.approx([1600.0, 1500.0, 1500.0])
+    large = req("large", 1000, {"a": 50})  # a holds 800 of its 1000 tokens: not charged
+    assert on.costs(large, e, now=now) == [400.0, 1000.0, 1000.0]
+    with pytest.raises(PluginConfigError, match="coldArrivalWeight"):
+        build(PrefillCostScorer, {"coldArrivalWeight": -1})
+    with pytest.raises(PluginConfigError, match="coldShare"):
+        build(PrefillCostScorer, {"coldShare": 1.5})

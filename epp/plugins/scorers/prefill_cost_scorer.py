@@ -22,6 +22,9 @@ a full cache evicts) and by the requests of its own expected during the prefill 
 the prefill's time / 2: they would queue behind it), whichever is larger. So a burst of sub-agents or a new chat
 session spreads to pods that are idle and empty, while under `make demo`'s overload a group stays on its pod: the
 other pods, idle for a moment between their own groups' requests, get requests every few hundred ms.
+`coldArrivalWeight` (0: off) also charges an idle endpoint, for a request that holds little anywhere (best pod
+< `coldShare` of the prompt), the pool's cold arrivals expected during its prefill shared over the idle endpoints:
+they would find one fewer free (Mooncake's small prefixes at 8 pods; not the default, docs/plugins.md).
 
 active(e) counts each KV block several in-flight requests share once (`dedupInFlightBlocks`, from the precise
 producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat session's own
@@ -139,6 +142,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
         overflow_weight: float = 0.0,
         idle_uncached_weight: float | None = None,
         traffic_window: float = 10.0,
+        cold_arrival_weight: float = 0.0,
+        cold_share: float = 0.5,
     ) -> None:
         super().__init__(name)
         self.producer = producer
@@ -160,6 +165,10 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.overflow_weight = overflow_weight
         self.idle_weight = uncached_weight if idle_uncached_weight is None else idle_uncached_weight
         self.traffic_window = traffic_window
+        self.cold_weight = cold_arrival_weight
+        self.cold_share = cold_share
+        self.cold = 0.0  # cold requests (best pod caches < coldShare of the prompt), weighted e^-(age / trafficWindow)
+        self.cold_at = 0.0
         self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
         self.queues: dict[str, _Queue] = {}
         self._inflight: dict[int, _InFlight] = {}  # id(booking) -> booking
@@ -198,6 +207,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
             overflow_weight=overflow,
             idle_uncached_weight=params.float("idleUncachedWeight", 1.0, min=0.0),
             traffic_window=traffic_window,
+            cold_arrival_weight=params.float("coldArrivalWeight", 0.0, min=0.0),
+            cold_share=params.float("coldShare", 0.5, min=0.0, max=1.0),
         )
         context.endpoints.subscribe(scorer)
         return scorer
@@ -236,6 +247,19 @@ class PrefillCostScorer(Plugin, RemovalListener):
             busy = min((q.active if (q := queues.get(ep.name)) is not None else 0) for ep in endpoints)
             uw += self.saturation_weight * busy
         best = 0
+        # The pool's cold arrivals expected per idle endpoint and per prefill token: an idle endpoint taken for a
+        # recompute is not there for them (coldArrivalWeight; 0: off).
+        cold_per_token = 0.0
+        if self.cold_weight > 0 and self.idle_weight != uw and endpoints:
+            best_cached = max((matches.get(ep.name, 0) for ep in endpoints), default=0) * bs
+            self._decay_cold(now)
+            if n > 0 and best_cached < self.cold_share * n:
+                # a request that holds little anywhere: taking an idle endpoint for it is charged the pool's
+                # cold arrivals (a request with much of its prompt cached is not: a burst spreads as before)
+                self.cold += 1.0
+                idle = sum(1 for ep in endpoints if self._idle(queues.get(ep.name), now))
+                if idle:
+                    cold_per_token = self.cold_weight * self.cold / self.traffic_window / self.rate / idle
         for ep in endpoints:
             u = max(0, n - int(matches.get(ep.name, 0) * bs))
             uncached[ep.name] = u
@@ -243,8 +267,11 @@ class PrefillCostScorer(Plugin, RemovalListener):
             q = queues.get(ep.name)
             full = self.fullness(ep, q, now)
             w = uw
-            if self.idle_weight != uw and (q is None or (q.active == 0 and q.busy_until <= now)):
-                w = self.idle_weight + (uw - self.idle_weight) * self._busy_share(q, full, u, now)
+            if self.idle_weight != uw and self._idle(q, now):
+                share = self._busy_share(q, full, u, now)
+                if cold_per_token > 0:
+                    share = min(1.0, max(share, cold_per_token * u))
+                w = self.idle_weight + (uw - self.idle_weight) * share
             cost = (w + evict * full) * u
             if q is not None:
                 if q.busy_until > now:
@@ -286,6 +313,15 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self._decay(q, now)
         arrivals = q.traffic / self.traffic_window * uncached / self.rate
         return min(1.0, max(full, arrivals / 2))
+
+    @staticmethod
+    def _idle(q: _Queue | None, now: float) -> bool:
+        return q is None or (q.active == 0 and q.busy_until <= now)
+
+    def _decay_cold(self, now: float) -> None:
+        if now > self.cold_at:
+            self.cold *= math.exp((self.cold_at - now) / self.traffic_window)
+            self.cold_at = now
 
     def _decay(self, q: _Queue, now: float) -> None:
         if now > q.traffic_at:
