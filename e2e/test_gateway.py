@@ -322,6 +322,44 @@ def test_sigterm_drain_window_then_the_in_flight_stream_finishes(stack_factory: 
     assert "refusing new streams, draining 1 streams" in log_text
 
 
+def test_routing_only_envoy_ends_the_stream_before_the_response(stack_factory: Callable[..., Stack]) -> None:
+    """Why the shipped Envoy config keeps the response path (docs/benchmarks.md, "Not our request path"): with an
+    ext_proc filter that sends no response messages (response headers SKIP, body NONE), Envoy 1.40 closes the
+    stream once the request is routed, so the EPP would count a 3-second response as done at once and its in-flight
+    load (token-load, prefill-cost, flow control) would read empty. If this ever fails, Envoy holds the stream to
+    the response's end and routing-only becomes a lower-latency option."""
+    s = stack_factory(backends=2, envoy_overrides={"response_path": False})
+    chat = {"model": "m1", "messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 600,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    result: dict[str, object] = {}
+
+    def run() -> None:  # ~5 ms a token at the simulator: ~3 s of streaming
+        result["r"] = post_json(s.url + "/v1/chat/completions", chat, timeout=60)
+
+    def running() -> float:
+        try:
+            return metric_value(s.epp.metrics_text(), "inference_objective_running_requests", {"model_name": "m1"})
+        except KeyError:
+            return -1.0  # not routed yet
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 10
+    while running() < 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    assert t.is_alive(), "the response should still be streaming"
+    assert running() == 0  # routed and already complete for the EPP, mid-response
+    t.join(timeout=60)
+    r = result["r"]
+    assert r.status == 200  # type: ignore[attr-defined]  # (routed: ORIGINAL_DST needs the destination header)
+    assert sse_events(r.body)[-1] == "[DONE]"  # type: ignore[attr-defined]
+    text = s.epp.metrics_text()
+    assert metric_value(text, "inference_objective_request_total", {"model_name": "m1"}) == 1
+    # usage was sent (include_usage) but never seen
+    assert metric_value(text, "inference_objective_output_tokens_count", {"model_name": "m1"}) == 0
+
+
 def test_concurrent_mixed_requests_all_complete(duplex: Stack) -> None:
     """64 concurrent requests (JSON, SSE, bad bodies) through one Envoy: right answers, no leaked running count."""
     from concurrent.futures import ThreadPoolExecutor

@@ -15,6 +15,7 @@ one pool for all, as before 2026-12-04).
 
     python -m e2e.bench.bench_breakdown                     # both parts
     python -m e2e.bench.bench_breakdown --part 2 --points 1024:10,50 --chains precise --sims 4 --repeats2 5
+    python -m e2e.bench.bench_breakdown --part 2 --points 1024:50 --chains precise --no-response-path  # routing only
     python -m e2e.bench.bench_breakdown --part 3 --chains precise [--epp-args '--refresh-metrics-interval 10s']
     python -m e2e.bench.bench_breakdown --part 4 --chains precise --variants 'scrape10s=--refresh-metrics-interval 10s'
 
@@ -309,11 +310,12 @@ class FloorProcess(_Process):
                 time.sleep(0.05)
         raise self.fail("floor not ready")
 
-    def envoy_in_front(self, workdir: Path) -> EnvoyProcess:
+    def envoy_in_front(self, workdir: Path, response_path: bool = True) -> EnvoyProcess:
         """Wait for the floor, then start (and wait for) an Envoy whose ext_proc cluster is this floor."""
         self.wait_ready()
         lp, ap = free_ports(2)
-        envoy = EnvoyProcess(EnvoyOptions(listener_port=lp, admin_port=ap, ext_proc_port=self.port), workdir)
+        opts = EnvoyOptions(listener_port=lp, admin_port=ap, ext_proc_port=self.port, response_path=response_path)
+        envoy = EnvoyProcess(opts, workdir)
         envoy.wait_ready()
         return envoy
 
@@ -392,6 +394,7 @@ def part2(
     variants: Sequence[tuple[str, list[str], Path | None]] = (),
     floor_uvloop: bool = False,
     shared_pool: bool = False,
+    response_path: bool = True,
 ) -> list[dict[str, Any]]:
     """Each point runs `repeats` times (the path order rotated each time); per path the median over the repeats of
     its p50/p99 is reported, and ours/floor is the median of the per-repeat ratios of added p50. `variants` adds,
@@ -399,7 +402,8 @@ def part2(
 
     Every path has a pool of `n_sims` simulators of its own, so an EPP ingests the KV events of the requests it
     routed, as one replica in front of its pool does; with `shared_pool` all paths share one pool and each EPP also
-    ingests the events of every other path's requests."""
+    ingests the events of every other path's requests. `response_path` False: every Envoy's ext_proc filter sends no
+    response messages (routing only), the floor's and the EPPs' alike."""
     n_epps = len(chains) * (1 + len(variants))
     with contextlib.ExitStack() as pools:
         tmp = pools.enter_context(tempfile.TemporaryDirectory(prefix="pyepp-breakdown-"))
@@ -409,7 +413,9 @@ def part2(
             sims if shared_pool else pools.enter_context(start_simulators(n_sims, base_args=SIM_ARGS))
             for _ in range(1 + int(floor_uvloop) + n_epps)
         ]
-        return _part2_run(Path(tmp), sims, own, points, duration, chains, repeats, responses, variants, floor_uvloop)
+        return _part2_run(
+            Path(tmp), sims, own, points, duration, chains, repeats, responses, variants, floor_uvloop, response_path
+        )
 
 
 def _part2_run(
@@ -423,6 +429,7 @@ def _part2_run(
     responses: Sequence[bool],
     variants: Sequence[tuple[str, list[str], Path | None]],
     floor_uvloop: bool,
+    response_path: bool = True,
 ) -> list[dict[str, Any]]:
     """`sims` serves Envoy alone; `pools` the floor, the uvloop floor if any, then each EPP."""
     texts = TextFactory(3)
@@ -448,12 +455,12 @@ def _part2_run(
                         backends=[],
                         config=config_text(chain, epp_pools[len(stacks)]),
                         epp_args=["--log-level", "warning", *extra],
-                        envoy_overrides={"direct_port": free_port()},
+                        envoy_overrides={"direct_port": free_port(), "response_path": response_path},
                         epp_source=tree,
                         ready_timeout=120.0,
                     )
                 )
-        envoy_floor = floor.envoy_in_front(work)
+        envoy_floor = floor.envoy_in_front(work, response_path)
         direct = f"http://127.0.0.1:{stacks[0].envoy.opts.direct_port}"
         paths: dict[str, tuple[str, list[dict[str, str]]]] = {
             "envoy alone": (direct, [{DEST: s.hostport} for s in sims]),
@@ -461,7 +468,7 @@ def _part2_run(
         }
         pids = {"python floor": floor.proc.pid}
         if floor_uv is not None:
-            envoy_floor_uv = floor_uv.envoy_in_front(work)
+            envoy_floor_uv = floor_uv.envoy_in_front(work, response_path)
             paths["python floor uvloop"] = (envoy_floor_uv.url, [{}])
             pids["python floor uvloop"] = floor_uv.proc.pid
         for name, st in zip(names, stacks, strict=True):
@@ -764,6 +771,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="part 2: also run the floor on uvloop (the EPP's loop when installed); ratios to it in vs_floor_uvloop",
     )
+    p.add_argument(
+        "--no-response-path",
+        action="store_true",
+        help="part 2: Envoy sends no response messages to the ext_proc servers (routing only; no usage or TTFT)",
+    )
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="part 1: process CPU time or wall time")
     p.add_argument("--json", help="write the rows here")
     ns = p.parse_args(argv)
@@ -789,6 +801,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             variants,
             ns.floor_uvloop,
             ns.shared_pool,
+            not ns.no_response_path,
         )
     if ns.part == "3":
         responses = [r == "sse" for r in ns.responses.split(",")]

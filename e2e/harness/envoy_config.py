@@ -119,6 +119,9 @@ class EnvoyOptions:
     ext_proc_max_streams: int = 10_000
     # OpenAI-style JSON bodies on Envoy's own local replies (False: Envoy's plain-text defaults)
     json_local_replies: bool = True
+    # False: the ext_proc filter sends no response headers, body or trailers (routing only: the EPP reads no status,
+    # TTFT or usage, and the request ends for it when Envoy closes the stream at the response's end)
+    response_path: bool = True
 
 
 def _addr(host: str, port: int) -> Address:
@@ -138,11 +141,13 @@ def ext_proc_filter(opts: EnvoyOptions) -> ExternalProcessor:
     resp_mode = ProcessingModeBodySendMode[opts.response_body_mode or opts.request_body_mode]
     send, skip = ProcessingModeHeaderSendMode.SEND, ProcessingModeHeaderSendMode.SKIP
     duplex = ProcessingModeBodySendMode.FULL_DUPLEX_STREAMED
+    if not opts.response_path:
+        resp_mode = ProcessingModeBodySendMode.NONE
     return ExternalProcessor(
         grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER), timeout=_duration(10)),
         processing_mode=ProcessingMode(
             request_header_mode=send,
-            response_header_mode=send,
+            response_header_mode=send if opts.response_path else skip,
             request_body_mode=req_mode,
             response_body_mode=resp_mode,
             # FULL_DUPLEX_STREAMED requires trailer mode SEND (envoy --mode validate rejects it otherwise).
