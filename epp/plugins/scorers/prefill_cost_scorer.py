@@ -104,6 +104,25 @@ class _InFlight:
 
 
 @dataclass(slots=True)
+class _Decaying:
+    """A count of events, each weighted e^-(age / window): `decayed(now, window) / window` is their recent rate."""
+
+    value: float = 0.0
+    at: float = 0.0
+
+    def decayed(self, now: float, window: float) -> float:
+        if now > self.at:
+            self.value *= math.exp((self.at - now) / window)
+            self.at = now
+        return self.value
+
+    def add(self, now: float, window: float) -> float:
+        """Count one event now; the decayed count including it."""
+        self.value = self.decayed(now, window) + 1.0
+        return self.value
+
+
+@dataclass(slots=True)
 class _Queue:
     busy_until: float = 0.0  # when the endpoint's estimated prefill queue drains
     active_tokens: int = 0
@@ -113,8 +132,7 @@ class _Queue:
     # The working set: prompt block keys routed there within `workingSetWindow`, oldest first (key -> when).
     recent: OrderedDict[int, float] = field(default_factory=OrderedDict)
     recent_block_tokens: int = 0
-    traffic: float = 0.0  # requests routed there, each weighted e^-(age / trafficWindow)
-    traffic_at: float = 0.0
+    traffic: _Decaying = field(default_factory=_Decaying)  # requests routed there (over trafficWindow)
 
 
 COST = DataKey[_Cost]("prefill-cost")
@@ -167,8 +185,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.traffic_window = traffic_window
         self.cold_weight = cold_arrival_weight
         self.cold_share = cold_share
-        self.cold = 0.0  # cold requests (best pod caches < coldShare of the prompt), weighted e^-(age / trafficWindow)
-        self.cold_at = 0.0
+        self.cold = _Decaying()  # cold requests (best pod caches < coldShare of the prompt), over trafficWindow
         self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
         self.queues: dict[str, _Queue] = {}
         self._inflight: dict[int, _InFlight] = {}  # id(booking) -> booking
@@ -252,14 +269,13 @@ class PrefillCostScorer(Plugin, RemovalListener):
         cold_per_token = 0.0
         if self.cold_weight > 0 and self.idle_weight != uw and endpoints:
             best_cached = max((matches.get(ep.name, 0) for ep in endpoints), default=0) * bs
-            self._decay_cold(now)
             if n > 0 and best_cached < self.cold_share * n:
                 # a request that holds little anywhere: taking an idle endpoint for it is charged the pool's
                 # cold arrivals (a request with much of its prompt cached is not: a burst spreads as before)
-                self.cold += 1.0
+                cold = self.cold.add(now, self.traffic_window)
                 idle = sum(1 for ep in endpoints if self._idle(queues.get(ep.name), now))
                 if idle:
-                    cold_per_token = self.cold_weight * self.cold / self.traffic_window / self.rate / idle
+                    cold_per_token = self.cold_weight * cold / self.traffic_window / self.rate / idle
         for ep in endpoints:
             u = max(0, n - int(matches.get(ep.name, 0) * bs))
             uncached[ep.name] = u
@@ -308,25 +324,14 @@ class PrefillCostScorer(Plugin, RemovalListener):
         """How far an idle endpoint is from free for a recompute of `uncached` tokens, 0..1: its KV pressure, or
         the requests of its own expected to arrive while the prefill runs (they would queue behind it), whichever is
         larger."""
-        if q is None or q.traffic <= 0:
+        if q is None or q.traffic.value <= 0:
             return full
-        self._decay(q, now)
-        arrivals = q.traffic / self.traffic_window * uncached / self.rate
+        arrivals = q.traffic.decayed(now, self.traffic_window) / self.traffic_window * uncached / self.rate
         return min(1.0, max(full, arrivals / 2))
 
     @staticmethod
     def _idle(q: _Queue | None, now: float) -> bool:
         return q is None or (q.active == 0 and q.busy_until <= now)
-
-    def _decay_cold(self, now: float) -> None:
-        if now > self.cold_at:
-            self.cold *= math.exp((self.cold_at - now) / self.traffic_window)
-            self.cold_at = now
-
-    def _decay(self, q: _Queue, now: float) -> None:
-        if now > q.traffic_at:
-            q.traffic *= math.exp((q.traffic_at - now) / self.traffic_window)
-            q.traffic_at = now
 
     def _expire(self, q: _Queue, now: float, capacity: int) -> None:
         """Drop working-set entries older than the window, and beyond twice the capacity (a bound on memory;
@@ -363,8 +368,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         uncached = cost.uncached.get(name, cost.prompt_tokens)
         q.busy_until = max(q.busy_until, now) + uncached / self.rate
         if self.idle_weight != self.uncached_weight:
-            self._decay(q, now)
-            q.traffic += 1.0
+            q.traffic.add(now, self.traffic_window)
         out = request.max_tokens if request.max_tokens is not None else self.default_output
         entry = _InFlight(name, cost.prompt_tokens + max(0, out), now)
         match = request.data.get(self.match_key)
