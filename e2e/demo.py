@@ -42,7 +42,7 @@ __all__ = ["SERVED_HEADER", "main", "reset_caches", "warm_up"]  # the last three
 DEFAULT_STRATEGIES = ["random", "approximate", "precise", LLMD, OURS]
 DEMO = suite.WorkloadSpec(
     "demo",
-    lambda pods, s: suite.demo_shape(20.0 / 3 * pods / 4, int(267 * s * pods / 4)),
+    lambda pods, s, d: suite.demo_shape(20.0 / 3 * pods / 4, int(267 * s * pods / 4), seed=1 + d),
     kv_tokens=8192,
     warmup=12.0,
     about="`make demo`'s shape at its original load (20 req/s at full speed): 16 system prompts of 1024 tokens x 8 "

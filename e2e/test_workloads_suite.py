@@ -58,6 +58,7 @@ def test_mooncake_sampling_keeps_whole_conversations(tmp_path: Path) -> None:
         {"timestamp": 4000, "input_length": 1536, "output_length": 500, "hash_ids": [0, 6, 8, 9]},
     ]
     assert [r["hash_ids"][1] for r in sample_conversations(rows, 3)] == [3, 3, 6]  # type: ignore[index]
+    assert [r["hash_ids"][1] for r in sample_conversations(rows, 3, phase=2)] == [5]  # type: ignore[index]
     path = tmp_path / "trace.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     w = mooncake_conversations(path, every=3, duration=2.0, block_tokens=16, max_output=16)
@@ -97,7 +98,7 @@ def test_every_strategy_config_builds() -> None:
 def test_suite_tables_medians_and_time_scale() -> None:
     """bench_routing's pieces that need no processes: repeated runs become medians, one markdown table per cell,
     and another simulator time scale replays the arrivals in proportion."""
-    from e2e.bench.bench_routing import WORKLOADS, Cell, SimModel, median_summary, table
+    from e2e.bench.bench_routing import OURS, WORKLOADS, Cell, SimModel, goals, median_summary, table
 
     def run(label: str, p90: float, ok: int = 10) -> dict[str, object]:
         return {"label": label, "ok": ok, "n": 10, "ttft_p50": p90 / 2, "ttft_p90": p90, "ttft_p99": p90 * 2,
@@ -110,8 +111,19 @@ def test_suite_tables_medians_and_time_scale() -> None:
     lines = table(cell).splitlines()
     assert lines[0].startswith("| strategy |") and len(lines) == 4
     assert lines[2].endswith("| 0.25x |") and lines[3].endswith("| 4.00x |")  # p90 vs the best other strategy
+    # goals: ours against the best other strategy (not our variants), the medians and each repeat paired
+    rep = [[run(OURS, 1.0), run(f"{OURS}/v", 0.5), run("llm-d-v0.10", 2.0)],
+           [run(OURS, 3.0), run(f"{OURS}/v", 0.5), run("llm-d-v0.10", 2.0)]]  # fmt: skip
+    cell = Cell("multi-turn", 4, 16, 10, 5.0, 1.0, {}, summaries=[run(OURS, 2.0), run("llm-d-v0.10", 2.5)], repeats=rep)
+    assert "| multi-turn 4p/16 | 0.80 (per repeat 0.50, 1.50) | 0.80 |" in goals([cell])
     spec = WORKLOADS["no-reuse"]
-    w, warmup = SimModel(time_scale=1.5).timed(spec.make(4, 0.3), spec.warmup)
-    ref = spec.make(4, 0.3)
+    w, warmup = SimModel(time_scale=1.5).timed(spec.make(4, 0.3, 0), spec.warmup)
+    ref = spec.make(4, 0.3, 0)
     assert warmup == spec.warmup / 2
     assert [r.arrival for r in w.requests] == [r.arrival / 2 for r in ref.requests]
+    # another draw (--draws) is the same shape from another seed: as many requests, other arrivals and prompts
+    for name in ("shared-prefix-demo", "multi-turn", "no-reuse"):
+        a, b = WORKLOADS[name].make(4, 0.3, 0), WORKLOADS[name].make(4, 0.3, 1)
+        assert len(a.requests) == len(b.requests) or name == "multi-turn"
+        assert [r.arrival for r in a.requests] != [r.arrival for r in b.requests]
+        assert [r.arrival for r in a.requests] == [r.arrival for r in WORKLOADS[name].make(4, 0.3, 0).requests]

@@ -13,6 +13,12 @@ of requests over pods (coefficient of variation).
     python -m e2e.bench.bench_routing --workloads agentic,no-reuse --pods 4 --block-sizes 16
     python -m e2e.bench.bench_routing --quick               # small and fast (smoke test)
     python -m e2e.bench.bench_routing --plots docs/bench-routing   # also write one PNG per workload there
+    python -m e2e.bench.bench_routing --workloads shared-prefix-demo --cells 4:16 --repeats 5 --draws
+                                                            # five draws of the workload (seeds), medians
+
+A draw is fixed: its arrivals, groups and prompts are the same in every repeat, so `--repeats` alone measures the
+machine's noise on one draw; `--draws` makes repeat r run draw r (another seed; Mooncake: another sample of its
+conversations), which samples how a workload's groups fall on the pods too.
 
 Results: <out>/results.json (every cell, every request), <out>/results.md (the tables), <out>/<workload>.png.
 """
@@ -97,10 +103,12 @@ class SimModel:
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """A workload at a pod count: `make(pods, scale)` builds the requests; `kv_tokens` is the KV capacity per pod."""
+    """A workload at a pod count: `make(pods, scale, draw)` builds the requests (draw 0 is the published one, each
+    other draw the same shape from another seed or, for the trace, another sample of its conversations);
+    `kv_tokens` is the KV capacity per pod."""
 
     name: str
-    make: Callable[[int, float], Workload]
+    make: Callable[[int, float, int], Workload]
     kv_tokens: int
     warmup: float  # requests arriving in the first `warmup` seconds are sent but not counted
     about: str
@@ -114,7 +122,7 @@ def _per_pod(pods: int) -> float:
     return pods / 4.0
 
 
-def demo_shape(rate: float, num_requests: int) -> Workload:
+def demo_shape(rate: float, num_requests: int, seed: int = 1) -> Workload:
     """`make demo`'s shared-prefix shape: 16 system prompts of 1024 tokens x 8 questions of 64, 8 output tokens."""
     return shared_prefix(
         num_groups=16,
@@ -124,7 +132,7 @@ def demo_shape(rate: float, num_requests: int) -> Workload:
         output_len=8,
         rate=rate,
         num_requests=num_requests,
-        seed=1,
+        seed=seed,
     )
 
 
@@ -133,7 +141,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
     for spec in [
         WorkloadSpec(
             "shared-prefix-demo",
-            lambda pods, s: demo_shape(4.0 * _per_pod(pods), int(110 * s * _per_pod(pods))),
+            lambda pods, s, d: demo_shape(4.0 * _per_pod(pods), int(110 * s * _per_pod(pods)), seed=1 + d),
             kv_tokens=8192,
             warmup=8.0,
             about="`make demo`'s shape: 16 system prompts of 1024 tokens x 8 questions of 64 tokens; a pod's cache "
@@ -141,7 +149,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         ),
         WorkloadSpec(
             "shared-prefix-150x5",
-            lambda pods, s: shared_prefix(
+            lambda pods, s, d: shared_prefix(
                 num_groups=30 * pods // 4,
                 num_prompts_per_group=5,
                 system_prompt_len=1200,
@@ -149,7 +157,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
                 output_len=8,
                 rate=2.7 * _per_pod(pods),
                 num_requests=int(75 * s * _per_pod(pods)),
-                seed=2,
+                seed=2 + d,
             ),
             kv_tokens=16384,
             warmup=8.0,
@@ -158,14 +166,14 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         ),
         WorkloadSpec(
             "multi-turn",
-            lambda pods, s: multi_turn_chat(
+            lambda pods, s, d: multi_turn_chat(
                 num_sessions=int(12 * _per_pod(pods) * s),
                 turns=5,
                 system_prompt_len=1000,
                 user_len=150,
                 output_len=8,
                 rate=2.0 * _per_pod(pods),
-                seed=3,
+                seed=3 + d,
             ),
             kv_tokens=6144,
             warmup=6.0,
@@ -174,7 +182,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         ),
         WorkloadSpec(
             "agentic",
-            lambda pods, s: agentic(
+            lambda pods, s, d: agentic(
                 num_agents=int(8 * _per_pod(pods) * s),
                 steps=6,
                 system_prompt_len=1500,
@@ -186,7 +194,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
                 fanout_prob=0.3,
                 fanout=(3, 4),
                 subagent_steps=2,
-                seed=4,
+                seed=4 + d,
             ),
             kv_tokens=16384,
             warmup=6.0,
@@ -195,9 +203,10 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         ),
         WorkloadSpec(
             "mooncake",
-            lambda pods, s: mooncake_conversations(
+            lambda pods, s, d: mooncake_conversations(
                 trace_path(),
                 every=max(1, round(135 / _per_pod(pods) / s)),
+                phase=d,
                 duration=30.0 * s,
                 block_tokens=16,
                 max_output=8,
@@ -209,12 +218,12 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         ),
         WorkloadSpec(
             "no-reuse",
-            lambda pods, s: no_reuse(
+            lambda pods, s, d: no_reuse(
                 num_requests=int(75 * s * _per_pod(pods)),
                 prompt_len=(300, 900),
                 output_len=8,
                 rate=2.7 * _per_pod(pods),
-                seed=5,
+                seed=5 + d,
             ),
             kv_tokens=16384,
             warmup=3.0,
@@ -418,22 +427,34 @@ def run_cell(
     repeats: int = 1,
     stacks: Stacks | None = None,
     then: str | None = None,
+    draws: bool = False,
 ) -> Cell:
     """One workload at one pod count and block size, every strategy; `sims` (started with this block size and the
     workload's KV capacity) are reused when given, else started and stopped here. With `repeats` > 1 every
-    strategy runs that many times and the cell's summaries are the medians. `stacks` (over the same `sims`), when
+    strategy runs that many times and the cell's summaries are the medians; with `draws` repeat r runs the workload's
+    draw r (another seed: a fixed draw's arrivals and groups are the same in every repeat, so only a new draw
+    samples how they fall on the pods). `stacks` (over the same `sims`), when
     given, is used and left open, and during this cell's last run the stack of strategy `then` (the next cell's
     first) is started in it, so that start-up overlaps this cell too."""
-    workload, warmup = model.timed(spec.make(pods, scale), spec.warmup)
+    # one workload per draw: repeat r runs draw r with `draws`, else every repeat runs draw 0
+    drawn = [model.timed(spec.make(pods, scale, d), spec.warmup) for d in range(repeats if draws else 1)]
     tok = shared_tokenizer()
-    ids = [prompt_ids(r, tok) for r in workload.requests]
-    bound = reuse_bound(workload.requests, block_size, ids=ids, count_after=warmup).share
+    bounds: list[float] = []
+    avg_prompt = 0.0
+    for w, warmup in reversed(drawn):  # draw 0 last: its prompt length is the one printed
+        ids = [prompt_ids(r, tok) for r in w.requests]
+        bounds.insert(0, reuse_bound(w.requests, block_size, ids=ids, count_after=warmup).share)
+        avg_prompt = sum(map(len, ids)) / max(1, len(ids))
+    workload, warmup = drawn[0]
+    bound = statistics.median(bounds)
     cell = Cell(spec.name, pods, block_size, len(workload.requests), workload.duration, bound, workload.params)
     cell.params["warmup_s"] = warmup
+    if draws:
+        cell.params["draws"] = repeats
     print(
         f"\n== {spec.name}: {pods} pods, block {block_size}: {len(workload.requests)} requests over "
-        f"{workload.duration:.0f}s, {sum(map(len, ids)) / max(1, len(ids)):.0f} prompt tokens avg, "
-        f"reuse bound {bound:.1%}, KV {spec.kv_tokens} tokens/pod",
+        f"{workload.duration:.0f}s, {avg_prompt:.0f} prompt tokens avg, "
+        f"reuse bound {bound:.1%}, KV {spec.kv_tokens} tokens/pod" + (f", {repeats} draws" if draws else ""),
         flush=True,
     )
     with contextlib.ExitStack() as stack:
@@ -459,6 +480,7 @@ def run_cell(
                 started = stacks.prestart(order[k + 1][1])
             elif then is not None:
                 stacks.prestart(then)
+            workload, warmup = drawn[rep % len(drawn)]
             try:
                 results, duration = run_strategy(strategy, current, sims, workload)
             finally:
@@ -466,7 +488,7 @@ def run_cell(
             counted = [r for r, q in zip(results, workload.requests, strict=True) if q.arrival >= warmup]
             span = max(1e-9, duration - warmup)
             s = loadgen.summarize(strategy, counted, span, pod_names)
-            runs[rep][strategy] = summary_dict(s, bound)
+            runs[rep][strategy] = summary_dict(s, bounds[rep % len(bounds)])
             runs[rep][strategy]["wall_s"] = time.monotonic() - t0
             raw_out[f"{spec.name}/{pods}/{block_size}/{strategy}" + (f"/{rep}" if rep else "")] = [
                 (r.ttft, r.status, r.cached_tokens, r.prompt_tokens, r.served_by) for r in results
@@ -546,6 +568,11 @@ def plot(path: Path, workload: str, cells: Sequence[Cell]) -> None:
     plt.close(fig)
 
 
+def _other(label: str) -> bool:
+    """Another strategy than ours (our variants are not others)."""
+    return label != OURS and not label.startswith(OURS + "/")
+
+
 def goals(cells: Sequence[Cell]) -> str:
     """issue 11's goals for pyepp-default, per cell, from the numbers measured side by side."""
     rows = ["| cell | p90 vs best other (<= 1.0) | p90 vs llm-d-v0.10 (<= 0.9 on multi-turn, agentic) "
@@ -556,7 +583,13 @@ def goals(cells: Sequence[Cell]) -> str:
         ours = by.get(OURS)
         if ours is None:
             continue
-        others = [s["ttft_p90"] for k, s in by.items() if k != OURS]
+        others = [s["ttft_p90"] for k, s in by.items() if _other(k)]
+        per_repeat = []  # paired: ours against the best other in the same repeat (a draw with --draws)
+        for rep in c.repeats if len(c.repeats) > 1 else []:
+            mine = [s["ttft_p90"] for s in rep if s["label"] == OURS]
+            theirs = [s["ttft_p90"] for s in rep if _other(s["label"])]
+            if mine and theirs and min(theirs) > 0:
+                per_repeat.append(f"{mine[0] / min(theirs):.2f}")
 
         def ratio(a: float, b: float | None) -> str:
             return f"{a / b:.2f}" if b else "-"
@@ -568,7 +601,9 @@ def goals(cells: Sequence[Cell]) -> str:
             rnd, apx = by.get("random", {}).get("ttft_p90"), by.get("approximate", {}).get("ttft_p90")
             demo = f"{ratio(rnd or 0, ours['ttft_p90'])} / {ratio(apx or 0, ours['ttft_p90'])}"
         rows.append(
-            f"| {c.workload} {c.pods}p/{c.block_size} | {ratio(ours['ttft_p90'], min(others, default=0))} "
+            f"| {c.workload} {c.pods}p/{c.block_size} | {ratio(ours['ttft_p90'], min(others, default=0))}"
+            + (f" (per repeat {', '.join(per_repeat)})" if per_repeat else "")
+            + " "
             f"| {ratio(ours['ttft_p90'], llmd)} | {ratio(ours['ttft_p99'], load)} "
             f"| {ours['captured']:.0%} | {demo} |"
         )
@@ -606,6 +641,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--variants", default="", help='JSON {"name": {params}}: adds strategies pyepp-default/<name> (tuning)')
     a("--plots", default="", help="directory for the per-workload PNGs (default: --out)")
     a("--repeats", type=int, default=1, help="runs of every strategy per cell (the tables show medians)")
+    a("--draws", action="store_true", help="repeat r runs the workload drawn with seed + r (Mooncake: another "
+      "sample of conversations), not the same draw again")  # fmt: skip
     a("--no-kv-events", action="store_true", help="simulated pods publish no KV events (pods without a publisher)")
     a("--time-scale", type=float, default=SimModel.time_scale,
       help="the simulated pods' time scale (every modelled duration x this; arrivals follow)")  # fmt: skip
@@ -664,7 +701,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             with start_sims(model, pods, bs, max(WORKLOADS[w].kv_tokens for w in workloads)) as sims:
                 for w in workloads:
                     cells.append(
-                        run_cell(WORKLOADS[w], pods, bs, strategies, model, ns.scale, Path(tmp), raw, sims, ns.repeats)
+                        run_cell(
+                            WORKLOADS[w],
+                            pods,
+                            bs,
+                            strategies,
+                            model,
+                            ns.scale,
+                            Path(tmp),
+                            raw,
+                            sims,
+                            ns.repeats,
+                            draws=ns.draws,
+                        )
                     )
                     _write(out, cells, raw, command, model)
         for w in workloads:

@@ -83,13 +83,15 @@ def replay_rows(
     return reqs
 
 
-def sample_conversations(rows: list[dict[str, object]], every: int) -> list[dict[str, object]]:
+def sample_conversations(rows: list[dict[str, object]], every: int, phase: int = 0) -> list[dict[str, object]]:
     """Whole conversations, not a time window: keep the rows whose second block id (the one after the shared
-    system-prompt block 0, which tells conversations apart) is a multiple of `every`."""
+    system-prompt block 0, which tells conversations apart) is `phase` modulo `every` (another phase, another
+    sample of the same size)."""
     out = []
+    phase %= every
     for row in rows:
         ids: list[int] = list(row["hash_ids"])  # type: ignore[call-overload]
-        if len(ids) > 1 and ids[1] % every == 0:
+        if len(ids) > 1 and ids[1] % every == phase:
             out.append(row)
     return out
 
@@ -104,19 +106,20 @@ def mooncake_conversations(
     window_s: float | None = None,
     model: str = "Qwen/Qwen2.5-0.5B-Instruct",
     seed: int = 0,
+    phase: int = 0,
 ) -> Workload:
-    """The Mooncake FAST'25 conversation trace, sampled by conversation (`every`), optionally cut to its first
+    """The Mooncake FAST'25 conversation trace, sampled by conversation (`every`, `phase`), optionally cut to its first
     `window_s` seconds, with 512-token blocks shrunk to `block_tokens` and time compressed to `duration` s."""
     rows = parse_trace(Path(path).read_text().splitlines())
     if window_s is not None:
         rows = [r for r in rows if float(r["timestamp"]) <= window_s * 1000.0]  # type: ignore[arg-type]
-    rows = sample_conversations(rows, every)
+    rows = sample_conversations(rows, every, phase)
     span = (float(rows[-1]["timestamp"]) - float(rows[0]["timestamp"])) / 1000.0 if rows else 0.0  # type: ignore[arg-type]
     scale = duration / span if span > 0 else 1.0
     reqs = replay_rows(rows, block_tokens=block_tokens, time_scale=scale, max_output=max_output, model=model,
                        seed=seed)  # fmt: skip
     params = {
-        "path": str(path), "every": every, "window_s": window_s, "rows": len(rows), "block_tokens": block_tokens,
-        "trace_span_s": round(span, 1), "time_scale": scale, "max_output": max_output,
+        "path": str(path), "every": every, "phase": phase, "window_s": window_s, "rows": len(rows),
+        "block_tokens": block_tokens, "trace_span_s": round(span, 1), "time_scale": scale, "max_output": max_output,
     }  # fmt: skip
     return Workload("mooncake_conversation", reqs, params)
