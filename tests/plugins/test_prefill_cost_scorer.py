@@ -480,3 +480,40 @@ def test_cold_arrivals_charge_an_idle_endpoint_taken_by_a_request_that_holds_lit
         build(PrefillCostScorer, {"coldArrivalWeight": -1})
     with pytest.raises(PluginConfigError, match="coldShare"):
         build(PrefillCostScorer, {"coldShare": 1.5})
+
+
+def test_arrival_weight_charges_every_endpoint_the_wait_of_its_own_arrivals() -> None:
+    """A prompt nobody holds will keep coming back to where it is computed first: with `arrivalWeight` every
+    endpoint, busy or idle, is charged the wait its own arrivals would spend behind the prefill (arrival rate x the
+    prefill's time x half of it), so it goes to the endpoint with the least traffic rather than the one that
+    happens to be emptiest at this instant."""
+    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
+              "idleUncachedWeight": 1, "trafficWindow": "10s"}  # fmt: skip
+    scorers = {w: build(PrefillCostScorer, {**params, "arrivalWeight": w}) for w in (0, 1)}
+    e = with_capacity(eps(), 64 * 1024)
+    for s in scorers.values():
+        for i in range(4):  # four requests to a, one to b, all still in flight (busy), nothing left to prefill
+            place(s, req(f"a{i}", 16, {}, max_tokens=0), e, 0)
+        place(s, req("b0", 16, {}, max_tokens=0), e, 1)
+    now = time.monotonic() + 1
+    for s in scorers.values():
+        for q in s.queues.values():
+            q.busy_until = 0.0
+    off, on = scorers[0], scorers[1]
+    cold = req("cold", 1000, {})
+    assert off.costs(cold, e, now=now) == [2000.0, 2000.0, 1000.0]  # a and b busy (weight 2), c idle (1)
+    rate_a, rate_b = (on.queues[n].traffic.decayed(now, 10.0) / 10.0 for n in "ab")
+    assert rate_a == pytest.approx(4 * rate_b, rel=1e-3)
+    # 1 s of prefill: a's arrivals meanwhile (rate_a x 1 s) wait 0.5 s each on average, in tokens at 1000/s
+    assert on.costs(cold, e, now=now) == pytest.approx([2000.0 + rate_a * 500, 2000.0 + rate_b * 500, 1000.0])
+    # quadratic in the uncached tokens: a request holding most of its prompt is hardly charged
+    assert on.costs(req("warm", 1000, {"a": 60}), e, now=now)[0] == pytest.approx(2 * 40 + rate_a * 40 * 40 / 1000 / 2)
+    # it takes effect without the idle discount too (the traffic is counted for it)
+    flat = {w: build(PrefillCostScorer, {**params, "idleUncachedWeight": 2, "arrivalWeight": w}) for w in (0, 1)}
+    for s in flat.values():
+        place(s, req("f0", 16, {}, max_tokens=0), e, 0)
+    later = time.monotonic() + 1
+    charge = flat[1].costs(cold, e, now=later)[0] - flat[0].costs(cold, e, now=later)[0]
+    assert charge == pytest.approx(flat[1].queues["a"].traffic.decayed(later, 10.0) / 10.0 * 500) and charge > 0
+    with pytest.raises(PluginConfigError, match="arrivalWeight"):
+        build(PrefillCostScorer, {"arrivalWeight": -1})

@@ -25,6 +25,9 @@ other pods, idle for a moment between their own groups' requests, get requests e
 `coldArrivalWeight` (0: off) also charges an idle endpoint, for a request that holds little anywhere (best pod
 < `coldShare` of the prompt), the pool's cold arrivals expected during its prefill shared over the idle endpoints:
 they would find one fewer free (Mooncake's small prefixes at 8 pods; not the default, docs/plugins.md).
+`arrivalWeight` (0: off) charges every endpoint, busy ones too, the wait of its own arrivals behind this prefill
+(rate x prefill time x uncached / 2, uncapped) in place of the idle share's capped one: a prompt nobody holds goes
+where the traffic is lowest (not the default: it keeps bursts of sub-agents from spreading, docs/plugins.md).
 
 active(e) counts each KV block several in-flight requests share once (`dedupInFlightBlocks`, from the precise
 producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat session's own
@@ -162,6 +165,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         traffic_window: float = 10.0,
         cold_arrival_weight: float = 0.0,
         cold_share: float = 0.5,
+        arrival_weight: float = 0.0,
     ) -> None:
         super().__init__(name)
         self.producer = producer
@@ -185,6 +189,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.traffic_window = traffic_window
         self.cold_weight = cold_arrival_weight
         self.cold_share = cold_share
+        self.arrival_weight = arrival_weight
         self.cold = _Decaying()  # cold requests (best pod caches < coldShare of the prompt), over trafficWindow
         self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
         self.queues: dict[str, _Queue] = {}
@@ -226,6 +231,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
             traffic_window=traffic_window,
             cold_arrival_weight=params.float("coldArrivalWeight", 0.0, min=0.0),
             cold_share=params.float("coldShare", 0.5, min=0.0, max=1.0),
+            arrival_weight=params.float("arrivalWeight", 0.0, min=0.0),
         )
         context.endpoints.subscribe(scorer)
         return scorer
@@ -259,6 +265,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         uncached: dict[str, int] = {}
         out: list[float] = []
         rate, dw, uw, queues = self.rate, self.decode_weight, self.uncached_weight, self.queues
+        aw = self.arrival_weight
         evict = self.eviction_weight * self.reuse
         if self.saturation_weight > 0 and endpoints:
             busy = min((q.active if (q := queues.get(ep.name)) is not None else 0) for ep in endpoints)
@@ -289,6 +296,10 @@ class PrefillCostScorer(Plugin, RemovalListener):
                     share = min(1.0, max(share, cold_per_token * u))
                 w = self.idle_weight + (uw - self.idle_weight) * share
             cost = (w + evict * full) * u
+            if aw > 0 and q is not None and q.traffic.value > 0:
+                # the wait of e's own arrivals during this prefill, on every endpoint, busy ones too: its arrival
+                # rate x the prefill's time x half of it (in tokens)
+                cost += aw * q.traffic.decayed(now, self.traffic_window) / self.traffic_window * u * u / rate / 2
             if q is not None:
                 if q.busy_until > now:
                     cost += (q.busy_until - now) * rate
@@ -324,7 +335,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         """How far an idle endpoint is from free for a recompute of `uncached` tokens, 0..1: its KV pressure, or
         the requests of its own expected to arrive while the prefill runs (they would queue behind it), whichever is
         larger."""
-        if q is None or q.traffic.value <= 0:
+        if q is None or q.traffic.value <= 0 or self.arrival_weight > 0:  # (arrivalWeight charges them itself)
             return full
         arrivals = q.traffic.decayed(now, self.traffic_window) / self.traffic_window * uncached / self.rate
         return min(1.0, max(full, arrivals / 2))
@@ -367,7 +378,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         q = self.queues.setdefault(name, _Queue())
         uncached = cost.uncached.get(name, cost.prompt_tokens)
         q.busy_until = max(q.busy_until, now) + uncached / self.rate
-        if self.idle_weight != self.uncached_weight:
+        if self.idle_weight != self.uncached_weight or self.arrival_weight > 0:  # the two readers of the rate
             q.traffic.add(now, self.traffic_window)
         out = request.max_tokens if request.max_tokens is not None else self.default_output
         entry = _InFlight(name, cost.prompt_tokens + max(0, out), now)
