@@ -15,7 +15,9 @@ from epp.server.workers import worker_argv
 pytestmark = pytest.mark.e2e
 
 
-def _metrics(port: int, timeout: float = 10.0) -> str:
+def _metrics(port: int, timeout: float = 60.0) -> str:
+    """The page, once the worker serving it is up: each worker imports and starts on its own, and on a loaded
+    2-core box the second can come up more than 10 s after the first is ready (a clean-clone CI run, 2026-12-04)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
