@@ -119,10 +119,13 @@ class _Decaying:
             self.at = now
         return self.value
 
-    def add(self, now: float, window: float) -> float:
-        """Count one event now; the decayed count including it."""
+    def rate(self, now: float, window: float) -> float:
+        """The recent rate of the events, per second."""
+        return self.decayed(now, window) / window
+
+    def add(self, now: float, window: float) -> None:
+        """Count one event now."""
         self.value = self.decayed(now, window) + 1.0
-        return self.value
 
 
 @dataclass(slots=True)
@@ -279,10 +282,10 @@ class PrefillCostScorer(Plugin, RemovalListener):
             if n > 0 and best_cached < self.cold_share * n:
                 # a request that holds little anywhere: taking an idle endpoint for it is charged the pool's
                 # cold arrivals (a request with much of its prompt cached is not: a burst spreads as before)
-                cold = self.cold.add(now, self.traffic_window)
+                self.cold.add(now, self.traffic_window)
                 idle = sum(1 for ep in endpoints if self._idle(queues.get(ep.name), now))
                 if idle:
-                    cold_per_token = self.cold_weight * cold / self.traffic_window / self.rate / idle
+                    cold_per_token = self.cold_weight * self.cold.rate(now, self.traffic_window) / self.rate / idle
         for ep in endpoints:
             u = max(0, n - int(matches.get(ep.name, 0) * bs))
             uncached[ep.name] = u
@@ -299,7 +302,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
             if aw > 0 and q is not None and q.traffic.value > 0:
                 # the wait of e's own arrivals during this prefill, on every endpoint, busy ones too: its arrival
                 # rate x the prefill's time x half of it (in tokens)
-                cost += aw * q.traffic.decayed(now, self.traffic_window) / self.traffic_window * u * u / rate / 2
+                cost += aw * q.traffic.rate(now, self.traffic_window) * u * u / rate / 2
             if q is not None:
                 if q.busy_until > now:
                     cost += (q.busy_until - now) * rate
@@ -337,7 +340,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         larger."""
         if q is None or q.traffic.value <= 0 or self.arrival_weight > 0:  # (arrivalWeight charges them itself)
             return full
-        arrivals = q.traffic.decayed(now, self.traffic_window) / self.traffic_window * uncached / self.rate
+        arrivals = q.traffic.rate(now, self.traffic_window) * uncached / self.rate
         return min(1.0, max(full, arrivals / 2))
 
     @staticmethod
