@@ -15,6 +15,7 @@ workload) and one `<workload>.png` per workload (TTFT p50/p90/p99 per strategy).
     python -m e2e.demo                 # the default, about 6 minutes on 2 cores
     python -m e2e.demo --quick         # a smaller run (used by the smoke test)
     python -m e2e.demo --workloads agentic,no-reuse --strategies load,pyepp-default
+    python -m e2e.demo --workloads demo --draws 3   # the demo cell over three draws (other seeds), medians tabled
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--quick", action="store_true", help="a small, fast run (one workload, scale 0.6)")
     a("--out", default="e2e/out/demo", help="directory for the JSON and PNGs")
     a("--variants", default="", help='JSON {"name": {params}}: adds strategies pyepp-default/<name> (tuning)')
+    a("--draws", type=int, default=1, help="run each workload's draws 0..N-1 (other seeds) and table the medians")
     ns = p.parse_args(argv)
+    if ns.draws < 1:
+        p.error("--draws must be at least 1")
     if ns.quick:
         ns.scale = 0.6
         ns.workloads = ns.workloads if ns.workloads != p.get_default("workloads") else "demo"
@@ -101,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cells.append(
                     suite.run_cell(
                         WORKLOADS[w], ns.pods, ns.block_size, strategies, model, scale, Path(tmp), raw, sims,
-                        stacks=stacks, then=then,
+                        stacks=stacks, then=then, repeats=ns.draws, draws=ns.draws > 1,
                     )
                 )  # fmt: skip
         finally:
@@ -115,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{s['ttft_p90'] / base['ttft_p90']:.1f}x vs {s['label']}" for s in c.summaries if s["label"] != OURS
         )
         print(f"{c.workload}: {OURS} TTFT p90 {base['ttft_p90'] * 1000:.0f} ms; {gains}")
+        if len(c.repeats) > 1:
+            print(f"{c.workload}: {OURS} p90 vs each, draw by draw: {per_draw(c)}")
         load = next((s for s in c.summaries if s["label"] == "load"), None)
         if load is not None and load["ttft_p99"] > 0:
             print(f"{c.workload}: {OURS} TTFT p99 {base['ttft_p99'] / load['ttft_p99']:.2f}x load's")
@@ -124,6 +130,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if failed:
         print(f"{failed} requests failed", file=sys.stderr)
     return 0 if failed == 0 else 1
+
+
+def per_draw(cell: suite.Cell) -> str:
+    """Each other strategy's p90 over ours, one ratio per draw (the medians hide which draws a strategy won)."""
+    others = [s["label"] for s in cell.summaries if s["label"] != OURS]
+    parts = []
+    for label in others:
+        ratios = []
+        for run in cell.repeats:
+            by = {s["label"]: s["ttft_p90"] for s in run}
+            ours, theirs = by.get(OURS, 0.0), by.get(label, 0.0)
+            ratios.append(f"{theirs / ours:.2f}" if ours > 0 else "-")
+        parts.append(f"{label} {', '.join(ratios)}")
+    return "; ".join(parts)
 
 
 def write(out: Path, cells: Sequence[suite.Cell], raw: dict[str, Any], ns: argparse.Namespace) -> None:

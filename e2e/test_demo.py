@@ -28,3 +28,19 @@ def test_demo_quick_compares_strategies(tmp_path: Path) -> None:
     assert by_label["precise"]["kv_hit_rate"] > by_label["random"]["kv_hit_rate"]
     assert (tmp_path / "demo-ttft.png").stat().st_size > 10_000
     assert (tmp_path / "demo.png").stat().st_size > 10_000
+
+
+def test_per_draw_ratios_pair_ours_with_each_strategy_draw_by_draw() -> None:
+    from e2e.bench.bench_routing import Cell
+    from e2e.demo import parse_args, per_draw
+
+    cell = Cell("demo", 4, 16, 10, 1.0, 0.9, {})
+    cell.summaries = [{"label": "llm-d-v0.10", "ttft_p90": 0.14}, {"label": "pyepp-default", "ttft_p90": 0.15}]
+    cell.repeats = [
+        [{"label": "pyepp-default", "ttft_p90": 0.15}, {"label": "llm-d-v0.10", "ttft_p90": 0.14}],
+        [{"label": "pyepp-default", "ttft_p90": 0.10}, {"label": "llm-d-v0.10", "ttft_p90": 0.20}],
+    ]
+    assert per_draw(cell) == "llm-d-v0.10 0.93, 2.00"
+    assert parse_args(["--draws", "3"]).draws == 3
+    with pytest.raises(SystemExit):
+        parse_args(["--draws", "0"])
