@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if base is None or not base["ttft_p90"] > 0:
             continue
         gains = ", ".join(
-            f"{s['ttft_p90'] / base['ttft_p90']:.1f}x vs {s['label']}" for s in c.summaries if s["label"] != OURS
+            f"{times(s['ttft_p90'] / base['ttft_p90'])} vs {s['label']}" for s in c.summaries if s["label"] != OURS
         )
         print(f"{c.workload}: {OURS} TTFT p90 {base['ttft_p90'] * 1000:.0f} ms; {gains}")
         if len(c.repeats) > 1:
@@ -130,6 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if failed:
         print(f"{failed} requests failed", file=sys.stderr)
     return 0 if failed == 0 else 1
+
+
+def times(ratio: float) -> str:
+    """A ratio for the summary line: two decimals below 10 (0.93x must not read as 0.9x), one above."""
+    return f"{ratio:.2f}x" if ratio < 10 else f"{ratio:.1f}x"
 
 
 def per_draw(cell: suite.Cell) -> str:

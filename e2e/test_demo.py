@@ -32,7 +32,7 @@ def test_demo_quick_compares_strategies(tmp_path: Path) -> None:
 
 def test_per_draw_ratios_pair_ours_with_each_strategy_draw_by_draw() -> None:
     from e2e.bench.bench_routing import Cell
-    from e2e.demo import parse_args, per_draw
+    from e2e.demo import parse_args, per_draw, times
 
     cell = Cell("demo", 4, 16, 10, 1.0, 0.9, {})
     cell.summaries = [{"label": "llm-d-v0.10", "ttft_p90": 0.14}, {"label": "pyepp-default", "ttft_p90": 0.15}]
@@ -41,6 +41,7 @@ def test_per_draw_ratios_pair_ours_with_each_strategy_draw_by_draw() -> None:
         [{"label": "pyepp-default", "ttft_p90": 0.10}, {"label": "llm-d-v0.10", "ttft_p90": 0.20}],
     ]
     assert per_draw(cell) == "llm-d-v0.10 0.93, 2.00"
+    assert (times(0.934), times(13.46), times(213.1)) == ("0.93x", "13.5x", "213.1x")
     assert parse_args(["--draws", "3"]).draws == 3
     with pytest.raises(SystemExit):
         parse_args(["--draws", "0"])
