@@ -143,8 +143,7 @@ def per_draw(cell: suite.Cell) -> str:
     parts = []
     for label in others:
         ratios = []
-        for run in cell.repeats:
-            by = {s["label"]: s["ttft_p90"] for s in run}
+        for by in suite.p90_by_repeat(cell):
             ours, theirs = by.get(OURS, 0.0), by.get(label, 0.0)
             ratios.append(f"{theirs / ours:.2f}" if ours > 0 else "-")
         parts.append(f"{label} {', '.join(ratios)}")

@@ -573,6 +573,11 @@ def _other(label: str) -> bool:
     return label != OURS and not label.startswith(OURS + "/")
 
 
+def p90_by_repeat(cell: Cell) -> list[dict[str, float]]:
+    """Each repeat's (a draw's, with --draws) TTFT p90 per strategy label, for ratios paired repeat by repeat."""
+    return [{s["label"]: s["ttft_p90"] for s in rep} for rep in cell.repeats]
+
+
 def goals(cells: Sequence[Cell]) -> str:
     """issue 11's goals for pyepp-default, per cell, from the numbers measured side by side."""
     rows = ["| cell | p90 vs best other (<= 1.0) | p90 vs llm-d-v0.10 (<= 0.9 on multi-turn, agentic) "
@@ -585,11 +590,10 @@ def goals(cells: Sequence[Cell]) -> str:
             continue
         others = [s["ttft_p90"] for k, s in by.items() if _other(k)]
         per_repeat = []  # paired: ours against the best other in the same repeat (a draw with --draws)
-        for rep in c.repeats if len(c.repeats) > 1 else []:
-            mine = [s["ttft_p90"] for s in rep if s["label"] == OURS]
-            theirs = [s["ttft_p90"] for s in rep if _other(s["label"])]
-            if mine and theirs and min(theirs) > 0:
-                per_repeat.append(f"{mine[0] / min(theirs):.2f}")
+        for rep in p90_by_repeat(c) if len(c.repeats) > 1 else []:
+            theirs = [v for k, v in rep.items() if _other(k)]
+            if OURS in rep and theirs and min(theirs) > 0:
+                per_repeat.append(f"{rep[OURS] / min(theirs):.2f}")
 
         def ratio(a: float, b: float | None) -> str:
             return f"{a / b:.2f}" if b else "-"

@@ -502,7 +502,7 @@ def test_arrival_weight_charges_every_endpoint_the_wait_of_its_own_arrivals() ->
     off, on = scorers[0], scorers[1]
     cold = req("cold", 1000, {})
     assert off.costs(cold, e, now=now) == [2000.0, 2000.0, 1000.0]  # a and b busy (weight 2), c idle (1)
-    rate_a, rate_b = (on.queues[n].traffic.decayed(now, 10.0) / 10.0 for n in "ab")
+    rate_a, rate_b = (on.queues[n].traffic.rate(now, 10.0) for n in "ab")
     assert rate_a == pytest.approx(4 * rate_b, rel=1e-3)
     # 1 s of prefill: a's arrivals meanwhile (rate_a x 1 s) wait 0.5 s each on average, in tokens at 1000/s
     assert on.costs(cold, e, now=now) == pytest.approx([2000.0 + rate_a * 500, 2000.0 + rate_b * 500, 1000.0])
@@ -514,6 +514,6 @@ def test_arrival_weight_charges_every_endpoint_the_wait_of_its_own_arrivals() ->
         place(s, req("f0", 16, {}, max_tokens=0), e, 0)
     later = time.monotonic() + 1
     charge = flat[1].costs(cold, e, now=later)[0] - flat[0].costs(cold, e, now=later)[0]
-    assert charge == pytest.approx(flat[1].queues["a"].traffic.decayed(later, 10.0) / 10.0 * 500) and charge > 0
+    assert charge == pytest.approx(flat[1].queues["a"].traffic.rate(later, 10.0) * 500) and charge > 0
     with pytest.raises(PluginConfigError, match="arrivalWeight"):
         build(PrefillCostScorer, {"arrivalWeight": -1})
