@@ -320,6 +320,12 @@ class FloorProcess(_Process):
         return envoy
 
 
+def interleaved(names: Sequence[str], rounds: int, rng: random.Random) -> list[str]:
+    """`rounds` rounds of one request per path, each round in its own random order: every path is sent after every
+    other about equally often, so none is always the one sent right after the heaviest."""
+    return [k for _ in range(rounds) for k in rng.sample(list(names), len(names))]
+
+
 async def _measure(
     paths: dict[str, tuple[str, list[dict[str, str]]]],
     prompts: Sequence[str],
@@ -328,13 +334,15 @@ async def _measure(
     stream: bool,
     order: int = 0,
 ) -> tuple[dict[str, list[float]], int]:
-    """Every path at `rate`, interleaved request by request (so all see the same machine load); `order` rotates
-    which path goes first. A path's header sets are used in turn (Envoy alone: one destination per simulator)."""
+    """Every path at `rate`, interleaved request by request (so all see the same machine load), each round of one
+    request per path in a fresh random order (`order` seeds it). A fixed cyclic order (rotated per repeat, as
+    before 2026-12-04) had each path always sent right after the same other path: two identical floors then
+    differed by 8-21% by position alone, the first floor (sent after Envoy alone, the lightest path) the faster.
+    A path's header sets are used in turn (Envoy alone: one destination per simulator)."""
     lat: dict[str, list[float]] = {k: [] for k in paths}
     errors = 0
     rng = random.Random(order)
     names = list(paths)
-    names = names[order % len(names) :] + names[: order % len(names)]
     sent = dict.fromkeys(names, 0)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as session:
 
@@ -358,12 +366,11 @@ async def _measure(
 
         tasks = []
         start = time.perf_counter()
-        n = int(rate * duration) * len(names)
-        for i in range(n):
+        for i, kind in enumerate(interleaved(names, int(rate * duration), rng)):
             delay = start + i / (rate * len(names)) - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(names[i % len(names)], rng.choice(prompts))))
+            tasks.append(asyncio.create_task(one(kind, rng.choice(prompts))))
         await asyncio.gather(*tasks)
     return lat, errors
 
@@ -396,9 +403,9 @@ def part2(
     shared_pool: bool = False,
     response_path: bool = True,
 ) -> list[dict[str, Any]]:
-    """Each point runs `repeats` times (the path order rotated each time); per path the median over the repeats of
-    its p50/p99 is reported, and ours/floor is the median of the per-repeat ratios of added p50. `variants` adds,
-    per chain, an EPP started with extra `epp serve` flags (an A/B of a flag in the same run).
+    """Each point runs `repeats` times (paths interleaved in a random order per round); per path the median over
+    the repeats of its p50/p99 is reported, and ours/floor is the median of the per-repeat ratios of added p50.
+    `variants` adds, per chain, an EPP started with extra `epp serve` flags (an A/B of a flag in the same run).
 
     Every path has a pool of `n_sims` simulators of its own, so an EPP ingests the KV events of the requests it
     routed, as one replica in front of its pool does; with `shared_pool` all paths share one pool and each EPP also
