@@ -627,13 +627,19 @@ class MemoryIndex:
         return () if v is None else _pm(v)
 
     def add_speculative(self, request_keys: Sequence[int], pod: str, ttl: float) -> None:
-        """Pretend `pod` holds these blocks (gpu weight) for `ttl` seconds: the pick we just made."""
+        """Pretend `pod` holds these blocks (gpu weight) for `ttl` seconds: the pick we just made. Blocks its own
+        events already put on its GPU are skipped: a warm request (most of them) then writes nothing here and leaves
+        nothing to expire, where it wrote and later expired an entry per block."""
         if not request_keys or ttl <= 0:
             return
         now = time.monotonic()
         self._expire_spec(now)
         slot = self._pod(pod).shift // NT
         sbit = 1 << (slot * NT + TIER_GPU)
+        held = self._data.get
+        request_keys = [r for r in request_keys if not held(r, 0) & sbit]
+        if not request_keys:
+            return
         exp = now + ttl
         spec = self._spec
         bits = self._spec_bits

@@ -123,6 +123,22 @@ async def test_speculative_entries_expire(index: Any) -> None:
     assert await match(index, [11, 12]) == {A: (1, 1.0)}
 
 
+async def test_speculation_writes_nothing_for_blocks_the_pod_holds_on_gpu(index: Any) -> None:
+    """A warm pick speculates only what the pod's own events have not put on its GPU (a CPU copy does not count)."""
+    local = index.local if isinstance(index, RedisIndex) else index
+    index.add([1, 2], [11, 12], A, TIER_GPU)
+    index.add([3], [11], B, TIER_CPU)
+    index.add_speculative([11, 12, 13], A, 0.15)
+    index.add_speculative([11, 12], B, 0.15)
+    slot = {p: local._pods[p].shift // 4 for p in (A, B)}
+    assert {r: sorted(d) for r, d in local._spec.items()} == {11: [slot[B]], 12: [slot[B]], 13: [slot[A]]}
+    assert await match(index, [11, 12, 13]) == {A: (3, 3.0), B: (2, 2.0)}
+    index.add_speculative([11, 12], A, 0.15)  # held: nothing new to expire
+    assert len(local._spec_expiry) == 2
+    await asyncio.sleep(0.2)
+    assert await match(index, [11, 12, 13]) == {A: (2, 2.0), B: (1, 0.8)}
+
+
 async def test_speculative_entries_of_mixed_ttls_expire_each_at_its_own_time(index: Any) -> None:
     """Entries shared by other replicas carry their own TTL, so a later entry can expire first; an entry written
     again lives to its later expiry; a cleared pod's entries are gone at once."""
