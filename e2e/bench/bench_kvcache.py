@@ -32,6 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
+import zmq
+import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from epp.kvcache.config import PoolConfig
@@ -305,6 +307,59 @@ def bench_paced(rate: int = 200, batches: int = 1000, blocks: int = 64, repeats:
     return {f"main-thread CPU per paced batch ({blocks} blocks, {rate}/s), µs": statistics.median(runs)}
 
 
+def bench_receive(rate: int = 200, n: int = 1000, repeats: int = 3) -> dict[str, float]:
+    """Receiving alone (nothing decoded or applied), one small batch at a time at `rate`/s, each waking the loop:
+    the pool's receive loop (a drain on each wake-up of the socket's FD) against a plain zmq.asyncio
+    `recv_multipart` loop (the pool's before 2026-12-04). Main-thread CPU per message, first message to last,
+    median of `repeats` (the idle loop's wake-ups between messages included in both)."""
+
+    def publisher(port: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", PUBLISHER, str(port), str(n), "1", "3", "1", str(rate)])
+
+    async def pool_loop() -> float:
+        port, _idx, pool, task = await central_pool()
+        got: list[float] = []
+
+        def count(frames: list[bytes], source_pod: str | None, replay: str | None = None) -> bool:
+            got.append(time.thread_time())
+            return True
+
+        pool.workers.submit = count  # type: ignore[method-assign]
+        proc = publisher(port)
+        try:
+            while len(got) < n:
+                await asyncio.sleep(0.05)
+        finally:
+            proc.wait(30)
+            task.cancel()
+        return (got[-1] - got[0]) / (n - 1) * 1e6
+
+    async def asyncio_loop() -> float:
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        port = sock.bind_to_random_port("tcp://127.0.0.1")
+        proc = publisher(port)
+        try:
+            await sock.recv_multipart()
+            c0 = time.thread_time()
+            for _ in range(n - 1):
+                await sock.recv_multipart()
+            return (time.thread_time() - c0) / (n - 1) * 1e6
+        finally:
+            proc.wait(30)
+            sock.close(linger=0)
+
+    ours, plain = [], []
+    for _ in range(repeats):
+        ours.append(asyncio.run(pool_loop()))
+        plain.append(asyncio.run(asyncio_loop()))
+    return {
+        f"receive per message, the pool's loop ({rate}/s), µs": statistics.median(ours),
+        f"receive per message, zmq.asyncio recv_multipart ({rate}/s), µs": statistics.median(plain),
+    }
+
+
 def bench_lookup(args: argparse.Namespace) -> list[tuple[int, float, float, float]]:
     tp = TokenProcessor(BS)
     pods = [f"10.0.0.{i}:8000" for i in range(8)]
@@ -469,7 +524,8 @@ def bench_pause(n: int = 1_000_000, repeats: int = 3) -> dict[str, float]:
 def bench_speculative(n: int = 3000, repeats: int = 7) -> dict[str, float]:
     """A request's speculative-entry work on the in-memory index, with 20 requests' entries live (10 req/s, the
     producer's 2 s TTL; the index's clock is stepped 0.1 s per request): a 64-block lookup alone, and lookup +
-    speculative write + the expiry of an old request's entries. Thread CPU µs per request, median of `repeats`."""
+    speculative write + the expiry of an old request's entries, picked on a pod that does not hold the prompt and
+    on the one whose events put it there. Thread CPU µs per request, median of `repeats`."""
     import epp.kvcache.index as index_module
     from epp.kvcache.index import TIER_GPU, MemoryIndex
 
@@ -488,7 +544,12 @@ def bench_speculative(n: int = 3000, repeats: int = 7) -> dict[str, float]:
         def monotonic() -> float:
             return clock[0]
 
-    def request(i: int) -> None:
+    def request(i: int) -> None:  # picked where the prompt is not cached: every block is written, then expired
+        clock[0] += 0.1
+        idx.lookup_now(keys[i % 8], pods)
+        idx.add_speculative(keys[i % 8], pods[(i + 1) % 4], 2.0)
+
+    def warm(i: int) -> None:  # picked where its events put the prompt: nothing to write (since 2026-12-04)
         clock[0] += 0.1
         idx.lookup_now(keys[i % 8], pods)
         idx.add_speculative(keys[i % 8], pods[i % 4], 2.0)
@@ -513,6 +574,7 @@ def bench_speculative(n: int = 3000, repeats: int = 7) -> dict[str, float]:
         return {
             "64-block lookup, 20 requests' entries live (µs)": per_request(lookup),
             "lookup + speculative write + expiry (µs)": per_request(request),
+            "the same, picked where the prompt is cached (µs)": per_request(warm),
         }
     finally:
         index_module.time = saved
@@ -537,8 +599,13 @@ def main() -> None:
     print("\n# zmq end to end (publisher process → tcp → SUB → worker → index) and request-path stall")
     for k, v in bench_zmq(args).items():
         print(f"  {k:45s} {v:>12,.2f}")
-    for k, v in bench_paced(batches=200 if args.quick else 1000, repeats=args.repeats // 2 or 1).items():
+    for k, v in bench_receive(n=200 if args.quick else 1000, repeats=args.repeats // 2 or 1).items():
         print(f"  {k:45s} {v:>12,.1f}")
+    for blocks in (1, 64):  # a warm request's recomputed last block, a 1k-token prefill
+        for k, v in bench_paced(
+            batches=200 if args.quick else 1000, blocks=blocks, repeats=args.repeats // 2 or 1
+        ).items():
+            print(f"  {k:45s} {v:>12,.1f}")
     print(f"\n# lookup (8 pods, index of {args.index_blocks:,} blocks): median µs per request")
     print(f"  {'tokens':>7} {'blocks':>7} {'hash µs':>9} {'lookup µs':>10} {'total µs':>9}")
     for ntok, h, lk, tot in bench_lookup(args):

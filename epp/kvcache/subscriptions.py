@@ -160,13 +160,38 @@ class Subscriptions:
 
     # ------------------------------------------------------------ receiving
     async def _recv_loop(self, sock: zmq.asyncio.Socket, source_pod: str | None, replay: str | None) -> None:
+        """Each wake-up of the socket's FD drains every message it holds, received without blocking on a plain
+        shadow of the socket. zmq.asyncio's `recv_multipart` costs a future and a reader added and removed per
+        message: ~200 µs of loop CPU per small message against ~80 here (docs/benchmarks.md, issue #16), and an
+        engine publishes a batch for every request it serves."""
+        raw: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
+        fd = int(raw.getsockopt(zmq.FD))
+        loop = asyncio.get_running_loop()
+        readable = asyncio.Event()
+        loop.add_reader(fd, readable.set)
+        noblock = zmq.NOBLOCK
+
+        def pending() -> bool:
+            # The FD only says that the socket's state changed: ZMQ_EVENTS says whether a message is there.
+            return bool(int(raw.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
         n = 0
-        while True:
-            frames = await sock.recv_multipart()
-            self.workers.submit(frames, source_pod, replay)
-            n += 1
-            if n % 32 == 0:
-                await asyncio.sleep(0)  # a ready socket never suspends; let workers and requests run
+        try:
+            while True:
+                while pending():
+                    try:
+                        frames = raw.recv_multipart(noblock)
+                    except zmq.Again:
+                        break
+                    self.workers.submit(frames, source_pod, replay)
+                    n += 1
+                    if n % 32 == 0:
+                        await asyncio.sleep(0)  # a ready socket never suspends; let workers and requests run
+                readable.clear()
+                if not pending():  # (checking consumed the FD's signal: nothing is lost)
+                    await readable.wait()
+        finally:
+            loop.remove_reader(fd)
 
     async def _subscribe(self, pod: str, endpoint: str, replay: str | None) -> None:
         first = True

@@ -109,3 +109,25 @@ def test_event_endpoints_from_attributes_labels_and_config() -> None:
         assert event_endpoints(bad, cfg) == EventEndpoints(
             None, None, ((EVENTS_PORT_LABEL, value), (REPLAY_PORT_LABEL, value))
         ), value
+
+
+async def test_bursts_and_single_batches_after_idle_all_arrive(rig: Rig, publishers: Any, vllm_kv: Any) -> None:
+    """The receive loop drains the socket on each wake-up of its FD: a burst arrives whole, and so does each lone
+    batch published after the loop went idle (a wake-up missed after a drain would leave it in the socket)."""
+    kv, pod = vllm_kv, "127.0.0.1:8000"
+    pub = start_tcp(publishers)
+    rig.pool.subscriptions.endpoint_added(labelled("a", 8000, pub))
+    first = list(range(10_000, 10_000 + BS))
+    pub.publish(batch(kv, stored(kv, [1], None, first)))
+    await until(lambda: rig.blocks(first, pod) == 1)
+    # a burst: 200 one-block batches of their own prompts, sent back to back
+    prompts = [list(range(20_000 + i * BS, 20_000 + (i + 1) * BS)) for i in range(200)]
+    for i, tokens in enumerate(prompts):
+        pub.publish(batch(kv, stored(kv, [100 + i], None, tokens)))
+    await until(lambda: all(rig.blocks(t, pod) == 1 for t in prompts))
+    # then lone batches, each after the loop has been idle
+    for i in range(5):
+        await asyncio.sleep(0.1)
+        tokens = list(range(90_000 + i * BS, 90_000 + (i + 1) * BS))
+        pub.publish(batch(kv, stored(kv, [900 + i], None, tokens)))
+        await until(lambda t=tokens: rig.blocks(t, pod) == 1, timeout=2.0)  # type: ignore[misc]
