@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 import pytest
+import zmq
 
 from epp.datalayer.datastore import Datastore
 from epp.framework import DataMap, Endpoint
@@ -130,4 +131,30 @@ async def test_bursts_and_single_batches_after_idle_all_arrive(rig: Rig, publish
         await asyncio.sleep(0.1)
         tokens = list(range(90_000 + i * BS, 90_000 + (i + 1) * BS))
         pub.publish(batch(kv, stored(kv, [900 + i], None, tokens)))
-        await until(lambda t=tokens: rig.blocks(t, pod) == 1, timeout=2.0)  # type: ignore[misc]
+        await until(lambda t=tokens: rig.blocks(t, pod) == 1, timeout=2.0)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_central_socket_receives_on_either_event_loop(loop: str) -> None:
+    """`--event-loop uvloop` runs the same receive loop (a reader on the socket's FD): batches arrive on both."""
+    from e2e.bench.bench_kvcache import central_pool, make_payloads
+    from epp.server.eventloop import loop_factory
+
+    async def main() -> int:
+        port, idx, _pool, task = await central_pool()
+        pub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
+        pub.connect(f"tcp://127.0.0.1:{port}")
+        try:
+            payloads = make_payloads(20, 1, 4, 1)
+            await asyncio.sleep(0.3)  # PUB/SUB: the connection first
+            for i, p in enumerate(payloads):
+                pub.send_multipart([b"kv@10.0.0.9:8000@m", i.to_bytes(8, "big"), p])
+            await until(lambda: len(idx) == 80)
+            return len(idx)
+        finally:
+            pub.close(linger=0)
+            task.cancel()
+
+    _, factory = loop_factory(loop)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        assert runner.run(main()) == 80
