@@ -5,6 +5,7 @@ config error, not an exception."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
@@ -127,11 +128,15 @@ async def test_bursts_and_single_batches_after_idle_all_arrive(rig: Rig, publish
         pub.publish(batch(kv, stored(kv, [100 + i], None, tokens)))
     await until(lambda: all(rig.blocks(t, pod) == 1 for t in prompts))
     # then lone batches, each after the loop has been idle
+
+    def stored_once(tokens: list[int]) -> bool:
+        return rig.blocks(tokens, pod) == 1
+
     for i in range(5):
         await asyncio.sleep(0.1)
         tokens = list(range(90_000 + i * BS, 90_000 + (i + 1) * BS))
         pub.publish(batch(kv, stored(kv, [900 + i], None, tokens)))
-        await until(lambda t=tokens: rig.blocks(t, pod) == 1, timeout=2.0)
+        await until(functools.partial(stored_once, tokens), timeout=2.0)
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
