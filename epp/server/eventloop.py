@@ -1,11 +1,12 @@
-"""The event loop `epp serve` runs on (`--event-loop`): asyncio's (the default), uvloop, or `auto` (uvloop when it
-is installed, else asyncio's).
+"""The event loop `epp serve` runs on (`--event-loop`): `auto` (the default: uvloop when it is installed, as it is
+with the package, else asyncio's), asyncio's, or uvloop.
 
-uvloop is not the default because it did not win where it counts (docs/benchmarks.md, issue #16, helper overhead2):
-through Envoy the EPP's CPU per request was within 3% of asyncio's and picks/s within the run-to-run noise; most
-of the EPP's CPU per request is grpc.aio's transport (C-core and its Cython callbacks, not the loop's Python code)
-and the metrics scrapes' parsing. Everything the EPP runs on the loop (grpc.aio, aiohttp, pyzmq's asyncio
-sockets, the scrapers' protocol, signal handlers, executors) works on both.
+uvloop is the default since 2026-12-04: measured through Envoy with the paths sent in a random order, the EPP's
+added latency over the Python floor at 1k tokens, 50 req/s went from 1.31x and 1.37x on asyncio to 1.14x and 1.20x,
+with 4-6% more picks/s and 4-7% less CPU per request (docs/benchmarks.md, issue #16). Earlier comparisons that found
+no win sent the variant always right after the EPP, which biased them. Everything the EPP runs on the loop
+(grpc.aio, aiohttp, pyzmq sockets and the KV-event reader, the scrapers' protocol, signal handlers, executors)
+works on both.
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ class Options:
     endpoint_max_scrape_failures: int = 2
     log_level: str = ""
     workers: int = 1
-    event_loop: str = "asyncio"
+    event_loop: str = "auto"
     gil_switch_interval: float = 0.0
     worker_index: int = -1
     kubeconfig: str = ""
@@ -357,7 +357,8 @@ FLAGS: tuple[Flag, ...] = (
          "(pyepp)."),
     Flag("workers", "int", "EPP processes sharing the ports through SO_REUSEPORT (pyepp)."),
     Flag("event-loop", "string",
-         "asyncio (default), uvloop, or auto (uvloop when installed): the loop the EPP serves on (pyepp)."),
+         "auto (default: uvloop when installed, else asyncio's), asyncio or uvloop: the loop the EPP serves on "
+         "(pyepp)."),
     Flag("gil-switch-interval", "duration",
          "sys.setswitchinterval for the EPP process: how long a thread may hold the GIL while another waits for it "
          "(grpc's poller thread hands every message to the loop); 0 keeps Python's 5ms (pyepp)."),

@@ -38,7 +38,8 @@ def test_without_uvloop_auto_falls_back_and_uvloop_is_an_error(monkeypatch: pyte
 
 
 def test_event_loop_flag() -> None:
-    assert parse_options([]).event_loop == "asyncio"
+    assert parse_options([]).event_loop == "auto"  # uvloop, which the package installs
+    assert parse_options(["--event-loop", "asyncio"]).event_loop == "asyncio"
     assert parse_options(["--event-loop", "uvloop"]).event_loop == "uvloop"
     with pytest.raises(FlagError, match='invalid argument "tokio" for "--event-loop"'):
         parse_options(["--event-loop", "tokio"])
