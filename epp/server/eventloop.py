@@ -2,8 +2,9 @@
 with the package, else asyncio's), asyncio's, or uvloop.
 
 uvloop is the default since 2026-12-04: measured through Envoy with the paths sent in a random order, the EPP's
-added latency over the Python floor at 1k tokens, 50 req/s went from 1.31x and 1.37x on asyncio to 1.14x and 1.20x,
-with 4-6% more picks/s and 4-7% less CPU per request (docs/benchmarks.md, issue #16). Earlier comparisons that found
+added latency over the Python floor at 1k tokens, 50 req/s was 1.14-1.34x on uvloop against 1.31-1.42x on asyncio
+in the same three runs (medians 1.20x and 1.37x), with 4-6% more picks/s and 4-7% less CPU per request
+(docs/benchmarks.md, issue #16). Earlier comparisons that found
 no win sent the variant always right after the EPP, which biased them. Everything the EPP runs on the loop
 (grpc.aio, aiohttp, pyzmq sockets and the KV-event reader, the scrapers' protocol, signal handlers, executors)
 works on both.
