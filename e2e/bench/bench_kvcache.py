@@ -544,15 +544,18 @@ def bench_speculative(n: int = 3000, repeats: int = 7) -> dict[str, float]:
         def monotonic() -> float:
             return clock[0]
 
-    def request(i: int) -> None:  # picked where the prompt is not cached: every block is written, then expired
-        clock[0] += 0.1
-        idx.lookup_now(keys[i % 8], pods)
-        idx.add_speculative(keys[i % 8], pods[(i + 1) % 4], 2.0)
+    def picked(offset: int) -> Callable[[int], None]:
+        """A request picked `offset` pods from the one holding its prompt: 1, every block is written and later
+        expired; 0, where its events put the prompt, nothing is written (since 2026-12-04)."""
 
-    def warm(i: int) -> None:  # picked where its events put the prompt: nothing to write (since 2026-12-04)
-        clock[0] += 0.1
-        idx.lookup_now(keys[i % 8], pods)
-        idx.add_speculative(keys[i % 8], pods[i % 4], 2.0)
+        def request(i: int) -> None:
+            clock[0] += 0.1
+            idx.lookup_now(keys[i % 8], pods)
+            idx.add_speculative(keys[i % 8], pods[(i + offset) % 4], 2.0)
+
+        return request
+
+    request, warm = picked(1), picked(0)
 
     def lookup(i: int) -> None:
         idx.lookup_now(keys[i % 8], pods)
