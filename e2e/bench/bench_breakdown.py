@@ -173,7 +173,7 @@ def _runtime(chain: str, timers: Timers) -> ServerState:
     for p in director._producers:
         label = "  producer " + p.name + (" (tokenization)" if "token" in p.name and "prefix" not in p.name else "")
         p.prepare = timers.wrap_async(label, p.prepare)
-    for h in director._pre_request:
+    for h in (*director._pre_request, *director._records):
         h.pre_request = timers.wrap_sync("  pre-request " + h.name, h.pre_request)
     director.handle_response_complete = timers.wrap_sync("response complete hooks", director.handle_response_complete)
     state = ServerState(rt.director, rt.datastore, RequestMetrics(CollectorRegistry()))

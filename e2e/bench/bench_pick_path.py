@@ -105,7 +105,7 @@ def instrument(state: ServerState, acc: dict[str, float]) -> None:
     for p in d._producers:
         p.prepare = _timed(acc, f"  producer {p.name}", p.prepare)
     d.scheduler.schedule = _timed(acc, "  scheduling", d.scheduler.schedule)
-    for h in d._pre_request:
+    for h in (*d._pre_request, *d._records):
         h.pre_request = _timed(acc, f"  pre-request {h.name}", h.pre_request)
     d.handle_response_complete = _timed(acc, "response-complete hooks", d.handle_response_complete)
 

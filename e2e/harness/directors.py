@@ -15,13 +15,16 @@ class RoundRobinDirector:
         self._view = endpoints
         self._next = 0
 
-    async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
+    async def handle_request(self, request: InferenceRequest, *, defer_records: bool = False) -> RoutingDecision:
         candidates = locate_candidates(self._view.endpoints(), request.subset)
         if not candidates:
             raise ServiceUnavailable("failed to find candidate endpoints for serving the request")
         i = self._next % len(candidates)
         self._next += 1
         return RoutingDecision(endpoints=[candidates[i]])
+
+    def run_deferred(self) -> None:
+        return None
 
     def handle_response_headers(
         self,

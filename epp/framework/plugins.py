@@ -173,7 +173,13 @@ class DataProducer(Protocol):
 
 @runtime_checkable
 class PreRequest(Protocol):
-    """Runs after a pick, before the request is forwarded (e.g. record the choice in an index)."""
+    """Runs after a pick, before the request is forwarded (e.g. record the choice in an index).
+
+    A hook that only records the pick for later requests (an index entry, an in-flight booking) and writes nothing
+    the answer to Envoy carries (no upstream header, no request data read before the answer) sets `records_only =
+    True`: behind the gateway the director then runs it once the answer is written, or before the next request is
+    scheduled or any response hook runs, whichever comes first. Later picks see exactly what they saw before; the
+    answer no longer waits for the bookkeeping."""
 
     name: str
 

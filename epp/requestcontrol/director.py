@@ -27,8 +27,10 @@ from epp.framework import (
     Endpoint,
     EndpointView,
     InferenceRequest,
+    PreRequest,
     Response,
     ResponseChunk,
+    SchedulingResult,
     ServiceUnavailable,
     TooManyRequests,
     Usage,
@@ -105,7 +107,10 @@ class SchedulingDirector:
         # A producer that waits on purpose (burst-prefix-cache-producer's window) extends the budget to its own.
         waits = [float(getattr(p, "produce_timeout", 0.0) or 0.0) for p in self._producers]
         self.producer_budget = max([producer_budget, *waits])
-        self._pre_request = list(pipeline.pre_request)
+        # PreRequest hooks that only record the pick (`records_only`) may run after the answer is written.
+        self._pre_request = [h for h in pipeline.pre_request if not getattr(h, "records_only", False)]
+        self._records = [h for h in pipeline.pre_request if getattr(h, "records_only", False)]
+        self._pending: list[tuple[InferenceRequest, SchedulingResult]] = []  # picks whose records wait
         self._received = list(pipeline.response_received)
         self._complete = list(pipeline.response_complete)
         # A ResponseComplete hook that answers with dynamic metadata (request-attribute-reporter) must run before
@@ -118,7 +123,12 @@ class SchedulingDirector:
         self._admission_scope = handler if isinstance(handler, AdmissionScope) else None
         self._admitters = list(pipeline.admitters)
 
-    async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
+    async def handle_request(self, request: InferenceRequest, *, defer_records: bool = False) -> RoutingDecision:
+        """Admit, prepare, schedule and run the PreRequest hooks. With `defer_records` (the servicer, which calls
+        `run_deferred` once the answer is written) the `records_only` hooks wait until then, or until the next
+        request or response hook reaches the director, whichever comes first."""
+        if self._pending:
+            self.run_deferred()
         headers = request.headers
         if request.objective is None:
             request.objective = headers.get(OBJECTIVE_HEADER) or None
@@ -167,6 +177,8 @@ class SchedulingDirector:
             if reason is not None:
                 raise TooManyRequests(f"request cannot be admitted: {reason}")
 
+        if self._pending:  # a producer suspended, and other picks came through meanwhile
+            self.run_deferred()
         try:
             result = self.scheduler.schedule(request, candidates)
         except SchedulingFailed as e:
@@ -176,11 +188,12 @@ class SchedulingDirector:
         SCHEDULER_ATTEMPTS.labels(
             "success", MODEL_LABELS.label(request.target_model), primary.pod_name, primary.namespace, str(primary.port)
         ).inc()
-        for hook in self._pre_request:
-            try:
-                hook.pre_request(request, result)
-            except Exception:
-                log.exception("PreRequest plugin %s failed for request %s", hook.name, request.request_id)
+        self._run_pre_request(self._pre_request, request, result)
+        if self._records:
+            if defer_records:
+                self._pending.append((request, result))
+            else:
+                self._run_pre_request(self._records, request, result)
         headers_out = request.data.get(UPSTREAM_HEADERS)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
@@ -197,6 +210,22 @@ class SchedulingDirector:
         if headers_out:
             decision.headers.update(headers_out)
         return decision
+
+    @staticmethod
+    def _run_pre_request(hooks: list[PreRequest], request: InferenceRequest, result: SchedulingResult) -> None:
+        for hook in hooks:
+            try:
+                hook.pre_request(request, result)
+            except Exception:
+                log.exception("PreRequest plugin %s failed for request %s", hook.name, request.request_id)
+
+    def run_deferred(self) -> None:
+        """The `records_only` PreRequest hooks held back from the answer path, in pick order."""
+        pending = self._pending
+        if pending:
+            self._pending = []
+            for request, result in pending:
+                self._run_pre_request(self._records, request, result)
 
     async def _await_candidates(self, request: InferenceRequest, ttl: float) -> list[Endpoint]:
         """flowControl.noEndpointRequestTTL: with no endpoint for it yet, a request waits up to `ttl` for one."""
@@ -257,6 +286,8 @@ class SchedulingDirector:
                     self._producer_failed(producers[first], request)
                 for producer in producers[first + 1 :]:
                     current = producer.name
+                    if self._pending:  # picks made while this request waited: their records first
+                        self.run_deferred()
                     try:
                         await producer.prepare(request, candidates)
                     except Exception:
@@ -296,6 +327,8 @@ class SchedulingDirector:
         served: str | None,
         headers: Mapping[str, str],
     ) -> None:
+        if self._pending:
+            self.run_deferred()
         request.data.put(RESPONSE_STATUS, status)
         if served:
             endpoint = self.view.get_by_hostport(served)
@@ -320,6 +353,8 @@ class SchedulingDirector:
     ) -> None:
         if not self._streaming:
             return
+        if self._pending:
+            self.run_deferred()
         endpoint = self._endpoint_for(decision)
         chunk = ResponseChunk(data, first, end, time.monotonic())
         for hook in self._streaming:
@@ -331,6 +366,8 @@ class SchedulingDirector:
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None:
+        if self._pending:
+            self.run_deferred()
         evictor = self.flow_controller.evictor if self.flow_controller is not None else None
         if evictor is not None and decision is not None and decision.evicted is not None:
             evictor.untrack(decision.evicted)

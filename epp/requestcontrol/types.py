@@ -43,7 +43,14 @@ class Director(Protocol):
     # goes out with that answer); otherwise the servicer completes the request right after writing the answer.
     completes_before_last_answer: bool
 
-    async def handle_request(self, request: InferenceRequest) -> RoutingDecision: ...
+    async def handle_request(self, request: InferenceRequest, *, defer_records: bool = False) -> RoutingDecision:
+        """The routing decision. With `defer_records` the caller calls `run_deferred` once the answer is written:
+        PreRequest hooks that only record the pick may wait until then."""
+        ...
+
+    def run_deferred(self) -> None:
+        """Run what `handle_request(defer_records=True)` held back (a no-op when nothing is)."""
+        ...
 
     def handle_response_headers(
         self,

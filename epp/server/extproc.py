@@ -522,11 +522,13 @@ class RequestStream:
             self._skip_response = True
         request.subset = self.subset
         self.request = request
+        # Behind the servicer the records-only PreRequest hooks run once this answer is written (`written`).
+        defer = self.defer_completion
         if self._span is not None:
             with self.s.tracing.orchestration(self._span):
-                decision = await self.s.director.handle_request(request)
+                decision = await self.s.director.handle_request(request, defer_records=defer)
         else:
-            decision = await self.s.director.handle_request(request)
+            decision = await self.s.director.handle_request(request, defer_records=defer)
         if not decision.endpoints:
             raise ServiceUnavailable("failed to find target endpoint", dropped_reason=DROPPED_NO_ENDPOINTS)
         self.decision = decision
@@ -768,7 +770,9 @@ class RequestStream:
         return immediate(evicted, self._format())
 
     def written(self) -> None:
-        """The answers to a message are written: a completion deferred past them runs now."""
+        """The answers to a message are written: the PreRequest records and a completion deferred past them run
+        now."""
+        self.s.director.run_deferred()
         if self._complete_after_write:
             self._complete_after_write = False
             self.complete()

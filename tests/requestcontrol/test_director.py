@@ -16,6 +16,7 @@ from epp.config.loader import GIE_DEFAULT_PLUGINS_YAML
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.objectives import ObjectiveStore
 from epp.framework import (
+    UPSTREAM_HEADERS,
     Endpoint,
     InferenceRequest,
     Metrics,
@@ -427,3 +428,86 @@ async def test_the_response_status_is_in_the_request_data_for_the_completion_hoo
     assert r.data.get(RESPONSE_STATUS) is None
     d.handle_response_headers(r, dec, 429, dec.destination, {})
     assert r.data.get(RESPONSE_STATUS) == 429
+
+
+class HeaderHook(Plugin):
+    """A PreRequest hook whose output the answer carries (an upstream header): never deferred."""
+
+    def pre_request(self, request: InferenceRequest, result: Any) -> None:
+        request.data.put(UPSTREAM_HEADERS, {"x-hook": result.targets[0].name})
+
+
+async def test_records_only_hooks_wait_for_the_answer_but_never_for_the_next_pick() -> None:
+    """defer_records: the in-flight booking (a records-only hook) is made after the answer, yet the next pick,
+    a response hook or run_deferred always finds the earlier bookings made first."""
+    ds = pool(2)
+    d = director(ds, "plugins: [{type: active-request-scorer}]")
+    producer = d.pipeline.plugins["inflight-load-producer"]
+    assert isinstance(producer, InFlightLoadProducer) and producer in d._records
+    d._pre_request.append(HeaderHook("header-hook"))
+
+    def booked() -> list[int]:
+        return [producer.loads[ep.name].requests if ep.name in producer.loads else 0 for ep in ds.endpoints()]
+
+    r1, r2 = chat("a", rid="1"), chat("b", rid="2")
+    d1 = await d.handle_request(r1, defer_records=True)
+    assert booked() == [0, 0]  # held back: the answer goes first
+    assert d1.headers == {"x-hook": d1.endpoints[0].name}  # a hook the answer carries ran at once
+    d2 = await d.handle_request(r2, defer_records=True)
+    assert d1.endpoints[0] is not d2.endpoints[0]  # r1's booking was made before r2 was scheduled
+    assert sum(booked()) == 1
+    d.run_deferred()
+    assert booked() == [1, 1]
+    d.run_deferred()  # nothing left: a no-op
+    assert booked() == [1, 1]
+
+    # A completion that arrives before the deferred booking ran still finds the booking to release.
+    r3 = chat("c", rid="3")
+    d3 = await d.handle_request(r3, defer_records=True)
+    d.handle_response_complete(r3, d3, None)
+    d.run_deferred()
+    assert booked() == [1, 1]
+    # Without defer_records every hook runs inside handle_request, as before.
+    d4 = await d.handle_request(chat("d", rid="4"))
+    assert sum(booked()) == 3 and d4.endpoints
+
+
+async def test_a_pick_made_while_a_producer_waits_is_booked_before_the_waiting_request_goes_on() -> None:
+    """Request 1 waits in a producer while request 2 is picked (its records deferred): request 1's later producers
+    and its scheduling see request 2's booking."""
+    ds = pool(2)
+    d = director(ds, "plugins: [{type: active-request-scorer}]", producer_budget=5.0)
+    producer = d.pipeline.plugins["inflight-load-producer"]
+    assert isinstance(producer, InFlightLoadProducer)
+    gate = asyncio.Event()
+    seen: dict[str, int] = {}
+
+    def booked() -> int:
+        return sum(load.requests for load in producer.loads.values())
+
+    class WaitsForRequest1(Plugin):
+        async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+            if request.request_id == "1":
+                await gate.wait()
+
+    class Looks(Plugin):
+        async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+            if request.request_id == "1":
+                seen["producer"] = booked()
+
+    schedule = d.scheduler.schedule
+
+    def looking(request: InferenceRequest, candidates: Any) -> Any:
+        if request.request_id == "1":
+            seen["scheduling"] = booked()
+        return schedule(request, candidates)
+
+    d.scheduler.schedule = looking  # type: ignore[method-assign]
+    d._producers = [WaitsForRequest1("waits"), Looks("looks"), *d._producers]
+    first = asyncio.ensure_future(d.handle_request(chat("a", rid="1"), defer_records=True))
+    await asyncio.sleep(0)
+    await d.handle_request(chat("b", rid="2"), defer_records=True)  # picked while request 1 waits
+    assert booked() == 0
+    gate.set()
+    await first
+    assert seen == {"producer": 1, "scheduling": 1}

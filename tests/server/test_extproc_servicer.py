@@ -56,7 +56,7 @@ class RecordingDirector:
     completed: list[tuple[str, Usage | None]] = field(default_factory=list)
     chunks: list[tuple[bytes, bool, bool]] = field(default_factory=list)
 
-    async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
+    async def handle_request(self, request: InferenceRequest, *, defer_records: bool = False) -> RoutingDecision:
         self.requests.append(request)
         if self.fail is not None:
             raise self.fail
@@ -84,6 +84,9 @@ class RecordingDirector:
         self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
     ) -> None:
         self.chunks.append((data, first, end))
+
+    def run_deferred(self) -> None:
+        self.inner.run_deferred()
 
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
@@ -851,8 +854,8 @@ async def test_an_evicted_in_flight_request_ends_with_an_immediate_429(epp: Harn
     event = asyncio.Event()
     handle = epp.director.handle_request
 
-    async def with_eviction(request: InferenceRequest) -> RoutingDecision:
-        d = await handle(request)
+    async def with_eviction(request: InferenceRequest, *, defer_records: bool = False) -> RoutingDecision:
+        d = await handle(request, defer_records=defer_records)
         d.evicted = event
         return d
 
@@ -1000,3 +1003,60 @@ async def test_the_last_answer_is_written_before_the_request_completes(before: b
     assert len(ctx.written) == 4 and ctx.written[3].HasField("response_body")
     assert seen == [3 if before else 4]  # once, before or after the last answer went out
     assert director.completed and director.completed[0][1] is not None  # with the usage read from the body
+
+
+ACTIVE_CONFIG = """
+endpoints: [{address: 10.9.0.1, port: 8000}, {address: 10.9.0.2, port: 8000}]
+plugins:
+- type: active-request-scorer
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: active-request-scorer}]
+"""
+
+
+async def test_the_pick_is_booked_once_its_answer_is_written() -> None:
+    """The in-flight booking (a records-only PreRequest hook) is off the answer's path: a stream's own handling
+    returns the answer without it, and the servicer makes it once the answer is written, before anything else."""
+    from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
+    from epp.requestcontrol.director import SchedulingDirector
+    from epp.server.extproc import RequestStream
+
+    server, channel, stub = await _real_server(ACTIVE_CONFIG)
+    try:
+        director = server.runtime.director
+        assert isinstance(director, SchedulingDirector)
+        producer = director.pipeline.plugins["inflight-load-producer"]
+        assert isinstance(producer, InFlightLoadProducer)
+
+        def booked() -> int:
+            return sum(load.requests for load in producer.loads.values())
+
+        body = b'{"model":"m","prompt":"hi"}'
+        stream = RequestStream(server.state)
+        stream.defer_completion = True  # as the servicer sets it
+        assert list(await stream.handle(headers_msg())) == []
+        answer = list(await stream.handle(body_msg(body, True)))
+        assert set_headers(answer[0])[DEST] and booked() == 0
+        stream.written()
+        assert booked() == 1
+        stream.complete()
+        assert booked() == 0
+
+        call = stub.Process()  # through gRPC: booked by the time the client has the answer and the loop turns
+        out = await exchange(call, [headers_msg(), body_msg(body, True)], 2)
+        assert set_headers(out[0])[DEST]
+        for _ in range(100):
+            if booked() == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert booked() == 1
+        call.cancel()
+        for _ in range(100):
+            if booked() == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert booked() == 0  # the cancelled stream's completion released it
+    finally:
+        await channel.close()
+        await server.stop()

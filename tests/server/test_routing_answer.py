@@ -23,7 +23,7 @@ class _Director(RoundRobinDirector):
         super().__init__(ds)
         self.extra = extra
 
-    async def handle_request(self, request: InferenceRequest) -> RoutingDecision:
+    async def handle_request(self, request: InferenceRequest, *, defer_records: bool = False) -> RoutingDecision:
         d = await super().handle_request(request)
         d.headers.update(self.extra.get("headers", {}))
         d.metadata.update(self.extra.get("metadata", {}))

@@ -176,6 +176,7 @@ class PrefixIndex:
 
 class ApproxPrefixCacheProducer(Plugin, RemovalListener):
     type_name = "approx-prefix-cache-producer"
+    records_only = True  # PreRequest writes only the routing history: may run after the answer
 
     def __init__(
         self,

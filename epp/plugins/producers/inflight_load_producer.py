@@ -138,6 +138,7 @@ def _register(producer: InFlightLoadProducer) -> None:
 
 class InFlightLoadProducer(Plugin):
     type_name = TYPE
+    records_only = True  # PreRequest writes only the in-flight booking: may run after the answer
 
     def __init__(
         self,

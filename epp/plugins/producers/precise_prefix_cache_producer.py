@@ -113,6 +113,7 @@ def tokenizer_pool_params(pool: Params) -> dict[str, Any]:
 
 class PrecisePrefixCacheProducer(Plugin, RemovalListener):
     type_name = "precise-prefix-cache-producer"
+    records_only = True  # PreRequest writes only speculative entries and the routing history: may run after the answer
 
     def __init__(
         self,

@@ -187,6 +187,7 @@ def slo_header(headers: Mapping[str, str], name: str, old: str) -> float:
 
 class PredictedLatencyProducer(Plugin, RemovalListener):
     type_name = "predicted-latency-producer"
+    records_only = True  # PreRequest writes only the flight (for the online fit and the load): may run after the answer
 
     def __init__(
         self,

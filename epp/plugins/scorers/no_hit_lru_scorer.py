@@ -30,6 +30,7 @@ COLD = DataKey[bool]("no-hit-lru-cold")
 
 class NoHitLRUScorer(Plugin):
     type_name = "no-hit-lru-scorer"
+    records_only = True  # PreRequest writes only the LRU of cold picks: may run after the answer
 
     def __init__(self, name: str | None = None, lru_size: int = 1024, producer: str = DEFAULT_PRODUCER) -> None:
         super().__init__(name)

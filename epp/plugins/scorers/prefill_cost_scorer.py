@@ -147,6 +147,7 @@ BOOKED = DataKey[_InFlight]("prefill-cost-booked")  # the request's own booking 
 
 class PrefillCostScorer(Plugin, RemovalListener):
     type_name = "prefill-cost-scorer"
+    records_only = True  # PreRequest writes only the booking on the picked endpoint: may run after the answer
 
     def __init__(
         self,
