@@ -102,6 +102,8 @@ class SchedulingDirector:
         self.detector = pipeline.saturation_detector
         self.objectives = objectives or ObjectiveStore()
         self.flow_controller = flow_controller
+        if flow_controller is not None:  # its dispatcher checks saturation between picks: records first
+            flow_controller.settle = self.run_deferred
         self.producer_budget = producer_budget
         self._producers = list(pipeline.producers)
         # A producer that waits on purpose (burst-prefix-cache-producer's window) extends the budget to its own.

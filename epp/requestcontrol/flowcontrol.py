@@ -152,6 +152,9 @@ class FlowController:
     ) -> None:
         self.spec = spec
         self.detector = detector
+        # Run before each saturation check: brings the in-flight counts the detector reads up to date (the
+        # director's PreRequest records held back until an answer is written).
+        self.settle: Callable[[], None] | None = None
         self._plugins = dict(plugins or {})
         limit = self._plugins.get(spec.usage_limit_policy_ref or "")
         # static-usage-limit-policy: dispatch while saturation < threshold (GIE default 1.0); priority-aware
@@ -276,6 +279,8 @@ class FlowController:
                 item = self._head()
                 if item is None:
                     break
+                if self.settle is not None:
+                    self.settle()
                 sat = self.detector.saturation(item.candidates)
                 m.FC_POOL_SATURATION.labels(self.pool).set(sat)
                 ceiling = self._ceiling(sat, item.band.priority)

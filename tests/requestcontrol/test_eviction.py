@@ -10,6 +10,7 @@ from epp.datalayer.datastore import Datastore
 from epp.framework import Endpoint, InferenceRequest, Metrics
 from epp.plugins.flowcontrol.priority_then_time_eviction_order_policy import PriorityThenTimeEvictionOrderPolicy
 from epp.plugins.flowcontrol.sheddable_eviction_filter import SheddableEvictionFilter
+from epp.requestcontrol.director import SchedulingDirector
 from epp.requestcontrol.eviction import Evictor
 from epp.wiring import build_runtime
 
@@ -108,3 +109,38 @@ endpoints:
     d.handle_response_complete(batch, first, None)  # the server ends the evicted stream: capacity comes back
     second = await asyncio.wait_for(pending, 2)
     assert second.endpoints[0].hostport == "10.0.0.1:8000"
+
+
+async def test_the_dispatcher_counts_picks_whose_records_are_held_back() -> None:
+    """Behind the servicer a pick's in-flight booking waits for its answer to be written. The flow-control
+    dispatcher, which checks saturation between picks, runs the held-back bookings first (`settle`): with one slot,
+    freeing it lets exactly one of two queued requests through."""
+    text = """
+featureGates: [flowControl]
+plugins:
+- type: queue-scorer
+- type: concurrency-detector
+  parameters: {maxConcurrency: 1}
+flowControl:
+  saturationDetector: {pluginRef: concurrency-detector}
+endpoints:
+- {address: 10.0.0.1, port: 8000}
+"""
+    runtime = build_runtime(parse_config(text))
+    ds: Datastore = runtime.datastore
+    ep = Endpoint("pod", "10.0.0.1", 8000)
+    ep.metrics = Metrics(update_time=time.monotonic())
+    ds.replace_all([ep])
+    d = runtime.director
+    assert isinstance(d, SchedulingDirector) and d.flow_controller is not None
+    r0 = req("r0", "default")
+    first = await d.handle_request(r0)  # booked at once: the one slot is taken
+    waiting = [asyncio.create_task(d.handle_request(req(f"r{i}", "default"), defer_records=True)) for i in (1, 2)]
+    await asyncio.sleep(0.05)
+    assert d.flow_controller.queued() == 2
+    d.handle_response_complete(r0, first, None)  # the slot frees: one of the two may go
+    done, _ = await asyncio.wait(waiting, timeout=0.3)
+    assert len(done) == 1 and d.flow_controller.queued() == 1
+    for t in waiting:
+        t.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
