@@ -75,15 +75,14 @@ def req(rid: str, objective: str) -> InferenceRequest:
     )
 
 
-async def test_a_waiting_request_evicts_an_in_flight_sheddable_one() -> None:
-    text = """
+ONE_SLOT = """
 featureGates: [flowControl]
 plugins:
 - type: queue-scorer
 - type: concurrency-detector
   parameters: {maxConcurrency: 1}
 flowControl:
-  enableEviction: true
+  enableEviction: %s
   saturationDetector: {pluginRef: concurrency-detector}
 objectives:
 - {name: batch, priority: -1}
@@ -91,12 +90,22 @@ objectives:
 endpoints:
 - {address: 10.0.0.1, port: 8000}
 """
-    runtime = build_runtime(parse_config(text))
+
+
+def one_slot_director(eviction: bool) -> SchedulingDirector:
+    """Flow control over one pod that takes one request at a time (concurrency-detector)."""
+    runtime = build_runtime(parse_config(ONE_SLOT % ("true" if eviction else "false")))
     ds: Datastore = runtime.datastore
     ep = Endpoint("pod", "10.0.0.1", 8000)
     ep.metrics = Metrics(update_time=time.monotonic())
     ds.replace_all([ep])
     d = runtime.director
+    assert isinstance(d, SchedulingDirector) and d.flow_controller is not None
+    return d
+
+
+async def test_a_waiting_request_evicts_an_in_flight_sheddable_one() -> None:
+    d = one_slot_director(eviction=True)
     batch = req("batch-1", "batch")
     first = await d.handle_request(batch)  # dispatched at once, now in flight and counted by the detector
     assert first.evicted is not None and not first.evicted.is_set()
@@ -115,27 +124,11 @@ async def test_the_dispatcher_counts_picks_whose_records_are_held_back() -> None
     """Behind the servicer a pick's in-flight booking waits for its answer to be written. The flow-control
     dispatcher, which checks saturation between picks, runs the held-back bookings first (`settle`): with one slot,
     freeing it lets exactly one of two queued requests through."""
-    text = """
-featureGates: [flowControl]
-plugins:
-- type: queue-scorer
-- type: concurrency-detector
-  parameters: {maxConcurrency: 1}
-flowControl:
-  saturationDetector: {pluginRef: concurrency-detector}
-endpoints:
-- {address: 10.0.0.1, port: 8000}
-"""
-    runtime = build_runtime(parse_config(text))
-    ds: Datastore = runtime.datastore
-    ep = Endpoint("pod", "10.0.0.1", 8000)
-    ep.metrics = Metrics(update_time=time.monotonic())
-    ds.replace_all([ep])
-    d = runtime.director
-    assert isinstance(d, SchedulingDirector) and d.flow_controller is not None
-    r0 = req("r0", "default")
+    d = one_slot_director(eviction=False)
+    assert d.flow_controller is not None
+    r0 = req("r0", "chat")
     first = await d.handle_request(r0)  # booked at once: the one slot is taken
-    waiting = [asyncio.create_task(d.handle_request(req(f"r{i}", "default"), defer_records=True)) for i in (1, 2)]
+    waiting = [asyncio.create_task(d.handle_request(req(f"r{i}", "chat"), defer_records=True)) for i in (1, 2)]
     await asyncio.sleep(0.05)
     assert d.flow_controller.queued() == 2
     d.handle_response_complete(r0, first, None)  # the slot frees: one of the two may go
