@@ -472,6 +472,28 @@ async def test_records_only_hooks_wait_for_the_answer_but_never_for_the_next_pic
     assert sum(booked()) == 3 and d4.endpoints
 
 
+async def test_a_held_back_booking_for_an_endpoint_that_left_the_pool_is_dropped() -> None:
+    """The endpoint a request was picked for leaves the pool while the answer is written: its held-back booking does
+    not bring back the state the plugins dropped for it; the other endpoint's booking still runs."""
+    ds = pool(2)
+    d = director(ds, "plugins: [{type: active-request-scorer}]")
+    producer = d.pipeline.plugins["inflight-load-producer"]
+    assert isinstance(producer, InFlightLoadProducer)
+    r1, r2 = chat("a", rid="1"), chat("b", rid="2")
+    d1 = await d.handle_request(r1, defer_records=True)
+    gone = d1.endpoints[0].name
+    ds.remove(gone)
+    d2 = await d.handle_request(r2, defer_records=True)  # flushes r1's records first
+    kept = d2.endpoints[0].name
+    assert gone != kept and gone not in producer.loads
+    d.run_deferred()
+    assert gone not in producer.loads
+    assert producer.loads[kept].requests == 1
+    d.handle_response_complete(r1, d1, None)
+    d.handle_response_complete(r2, d2, None)
+    assert gone not in producer.loads and producer.loads[kept].requests == 0
+
+
 async def test_a_pick_made_while_a_producer_waits_is_booked_before_the_waiting_request_goes_on() -> None:
     """Request 1 waits in a producer while request 2 is picked (its records deferred): request 1's later producers
     and its scheduling see request 2's booking."""
