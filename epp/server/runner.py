@@ -320,7 +320,13 @@ class EppServer:
             except Exception:
                 log.exception("%s failed", name)
 
-        self._tasks.append(asyncio.create_task(guarded(), name=name))
+        task = asyncio.create_task(guarded(), name=name)
+        # Cancelled before its first step (a stop right after start), `guarded` never awaits `coro`: close it, or
+        # Python warns that it was never awaited.
+        close = getattr(coro, "close", None)
+        if close is not None:
+            task.add_done_callback(lambda t: close() if t.cancelled() else None)
+        self._tasks.append(task)
 
     async def _watch_readiness(self) -> None:
         """Readiness follows `datastore.synced` and waits for the startup loads (polled: not on the request path)."""
