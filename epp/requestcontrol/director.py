@@ -222,15 +222,21 @@ class SchedulingDirector:
                 log.exception("PreRequest plugin %s failed for request %s", hook.name, request.request_id)
 
     def run_deferred(self) -> None:
-        """The `records_only` PreRequest hooks held back from the answer path, in pick order. A pick whose endpoint
-        left the pool while its answer was written is not booked: the plugins already dropped that endpoint's state,
-        and a booking now would bring it back for an endpoint that is gone."""
+        """The `records_only` PreRequest hooks held back from the answer path, in pick order. A pick one of whose
+        endpoints (any profile's: a P/D prefill pod too) left the pool while its answer was written is not booked:
+        the plugins already dropped that endpoint's state, and a booking now would bring it back for an endpoint
+        that is gone."""
         pending = self._pending
         if pending:
             self._pending = []
             get = self.view.get
             for request, result in pending:
-                if any(get(ep.name) is None for ep in result.targets):
+                if any(
+                    get(ep.name) is None
+                    for pr in result.profile_results.values()
+                    if pr is not None
+                    for ep in pr.targets
+                ):
                     log.debug("request %s: its endpoint left the pool before its records ran", request.request_id)
                     continue
                 self._run_pre_request(self._records, request, result)

@@ -21,6 +21,7 @@ from epp.framework import (
     InferenceRequest,
     Metrics,
     Plugin,
+    ProfileResult,
     ServiceUnavailable,
     TooManyRequests,
 )
@@ -492,6 +493,21 @@ async def test_a_held_back_booking_for_an_endpoint_that_left_the_pool_is_dropped
     d.handle_response_complete(r1, d1, None)
     d.handle_response_complete(r2, d2, None)
     assert gone not in producer.loads and producer.loads[kept].requests == 0
+
+    # A P/D pick whose prefill pod left: nothing of it is booked, the decode pod that stayed included.
+    ds2 = pool(3)
+    d = director(ds2, "plugins: [{type: active-request-scorer}]")
+    producer = d.pipeline.plugins["inflight-load-producer"]
+    assert isinstance(producer, InFlightLoadProducer)
+    r3 = chat("c", rid="3")
+    d3 = await d.handle_request(r3, defer_records=True)
+    assert d3.result is not None
+    decode = d3.endpoints[0]
+    prefill = next(ep for ep in ds2.endpoints() if ep is not decode)
+    d3.result.profile_results["prefill"] = ProfileResult([prefill])
+    ds2.remove(prefill.name)
+    d.run_deferred()
+    assert prefill.name not in producer.loads and producer.loads[decode.name].requests == 0
 
 
 async def test_a_pick_made_while_a_producer_waits_is_booked_before_the_waiting_request_goes_on() -> None:
