@@ -517,3 +517,31 @@ def test_arrival_weight_charges_every_endpoint_the_wait_of_its_own_arrivals() ->
     assert charge == pytest.approx(flat[1].queues["a"].traffic.rate(later, 10.0) * 500) and charge > 0
     with pytest.raises(PluginConfigError, match="arrivalWeight"):
         build(PrefillCostScorer, {"arrivalWeight": -1})
+
+
+def test_decoding_share_discounts_a_decoding_endpoint_that_holds_part_of_the_prompt() -> None:
+    """Mooncake at 8 pods lost its hits to this: the pod holding part of a prompt had one request decoding and no
+    prefill queued, and was charged the busy weight for its recompute, so the prompt was recomputed whole on an idle
+    pod. With `decodingShare` such an endpoint is discounted as an idle one, down to that share; a request that holds
+    nothing there, or an endpoint with prefill queued, is charged as before."""
+    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
+              "idleUncachedWeight": 1, "trafficWindow": "10s"}  # fmt: skip
+    scorers = {share: build(PrefillCostScorer, {**params, "decodingShare": share}) for share in (1.0, 0.5, 0.0)}
+    e = with_capacity(eps(), 64 * 1024)
+    for s in scorers.values():
+        place(s, req("busy", 96, {"a": 6}), e, 0)  # in flight on a, all of it cached: nothing left to prefill
+    now = time.monotonic() + 10
+    small = req("small", 1000, {"a": 12.5})  # a holds 200 of its 1000 tokens
+    assert scorers[1.0].costs(small, e, now=now) == [1600.0, 1000.0, 1000.0]  # the default: the busy weight
+    assert scorers[0.5].costs(small, e, now=now) == pytest.approx([1200.0, 1000.0, 1000.0])  # 1 + (2 - 1) x 0.5
+    q = scorers[0.0].queues["a"]
+    share = scorers[0.0]._busy_share(q, scorers[0.0].fullness(e[0], q, now), 800, now)
+    assert 0 < share < 0.05  # a's own arrivals expected during the 0.8 s recompute
+    assert scorers[0.0].costs(small, e, now=now) == pytest.approx([(1 + share) * 800, 1000.0, 1000.0])
+    # a request that holds nothing on a is charged the busy weight there: a cold prompt stays off decoding pods
+    assert scorers[0.0].costs(req("cold", 1000, {}), e, now=now) == [2000.0, 1000.0, 1000.0]
+    # prefill queued on a: busy as before
+    q.busy_until = now + 1
+    assert scorers[0.0].costs(small, e, now=now)[0] == 1600.0 + 1000.0
+    with pytest.raises(PluginConfigError, match="decodingShare"):
+        build(PrefillCostScorer, {"decodingShare": 1.5})

@@ -28,6 +28,11 @@ they would find one fewer free (Mooncake's small prefixes at 8 pods; not the def
 `arrivalWeight` (0: off) charges every endpoint, busy ones too, the wait of its own arrivals behind this prefill
 (rate x prefill time x uncached / 2, uncapped) in place of the idle share's capped one: a prompt nobody holds goes
 where the traffic is lowest (not the default: it keeps bursts of sub-agents from spreading, docs/plugins.md).
+`decodingShare` (1: off) discounts as idle an endpoint that holds part of this prompt and only decodes (requests in
+flight, no prefill queued), its share at least `decodingShare`: its running requests are slowed by the recompute's
+chunks, not queued behind it. With the busy weight there, Mooncake's small cached prefixes were recomputed whole on
+idle pods; 0.5 keeps them at block 16 but costs agentic and multi-turn at block 64, so it is not the default
+(docs/plugins.md). A request that holds nothing on such an endpoint is charged the busy weight as before.
 
 active(e) counts each KV block several in-flight requests share once (`dedupInFlightBlocks`, from the precise
 producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat session's own
@@ -170,6 +175,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         cold_arrival_weight: float = 0.0,
         cold_share: float = 0.5,
         arrival_weight: float = 0.0,
+        decoding_share: float = 1.0,
     ) -> None:
         super().__init__(name)
         self.producer = producer
@@ -194,6 +200,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.cold_weight = cold_arrival_weight
         self.cold_share = cold_share
         self.arrival_weight = arrival_weight
+        self.decoding_share = decoding_share
         self.cold = _Decaying()  # cold requests (best pod caches < coldShare of the prompt), over trafficWindow
         self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
         self.queues: dict[str, _Queue] = {}
@@ -236,6 +243,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
             cold_arrival_weight=params.float("coldArrivalWeight", 0.0, min=0.0),
             cold_share=params.float("coldShare", 0.5, min=0.0, max=1.0),
             arrival_weight=params.float("arrivalWeight", 0.0, min=0.0),
+            decoding_share=params.float("decodingShare", 1.0, min=0.0, max=1.0),
         )
         context.endpoints.subscribe(scorer)
         return scorer
@@ -269,7 +277,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         uncached: dict[str, int] = {}
         out: list[float] = []
         rate, dw, uw, queues = self.rate, self.decode_weight, self.uncached_weight, self.queues
-        aw = self.arrival_weight
+        aw, ds = self.arrival_weight, self.decoding_share
         evict = self.eviction_weight * self.reuse
         if self.saturation_weight > 0 and endpoints:
             busy = min((q.active if (q := queues.get(ep.name)) is not None else 0) for ep in endpoints)
@@ -294,11 +302,17 @@ class PrefillCostScorer(Plugin, RemovalListener):
             q = queues.get(ep.name)
             full = self.fullness(ep, q, now)
             w = uw
-            if self.idle_weight != uw and self._idle(q, now):
-                share = self._busy_share(q, full, u, now)
-                if cold_per_token > 0:
-                    share = min(1.0, max(share, cold_per_token * u))
-                w = self.idle_weight + (uw - self.idle_weight) * share
+            if self.idle_weight != uw:
+                idle = self._idle(q, now)
+                # decodingShare < 1: an endpoint that only decodes (no prefill queued) and holds part of this prompt
+                # is discounted like an idle one, down to that share (its running requests are slowed, not queued)
+                if idle or (q is not None and u < n and ds < 1.0 and q.busy_until <= now):
+                    share = self._busy_share(q, full, u, now)
+                    if not idle:
+                        share = max(share, ds)
+                    if cold_per_token > 0:
+                        share = min(1.0, max(share, cold_per_token * u))
+                    w = self.idle_weight + (uw - self.idle_weight) * share
             cost = (w + evict * full) * u
             if aw > 0 and q is not None and q.traffic.value > 0:
                 # the wait of e's own arrivals during this prefill, on every endpoint, busy ones too: its arrival
