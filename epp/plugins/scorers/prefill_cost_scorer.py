@@ -305,7 +305,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
             if self.idle_weight != uw:
                 idle = self._idle(q, now)
                 # decodingShare < 1: an endpoint that only decodes (no prefill queued) and holds part of this prompt
-                # is discounted like an idle one, down to that share (its running requests are slowed, not queued)
+                # is discounted like an idle one, its share no lower than that (its running requests are slowed, not
+                # queued)
                 if idle or (q is not None and u < n and ds < 1.0 and q.busy_until <= now):
                     share = self._busy_share(q, full, u, now)
                     if not idle:
