@@ -522,8 +522,8 @@ def test_arrival_weight_charges_every_endpoint_the_wait_of_its_own_arrivals() ->
 def test_decoding_share_discounts_a_decoding_endpoint_that_holds_part_of_the_prompt() -> None:
     """Mooncake at 8 pods lost its hits to this: the pod holding part of a prompt had one request decoding and no
     prefill queued, and was charged the busy weight for its recompute, so the prompt was recomputed whole on an idle
-    pod. With `decodingShare` such an endpoint is discounted as an idle one, down to that share; a request that holds
-    nothing there, or an endpoint with prefill queued, is charged as before."""
+    pod. With `decodingShare` such an endpoint is discounted as an idle one, its share no lower than that; a request
+    that holds nothing there, or an endpoint with prefill queued, is charged as before."""
     params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
               "idleUncachedWeight": 1, "trafficWindow": "10s"}  # fmt: skip
     scorers = {share: build(PrefillCostScorer, {**params, "decodingShare": share}) for share in (1.0, 0.5, 0.0)}

@@ -307,7 +307,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
                 # decodingShare < 1: an endpoint that only decodes (no prefill queued) and holds part of this prompt
                 # is discounted like an idle one, its share no lower than that (its running requests are slowed, not
                 # queued)
-                if idle or (q is not None and u < n and ds < 1.0 and q.busy_until <= now):
+                if idle or (ds < 1.0 and q is not None and u < n and q.busy_until <= now):
                     share = self._busy_share(q, full, u, now)
                     if not idle:
                         share = max(share, ds)
