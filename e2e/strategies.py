@@ -101,10 +101,16 @@ def available_strategies() -> list[str]:
 
 def _ours(block_size: int, prefill_tps: float, overrides: dict[str, Any] | None = None) -> str:
     doc: dict[str, Any] = yaml.safe_load((CONFIG_DIR / "pyepp-default.yaml").read_text())
+    # an override named "<plugin type>.<parameter>" goes to that plugin, a bare one to prefill-cost-scorer
+    scoped: dict[str, dict[str, Any]] = {}
+    for k, v in (overrides or {}).items():
+        plugin, _, param = k.rpartition(".")
+        scoped.setdefault(plugin or "prefill-cost-scorer", {})[param] = v
     for p in doc["plugins"]:
         if p["type"] == "prefill-cost-scorer":
             p.setdefault("parameters", {})["prefillTokensPerSecond"] = prefill_tps
-            p["parameters"].update(overrides or {})
+        if p["type"] in scoped:
+            p.setdefault("parameters", {}).update(scoped[p["type"]])
     return yaml.safe_dump(doc, sort_keys=False)
 
 

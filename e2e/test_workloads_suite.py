@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
 from e2e.workloads.agentic import agentic, no_reuse
 from e2e.workloads.base import Request
 from e2e.workloads.mooncake import mooncake_conversations, sample_conversations
@@ -91,8 +93,11 @@ def test_every_strategy_config_builds() -> None:
         if name == OURS:
             assert "prefillTokensPerSecond: 1234.0" in text
             assert "prefill-cost-scorer" in p.plugins and "precise-prefix-cache-producer" in p.plugins
-    ours = config_text(OURS, sims, ours_overrides={"uncachedWeight": 3})  # type: ignore[arg-type]
-    assert "uncachedWeight: 3" in ours
+    overrides = {"uncachedWeight": 3, "precise-prefix-cache-producer.speculativeHold": "0s"}
+    ours = config_text(OURS, sims, ours_overrides=overrides)  # type: ignore[arg-type]
+    plugins = {p["type"]: p.get("parameters", {}) for p in yaml.safe_load(ours)["plugins"]}
+    assert plugins["prefill-cost-scorer"]["uncachedWeight"] == 3
+    assert plugins["precise-prefix-cache-producer"]["speculativeHold"] == "0s"
 
 
 def test_suite_tables_medians_and_time_scale() -> None:

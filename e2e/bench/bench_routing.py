@@ -286,7 +286,7 @@ class Progress:
         return sys.stderr.isatty()
 
 
-OURS_OVERRIDES: dict[str, Any] = {}  # --ours-params: prefill-cost-scorer parameters to try (tuning)
+OURS_OVERRIDES: dict[str, Any] = {}  # --ours-params: parameters to try (tuning; see e2e.strategies._ours)
 VARIANTS: dict[str, dict[str, Any]] = {}  # --variants: more "pyepp-default/<name>" strategies (tuning)
 
 
@@ -639,7 +639,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--scale", type=float, default=1.0, help="workload length factor (requests, sessions, duration)")
     a("--quick", action="store_true", help="scale 0.3, 4 pods, block 16")
     a("--out", default="e2e/out/bench-routing")
-    a("--ours-params", default="", help="JSON: prefill-cost-scorer parameters overriding the shipped default's")
+    a("--ours-params", default="", help="JSON: parameters overriding the shipped default's, prefill-cost-scorer's "
+      'or "<plugin type>.<parameter>"')  # fmt: skip
     a("--report", default="", help="re-render results.md (in --out when several) and the plots from these "
       "results.json files (comma list), run nothing")  # fmt: skip
     a("--variants", default="", help='JSON {"name": {params}}: adds strategies pyepp-default/<name> (tuning)')

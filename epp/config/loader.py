@@ -72,6 +72,7 @@ plugins:
 - type: precise-prefix-cache-producer
   parameters:
     approximateFallback: true
+    speculativeHold: 30s
     kvEventsConfig:
       topicFilter: "kv@"
 - type: prefill-cost-scorer

@@ -65,7 +65,14 @@ from epp.framework.plugins import (
     UsageLimitPolicy,
 )
 from epp.framework.registry import REGISTRY, PluginRegistry, get_factory, known_types
-from epp.framework.services import CountedReport, KVCacheIndex, NoServices, Services, Tokenizer
+from epp.framework.services import (
+    CountedReport,
+    KVCacheIndex,
+    NoServices,
+    Services,
+    SpeculationHold,
+    Tokenizer,
+)
 from epp.framework.state import CycleState, DataKey, DataMap
 from epp.framework.types import (
     DisaggDecision,
@@ -158,6 +165,7 @@ __all__ = [
     "Screener",
     "ServiceUnavailable",
     "Services",
+    "SpeculationHold",
     "TokenizationError",
     "TokenizedPrompt",
     "Tokenizer",

@@ -56,6 +56,27 @@ class CountedReport:
     engine_queries: float | None
 
 
+class SpeculationHold:
+    """Keeps a pick's speculative index entries past their TTL while its prefill may still be queued behind others:
+    until the pod's KV events hold the blocks or the request ends (then `ttl` more), at most `cap` seconds from the
+    pick. A fixed TTL shorter than the queue lets the next request of the prefix go elsewhere and compute it twice."""
+
+    __slots__ = ("deadline", "ended", "ttl")
+
+    def __init__(self, ttl: float, cap: float, now: float) -> None:
+        self.ttl = ttl
+        self.deadline = now + cap
+        self.ended: float | None = None
+
+    def end(self, now: float) -> None:
+        if self.ended is None:
+            self.ended = now
+
+    def until(self, now: float) -> float:
+        """The entries' expiry as seen at `now` (not after it: they may go)."""
+        return min(self.deadline, (now if self.ended is None else self.ended) + self.ttl)
+
+
 class KVCacheIndex(Protocol):
     """Which endpoint holds which KV blocks of a prompt, fed by the engines' KV events. Endpoints by hostport."""
 
@@ -80,7 +101,7 @@ class KVCacheIndex(Protocol):
         none, or whose events are not received, is known only from what the EPP routed there)."""
         ...
 
-    def speculate(self, keys: Sequence[int], pod: str, ttl: float) -> None: ...
+    def speculate(self, keys: Sequence[int], pod: str, ttl: float, hold: SpeculationHold | None = None) -> None: ...
 
     def report_delivered(
         self, pod: str, keys: Sequence[int], predicted_blocks: int, delivered_tokens: int, block_size: int, prompt: int

@@ -23,6 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
+from epp.framework.services import SpeculationHold
 from epp.framework.types import PrefixMatch
 
 # np.unique's first call loads its implementation (~8 ms): paid here, at import, not in the first BlockRemoved that
@@ -71,7 +72,9 @@ class Index(Protocol):
 
     def clear_pod(self, pod: str) -> None: ...
 
-    def add_speculative(self, request_keys: Sequence[int], pod: str, ttl: float) -> None: ...
+    def add_speculative(
+        self, request_keys: Sequence[int], pod: str, ttl: float, hold: SpeculationHold | None = None
+    ) -> None: ...
 
     async def flush(self) -> None: ...
 
@@ -399,10 +402,11 @@ class MemoryIndex:
         self._sweep_keys: list[int] | None = None
         self._sweep_pos = 0
         # request key -> {pod slot: expiry (monotonic)}, and the same as a mask of GPU-tier bits for lookups, kept
-        # exact by expiring in deadline order (a heap: entries shared by other replicas carry their own TTL)
+        # exact by expiring in deadline order (a heap: entries shared by other replicas carry their own TTL; a held
+        # entry carries its hold and pod, and is pushed again while the hold lasts)
         self._spec: dict[int, dict[int, float]] = {}
         self._spec_bits: dict[int, int] = {}
-        self._spec_expiry: list[tuple[float, int, int, Sequence[int]]] = []
+        self._spec_expiry: list[tuple[float, int, int, Sequence[int], tuple[SpeculationHold, _Pod] | None]] = []
         self._spec_seq = itertools.count()
         self.lru_evictions = 0
         self._bases: dict[int, int] = {}
@@ -626,15 +630,19 @@ class MemoryIndex:
         v = p.e2r.get(engine_key) if p is not None else None
         return () if v is None else _pm(v)
 
-    def add_speculative(self, request_keys: Sequence[int], pod: str, ttl: float) -> None:
-        """Pretend `pod` holds these blocks (gpu weight) for `ttl` seconds: the pick we just made. Blocks its own
-        events already put on its GPU are skipped: a warm request (most of them) then writes nothing here and leaves
-        nothing to expire, where it wrote and later expired an entry per block."""
+    def add_speculative(
+        self, request_keys: Sequence[int], pod: str, ttl: float, hold: SpeculationHold | None = None
+    ) -> None:
+        """Pretend `pod` holds these blocks (gpu weight) for `ttl` seconds: the pick we just made (with `hold`, for
+        as long as it lasts while the pod's events do not hold the last of them). Blocks its own events already put
+        on its GPU are skipped: a warm request (most of them) then writes nothing here and leaves nothing to expire,
+        where it wrote and later expired an entry per block."""
         if not request_keys or ttl <= 0:
             return
         now = time.monotonic()
         self._expire_spec(now)
-        slot = self._pod(pod).shift // NT
+        p = self._pod(pod)
+        slot = p.shift // NT
         sbit = 1 << (slot * NT + TIER_GPU)
         held = self._data.get
         request_keys = [r for r in request_keys if not held(r, 0) & sbit]
@@ -652,15 +660,27 @@ class MemoryIndex:
                 if slot not in d:  # (in d already: the bit is set)
                     bits[r] |= sbit
                 d[slot] = exp
-        heapq.heappush(self._spec_expiry, (exp, next(self._spec_seq), slot, request_keys))
+        heapq.heappush(
+            self._spec_expiry, (exp, next(self._spec_seq), slot, request_keys, None if hold is None else (hold, p))
+        )
 
     def _expire_spec(self, now: float) -> None:
-        """Drop the speculative entries whose time is up (an entry written again since keeps its later expiry)."""
+        """Drop the speculative entries whose time is up (an entry written again since keeps its later expiry); a
+        held one whose pod's events do not hold its last block yet lives on while its hold does."""
         q = self._spec_expiry
         spec, bits = self._spec, self._spec_bits
         while q and q[0][0] <= now:
-            _, _, slot, keys = heapq.heappop(q)
+            _, _, slot, keys, held = heapq.heappop(q)
             sbit = 1 << (slot * NT + TIER_GPU)
+            if held is not None and self._by_slot.get(slot) is held[1] and not self._data.get(keys[-1], 0) & sbit:
+                until = held[0].until(now)
+                if until > now:
+                    for r in keys:
+                        d = spec.get(r)
+                        if d is not None and d.get(slot, until) < until:
+                            d[slot] = until
+                    heapq.heappush(q, (until, next(self._spec_seq), slot, keys, held))
+                    continue
             for r in keys:
                 d = spec.get(r)
                 if d is not None and d.get(slot, now + 1) <= now:

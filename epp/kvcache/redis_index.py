@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from epp.framework.services import SpeculationHold
 from epp.framework.types import PrefixMatch
 from epp.kvcache.index import TIER_GPU, TIER_NAMES, MemoryIndex
 
@@ -142,8 +143,10 @@ class RedisIndex:
     def clear_pod(self, pod: str) -> None:
         self.local.clear_pod(pod)
 
-    def add_speculative(self, request_keys: Sequence[int], pod: str, ttl: float) -> None:
-        self.local.add_speculative(request_keys, pod, ttl)
+    def add_speculative(
+        self, request_keys: Sequence[int], pod: str, ttl: float, hold: SpeculationHold | None = None
+    ) -> None:
+        self.local.add_speculative(request_keys, pod, ttl, hold)
 
     def pods(self) -> list[str]:
         return self.local.pods()
@@ -200,6 +203,8 @@ class RedisIndex:
         if not request_keys:
             return {}
         allowed = set(pods) if pods is not None else None
+        if self.local._spec_expiry:
+            self.local._expire_spec(time.monotonic())  # drops what is due and carries held entries on
         spec = self.local._spec
         rkeys = [self._rkey(r) for r in request_keys]
         if not spec or not any(r in spec for r in request_keys):

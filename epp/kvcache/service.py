@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from epp.framework.context import RemovalListener
 from epp.framework.params import Params
-from epp.framework.services import CountedReport
+from epp.framework.services import CountedReport, SpeculationHold
 from epp.framework.types import Endpoint, PrefixMatch
 from epp.kvcache.config import PoolConfig
 from epp.kvcache.feedback import DeliveredHits, FeedbackConfig
@@ -132,8 +132,8 @@ class KVCacheService(RemovalListener):
     def publishes(self, pod: str) -> bool:
         return pod in self.applier.publishing
 
-    def speculate(self, keys: Sequence[int], pod: str, ttl: float) -> None:
-        self.index.add_speculative(keys, pod, ttl)
+    def speculate(self, keys: Sequence[int], pod: str, ttl: float, hold: SpeculationHold | None = None) -> None:
+        self.index.add_speculative(keys, pod, ttl, hold)
 
     def report_delivered(
         self, pod: str, keys: Sequence[int], predicted_blocks: int, delivered_tokens: int, block_size: int, prompt: int

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from epp.framework import SpeculationHold
 from epp.kvcache.index import TIER_CPU, TIER_GPU, MemoryIndex, tier_index
 from epp.kvcache.redis_index import RedisIndex
 
@@ -154,6 +156,44 @@ async def test_speculative_entries_of_mixed_ttls_expire_each_at_its_own_time(ind
     index.add_speculative([12], B, 0.6)  # block 12 alone: no prefix from block 0 for B
     assert await match(index, [11, 12]) == {A: (2, 2.0)}
     await asyncio.sleep(0.5)
+    assert await match(index, [11, 12]) == {}
+
+
+async def test_a_held_speculative_entry_outlives_its_ttl_until_events_or_its_end(index: Any) -> None:
+    """speculativeHold: a pick's entries stay while the pod's events do not hold its last block and the request has
+    not ended, then run their TTL from the end; the pod's events confirming the blocks end the hold at once; the cap
+    ends it too. A plain entry written beside them expires on its TTL."""
+    now = time.monotonic()
+    queued = SpeculationHold(0.1, 5.0, now)
+    confirmed = SpeculationHold(0.1, 5.0, now)
+    capped = SpeculationHold(0.1, 0.25, now)
+    index.add_speculative([11, 12], A, 0.1, queued)
+    index.add_speculative([21, 22], B, 0.1, confirmed)
+    index.add_speculative([31], C, 0.1, capped)
+    index.add_speculative([41], C, 0.1)
+    await asyncio.sleep(0.15)
+    assert await match(index, [11, 12]) == {A: (2, 2.0)}  # past its TTL, still held
+    assert await match(index, [21, 22]) == {B: (2, 2.0)}
+    assert await match(index, [31]) == {C: (1, 1.0)}
+    assert await match(index, [41]) == {}
+    index.add([1, 2], [21, 22], B, TIER_GPU)  # B's events: the prefill is done
+    queued.end(time.monotonic())
+    await asyncio.sleep(0.15)  # queued: its TTL from the end has run; capped: past its cap
+    assert await match(index, [11, 12]) == {}
+    assert await match(index, [31]) == {}
+    index.evict([1, 2], B, TIER_GPU)
+    assert await match(index, [21, 22]) == {}  # the held entry went when the events held the blocks
+
+
+async def test_a_held_entry_does_not_outlive_its_pod(index: Any) -> None:
+    """A cleared pod's held entries go with it, and its slot's next pod does not inherit their hold."""
+    index.add_speculative([11, 12], A, 0.05, SpeculationHold(0.05, 5.0, time.monotonic()))
+    index.clear_pod(A)
+    index.add_speculative([11, 12], B, 0.15)  # B takes A's slot
+    local = index.local if isinstance(index, RedisIndex) else index
+    assert local._pods[B].shift == 0
+    assert await match(index, [11, 12]) == {B: (2, 2.0)}
+    await asyncio.sleep(0.25)
     assert await match(index, [11, 12]) == {}
 
 

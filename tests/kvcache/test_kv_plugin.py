@@ -140,6 +140,25 @@ async def test_speculative_entry_routes_a_burst_then_expires() -> None:
     assert plugin.score(CycleState(), later, EPS) == [0.0, 0.0, 0.0]
 
 
+async def test_speculative_hold_keeps_a_queued_pick_past_its_ttl_until_the_response_ends() -> None:
+    """speculativeHold: the pod whose prefill of this prompt may still be queued keeps matching past speculativeTTL,
+    until the request ends (then the TTL runs); without it the entry lapses on the TTL as llm-d's does."""
+    plugin, rig = make({**PARAMS, "speculativeTTL": "150ms", "speculativeHold": "30s"})
+    req = chat_request(LONG)
+    await rig.prepare(req, EPS)
+    plugin.pre_request(req, SchedulingResult({"default": ProfileResult([EPS[2]])}, "default"))
+    await asyncio.sleep(0.2)
+    queued = chat_request(LONG, "r2")  # arrives while the first one waits in pod2's queue, past the TTL
+    await rig.prepare(queued, EPS)
+    assert plugin.score(CycleState(), queued, EPS) == [0.0, 0.0, 1.0]
+    assert plugin.speculative_hold == 30.0
+    plugin.response_complete(req, EPS[2], None)
+    await asyncio.sleep(0.2)
+    later = chat_request(LONG, "r3")
+    await rig.prepare(later, EPS)
+    assert plugin.score(CycleState(), later, EPS) == [0.0, 0.0, 0.0]
+
+
 async def test_cache_salt_isolates_and_tiers_weigh(vllm_kv: Any) -> None:
     plugin, rig = make({**PARAMS, "indexerConfig": {"kvCacheBackendConfigs": [{"name": "cpu", "weight": 0.5}]}})
     svc = rig.svc

@@ -21,6 +21,12 @@ until the engine's event arrives (after the prefill, queueing included), that th
 pod, and would send the next request of the same prefix elsewhere. With a cross-replica syncer that carries
 messages (`dataLayer.crossReplicaSyncerPluginRef` naming a redis-cross-replica-syncer) each pick's entry is also
 sent to the other replicas as it is made, unless `syncCrossReplicaState: false`; they add it with the same TTL.
+
+pyepp's `speculativeHold` (a duration, 0 by default: llm-d's fixed `speculativeTTL`; 30s in pyepp's default config):
+a pick's speculative entries outlive `speculativeTTL` until the pod's KV events hold the prompt's blocks or the
+request ends (then `speculativeTTL` more), at most that long after the pick. Under load a prefill waits in the pod's
+queue longer than the TTL, and without the hold the next request of the same prefix, arriving in that wait, finds it
+nowhere and is sent to compute it again elsewhere. Other replicas get the entry with the plain TTL.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from epp.framework import (
     PrefixCacheMatchInfo,
     RemovalListener,
     SchedulingResult,
+    SpeculationHold,
     Usage,
 )
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
@@ -91,6 +98,8 @@ class PreciseMatch:
 PRECISE_MATCH = DataKey[PreciseMatch]("precise-prefix-match")
 # Endpoints (by name) this request was matched for from the approximate fallback's history, for PreRequest.
 FALLBACK_MATCHED = DataKey[frozenset[str]]("precise-prefix-fallback-endpoints")
+# The hold on this request's speculative entries (speculativeHold), ended when the response does.
+SPECULATION_HOLD = DataKey[SpeculationHold]("precise-prefix-speculation-hold")
 
 
 def tokenizer_pool_params(pool: Params) -> dict[str, Any]:
@@ -122,6 +131,7 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
         speculative: bool = True,
         speculative_ttl: float = 2.0,
         *,
+        speculative_hold: float = 0.0,
         sync_cross_replica: bool = True,
         endpoints: EndpointView | None = None,
         fallback: ApproxPrefixCacheProducer | None = None,
@@ -130,6 +140,7 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
         self.index = index
         self.speculative = speculative
         self.speculative_ttl = speculative_ttl
+        self.speculative_hold = speculative_hold
         self.sync_cross_replica = sync_cross_replica
         self.endpoints = endpoints
         self._send: Callable[[Any], None] | None = None
@@ -138,7 +149,9 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
         self.info_key = PREFIX_CACHE_MATCH_INFO.of(self.name)
         self.match_key = PRECISE_MATCH.of(self.name)
         self.fallback_key = FALLBACK_MATCHED.of(self.name)
-        self._speculated: dict[tuple[str, int], float] = {}  # (pod, first block key) -> expiry (monotonic)
+        self.hold_key = SPECULATION_HOLD.of(self.name)
+        # (pod, first block key) -> expiry (monotonic) and the last hold on it (live until it ends)
+        self._speculated: dict[tuple[str, int], tuple[float, SpeculationHold | None]] = {}
         # approximateFallback: GIE's approximate producer, private to this one (its index holds only the endpoints
         # routed to while they had no events); `_in_history` names the endpoints it has entries for.
         self.fallback = fallback
@@ -172,6 +185,7 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
             index,
             speculative=params.bool("speculativeIndexing", True),
             speculative_ttl=params.duration("speculativeTTL", 2.0),
+            speculative_hold=params.duration("speculativeHold", 0.0),
             sync_cross_replica=params.bool("syncCrossReplicaState", True),
             endpoints=context.endpoints,
             fallback=fallback,
@@ -224,7 +238,7 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
             blocks={k: m.blocks for k, m in matches.items()},
             weighted={k: m.weighted for k, m in matches.items()},
             keys=keys,
-            speculated={k for k in matches if spec.get((k, keys[0]), 0.0) > now} if spec else set(),
+            speculated={k for k in matches if _live(spec.get((k, keys[0])), now)} if spec else set(),
         )
         data.put(self.match_key, info)
         data.put(
@@ -292,12 +306,20 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
             pods = [decision.decode] if decision.prefill is None else [decision.decode, decision.prefill]
         else:
             pods = [pr.targets[0] for pr in result.profile_results.values() if pr is not None and pr.targets]
+        hold = None
+        if self.speculative_hold > 0:
+            now = time.monotonic()
+            prev = request.data.pop(self.hold_key)  # picked again (a retry): the last pick's entries go on the TTL
+            if prev is not None:
+                prev.end(now)
+            hold = SpeculationHold(self.speculative_ttl, self.speculative_hold, now)
+            request.data.put(self.hold_key, hold)
         seen: set[str] = set()
         for ep in pods:
             if ep.hostport not in seen:
                 seen.add(ep.hostport)
-                self.index.speculate(info.keys, ep.hostport, self.speculative_ttl)
-                self._note_speculation(ep.hostport, info.keys[0])
+                self.index.speculate(info.keys, ep.hostport, self.speculative_ttl, hold)
+                self._note_speculation(ep.hostport, info.keys[0], hold=hold)
                 if self._send is not None:
                     self._send([ep.hostport, round(self.speculative_ttl * 1000), info.keys[:MAX_SHARED_KEYS]])
 
@@ -323,20 +345,29 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
         self._note_speculation(pod, keys[0], ttl)
         self.received += 1
 
-    def _note_speculation(self, pod: str, first_key: int, ttl: float | None = None) -> None:
+    def _note_speculation(
+        self, pod: str, first_key: int, ttl: float | None = None, hold: SpeculationHold | None = None
+    ) -> None:
         now = time.monotonic()
         spec = self._speculated
         if len(spec) >= 4096:  # bounded: drop the expired ones, and everything if that is not enough
-            for k in [k for k, exp in spec.items() if exp <= now]:
+            for k in [k for k, v in spec.items() if not _live(v, now)]:
                 del spec[k]
             if len(spec) >= 65536:
                 spec.clear()
         expiry = now + (self.speculative_ttl if ttl is None else ttl)
-        spec[(pod, first_key)] = max(spec.get((pod, first_key), 0.0), expiry)
+        prev = spec.get((pod, first_key))
+        if prev is not None:
+            expiry = max(expiry, prev[0])
+            hold = hold or prev[1]
+        spec[(pod, first_key)] = (expiry, hold)
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
         """The closed loop on delivered hits: tell the index what the engine delivered against what it predicted
         (the response's cached_tokens, else the engine's scraped prefix-cache counters)."""
+        hold = request.data.get(self.hold_key)
+        if hold is not None:
+            hold.end(time.monotonic())
         info = request.data.get(self.match_key)
         if info is None or endpoint is None:
             return
@@ -394,3 +425,11 @@ def _shared_entry(message: Any) -> tuple[str, float, list[int]] | None:
     if not all(type(k) is int and 0 <= k < 1 << 64 for k in keys):
         return None
     return pod, min(float(ttl_ms) / 1000.0, MAX_SHARED_TTL), keys
+
+
+def _live(noted: tuple[float, SpeculationHold | None] | None, now: float) -> bool:
+    """Whether a noted speculation may still stand behind a match: its TTL has not run out, or its hold has not."""
+    if noted is None:
+        return False
+    expiry, hold = noted
+    return expiry > now or (hold is not None and hold.until(now) > now)
