@@ -103,6 +103,10 @@ class KVCacheIndex(Protocol):
 
     def speculate(self, keys: Sequence[int], pod: str, ttl: float, hold: SpeculationHold | None = None) -> None: ...
 
+    def speculative_only(self, pod: str, key: int) -> bool:
+        """Whether `pod` holds block `key` only through a live speculative entry (no event of its put it there)."""
+        ...
+
     def report_delivered(
         self, pod: str, keys: Sequence[int], predicted_blocks: int, delivered_tokens: int, block_size: int, prompt: int
     ) -> None:

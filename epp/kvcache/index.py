@@ -76,6 +76,8 @@ class Index(Protocol):
         self, request_keys: Sequence[int], pod: str, ttl: float, hold: SpeculationHold | None = None
     ) -> None: ...
 
+    def speculative_only(self, pod: str, request_key: int) -> bool: ...
+
     async def flush(self) -> None: ...
 
     async def lookup(
@@ -663,6 +665,14 @@ class MemoryIndex:
         heapq.heappush(
             self._spec_expiry, (exp, next(self._spec_seq), slot, request_keys, None if hold is None else (hold, p))
         )
+
+    def speculative_only(self, pod: str, request_key: int) -> bool:
+        """Whether `pod` holds `request_key` only through a live speculative entry, as of the last lookup's expiry
+        (no event of its put the block on any of its tiers)."""
+        p = self._pods.get(pod)
+        if p is None or not self._spec_bits.get(request_key, 0) & (1 << (p.shift + TIER_GPU)):
+            return False
+        return not self._data.get(request_key, 0) & p.mask
 
     def _expire_spec(self, now: float) -> None:
         """Drop the speculative entries whose time is up (an entry written again since keeps its later expiry); a

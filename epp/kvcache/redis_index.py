@@ -148,6 +148,11 @@ class RedisIndex:
     ) -> None:
         self.local.add_speculative(request_keys, pod, ttl, hold)
 
+    def speculative_only(self, pod: str, request_key: int) -> bool:
+        # the local mirror holds this replica's own events: a block another replica ingested reads as speculative
+        # (its hit is then not held against the pod)
+        return self.local.speculative_only(pod, request_key)
+
     def pods(self) -> list[str]:
         return self.local.pods()
 

@@ -135,6 +135,9 @@ class KVCacheService(RemovalListener):
     def speculate(self, keys: Sequence[int], pod: str, ttl: float, hold: SpeculationHold | None = None) -> None:
         self.index.add_speculative(keys, pod, ttl, hold)
 
+    def speculative_only(self, pod: str, key: int) -> bool:
+        return self.index.speculative_only(pod, key)
+
     def report_delivered(
         self, pod: str, keys: Sequence[int], predicted_blocks: int, delivered_tokens: int, block_size: int, prompt: int
     ) -> None:

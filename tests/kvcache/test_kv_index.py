@@ -185,6 +185,17 @@ async def test_a_held_speculative_entry_outlives_its_ttl_until_events_or_its_end
     assert await match(index, [21, 22]) == {}  # the held entry went when the events held the blocks
 
 
+async def test_speculative_only_names_a_block_no_event_put_on_the_pod(index: Any) -> None:
+    """The closed loop's test for a match resting on a pick's entry: true while only the speculation holds the
+    block on that pod, false once the pod's events hold it (any tier) and for other pods and blocks."""
+    index.add([5], [11], B, TIER_CPU)
+    index.add_speculative([11, 12], A, 5.0)
+    assert index.speculative_only(A, 12) and index.speculative_only(A, 11)
+    assert not index.speculative_only(B, 11) and not index.speculative_only(A, 13) and not index.speculative_only(C, 12)
+    index.add([1, 2], [11, 12], A, TIER_CPU)  # the events arrive after the pick
+    assert not index.speculative_only(A, 12) and not index.speculative_only(A, 11)
+
+
 async def test_a_held_entry_does_not_outlive_its_pod(index: Any) -> None:
     """A cleared pod's held entries go with it, and its slot's next pod does not inherit their hold."""
     index.add_speculative([11, 12], A, 0.05, SpeculationHold(0.05, 5.0, time.monotonic()))

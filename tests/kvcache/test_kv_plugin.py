@@ -324,6 +324,43 @@ async def test_delivered_hits_loop_ignores_hits_predicted_from_our_own_speculati
     assert reports == [EPS[2].hostport]  # the first request's own match was not speculative
 
 
+async def test_a_speculation_for_another_prompt_with_the_same_first_block_does_not_hide_an_event_backed_match(
+    vllm_kv: Any,
+) -> None:
+    """A pod counts as speculated for the closed loop only when its match rests on a speculative entry (its deepest
+    matched block held only speculatively), not whenever any prompt sharing the request's first block was just sent
+    there: with a shared system prompt that hid every busy pod from the loop."""
+    plugin, rig = make({**PARAMS, "speculativeTTL": "2s", "deliveredHitsConfig": {"window": 2}})
+    reports: list[str] = []
+    real = rig.svc.report_delivered
+
+    def spy(pod: str, keys: Sequence[int], pred: int, deliv: int, bs: int, prompt: int) -> None:
+        reports.append(pod)
+        real(pod, keys, pred, deliv, bs, prompt)
+
+    rig.svc.report_delivered = spy  # type: ignore[method-assign,assignment]
+    held = chat_request(LONG, "held")
+    await rig.prepare(held, EPS)
+    toks = tokens(held)
+    store_tokens(vllm_kv, rig.svc, EPS[1].hostport, toks, len(toks) // BS, 1000)  # pod1's events: all of it
+    other_text = "Summarize the following report. " + "None of its sections, something else entirely. " * 8
+    other = chat_request(other_text, "other")
+    await rig.prepare(other, EPS)
+    assert other.data.require(plugin.match_key).keys[0] == held.data.require(plugin.match_key).keys[0]
+    plugin.pre_request(other, SchedulingResult({"default": ProfileResult([EPS[1]])}, "default"))  # speculated there
+    again = chat_request(LONG, "again")
+    await rig.prepare(again, EPS)
+    assert again.data.require(plugin.match_key).speculated == set()
+    n = len(toks)
+    plugin.response_complete(again, EPS[1], Usage(prompt_tokens=n, cached_tokens=n, cached_tokens_reported=True))
+    assert reports == [EPS[1].hostport]
+    burst = chat_request(other_text, "other-2")  # the other prompt's own burst: its match on pod1 is the speculation
+    await rig.prepare(burst, EPS)
+    assert burst.data.require(plugin.match_key).speculated == {EPS[1].hostport}
+    plugin.response_complete(burst, EPS[1], Usage(prompt_tokens=n, cached_tokens=0, cached_tokens_reported=True))
+    assert reports == [EPS[1].hostport]
+
+
 async def test_delivered_hits_loop_reads_the_engine_counters_when_usage_has_no_cached_tokens(vllm_kv: Any) -> None:
     plugin, rig = make({**PARAMS, "speculativeIndexing": False, "deliveredHitsConfig": {"window": 4}})
     eps = [Endpoint(f"pod{i}", f"10.0.1.{i}", 8000) for i in range(3)]

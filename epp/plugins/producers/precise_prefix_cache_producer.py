@@ -89,8 +89,8 @@ class PreciseMatch:
     blocks: dict[str, int] = field(default_factory=dict)
     weighted: dict[str, float] = field(default_factory=dict)
     keys: list[int] = field(default_factory=list)
-    # Pods whose match may rest on this producer's own speculative entries (written for a prompt with the same
-    # first block, still live): their delivered hits say nothing about the index's events.
+    # Pods whose match rests on speculative entries (their deepest matched block is held only speculatively: a pick
+    # of this replica or another's): their delivered hits say nothing about the index's events.
     speculated: set[str] = field(default_factory=set)
 
 
@@ -150,8 +150,6 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
         self.match_key = PRECISE_MATCH.of(self.name)
         self.fallback_key = FALLBACK_MATCHED.of(self.name)
         self.hold_key = SPECULATION_HOLD.of(self.name)
-        # (pod, first block key) -> expiry (monotonic) and the last hold on it (live until it ends)
-        self._speculated: dict[tuple[str, int], tuple[float, SpeculationHold | None]] = {}
         # approximateFallback: GIE's approximate producer, private to this one (its index holds only the endpoints
         # routed to while they had no events); `_in_history` names the endpoints it has entries for.
         self.fallback = fallback
@@ -230,15 +228,14 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
         data = request.data
         matches = await index.match(keys, [ep.hostport for ep in endpoints])
         bs = index.block_size_for(request.target_model, endpoints) or 0
-        now = time.monotonic()
-        spec = self._speculated
         info = PreciseMatch(
             total_blocks=len(keys),
             block_size=bs,
             blocks={k: m.blocks for k, m in matches.items()},
             weighted={k: m.weighted for k, m in matches.items()},
             keys=keys,
-            speculated={k for k in matches if _live(spec.get((k, keys[0])), now)} if spec else set(),
+            # a pod whose deepest matched block is held only speculatively: its match rests on a pick's entries
+            speculated={k for k, m in matches.items() if m.blocks and index.speculative_only(k, keys[m.blocks - 1])},
         )
         data.put(self.match_key, info)
         data.put(
@@ -319,7 +316,6 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
             if ep.hostport not in seen:
                 seen.add(ep.hostport)
                 self.index.speculate(info.keys, ep.hostport, self.speculative_ttl, hold)
-                self._note_speculation(ep.hostport, info.keys[0], hold=hold)
                 if self._send is not None:
                     self._send([ep.hostport, round(self.speculative_ttl * 1000), info.keys[:MAX_SHARED_KEYS]])
 
@@ -342,25 +338,7 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
             return
         pod, ttl, keys = entry
         self.index.speculate(keys, pod, ttl)
-        self._note_speculation(pod, keys[0], ttl)
         self.received += 1
-
-    def _note_speculation(
-        self, pod: str, first_key: int, ttl: float | None = None, hold: SpeculationHold | None = None
-    ) -> None:
-        now = time.monotonic()
-        spec = self._speculated
-        if len(spec) >= 4096:  # bounded: drop the expired ones, and everything if that is not enough
-            for k in [k for k, v in spec.items() if not _live(v, now)]:
-                del spec[k]
-            if len(spec) >= 65536:
-                spec.clear()
-        expiry = now + (self.speculative_ttl if ttl is None else ttl)
-        prev = spec.get((pod, first_key))
-        if prev is not None:
-            expiry = max(expiry, prev[0])
-            hold = hold or prev[1]
-        spec[(pod, first_key)] = (expiry, hold)
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
         """The closed loop on delivered hits: tell the index what the engine delivered against what it predicted
@@ -425,11 +403,3 @@ def _shared_entry(message: Any) -> tuple[str, float, list[int]] | None:
     if not all(type(k) is int and 0 <= k < 1 << 64 for k in keys):
         return None
     return pod, min(float(ttl_ms) / 1000.0, MAX_SHARED_TTL), keys
-
-
-def _live(noted: tuple[float, SpeculationHold | None] | None, now: float) -> bool:
-    """Whether a noted speculation may still stand behind a match: its TTL has not run out, or its hold has not."""
-    if noted is None:
-        return False
-    expiry, hold = noted
-    return expiry > now or (hold is not None and hold.until(now) > now)
