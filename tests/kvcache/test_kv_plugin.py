@@ -300,8 +300,8 @@ async def test_delivered_hits_loop_reports_only_what_the_engine_reported(vllm_kv
     assert plugin.score(CycleState(), again, EPS) == [0.0, 0.0, 0.0]
 
 
-async def test_delivered_hits_loop_ignores_hits_predicted_from_our_own_speculation() -> None:
-    plugin, rig = make({**PARAMS, "speculativeTTL": "2s", "deliveredHitsConfig": {"window": 2}})
+def reported_pods(rig: Rig) -> list[str]:
+    """The pods the producer reports delivered hits for, in order (the reports still reach the service)."""
     reports: list[str] = []
     real = rig.svc.report_delivered
 
@@ -310,6 +310,12 @@ async def test_delivered_hits_loop_ignores_hits_predicted_from_our_own_speculati
         real(pod, keys, pred, deliv, bs, prompt)
 
     rig.svc.report_delivered = spy  # type: ignore[method-assign,assignment]
+    return reports
+
+
+async def test_delivered_hits_loop_ignores_hits_predicted_from_our_own_speculation() -> None:
+    plugin, rig = make({**PARAMS, "speculativeTTL": "2s", "deliveredHitsConfig": {"window": 2}})
+    reports = reported_pods(rig)
     first = chat_request(LONG, "burst-0")
     await rig.prepare(first, EPS)
     plugin.pre_request(first, SchedulingResult({"default": ProfileResult([EPS[2]])}, "default"))
@@ -331,14 +337,7 @@ async def test_a_speculation_for_another_prompt_with_the_same_first_block_does_n
     matched block held only speculatively), not whenever any prompt sharing the request's first block was just sent
     there: with a shared system prompt that hid every busy pod from the loop."""
     plugin, rig = make({**PARAMS, "speculativeTTL": "2s", "deliveredHitsConfig": {"window": 2}})
-    reports: list[str] = []
-    real = rig.svc.report_delivered
-
-    def spy(pod: str, keys: Sequence[int], pred: int, deliv: int, bs: int, prompt: int) -> None:
-        reports.append(pod)
-        real(pod, keys, pred, deliv, bs, prompt)
-
-    rig.svc.report_delivered = spy  # type: ignore[method-assign,assignment]
+    reports = reported_pods(rig)
     held = chat_request(LONG, "held")
     await rig.prepare(held, EPS)
     toks = tokens(held)
