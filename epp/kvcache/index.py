@@ -490,7 +490,7 @@ class MemoryIndex:
         while self._retired and budget > 0:
             self._sweep(min(budget, 65536))
             budget -= 65536
-        self._expire_spec(time.monotonic())
+        self.expire_speculative(time.monotonic())
 
     def _interned(self, v: int) -> int:
         it = self._intern
@@ -642,7 +642,7 @@ class MemoryIndex:
         if not request_keys or ttl <= 0:
             return
         now = time.monotonic()
-        self._expire_spec(now)
+        self.expire_speculative(now)
         p = self._pod(pod)
         slot = p.shift // NT
         sbit = 1 << (slot * NT + TIER_GPU)
@@ -674,7 +674,7 @@ class MemoryIndex:
             return False
         return not self._data.get(request_key, 0) & p.mask
 
-    def _expire_spec(self, now: float) -> None:
+    def expire_speculative(self, now: float) -> None:
         """Drop the speculative entries whose time is up (an entry written again since keeps its later expiry); a
         held one whose pod's events do not hold its last block yet lives on while its hold does."""
         q = self._spec_expiry
@@ -718,7 +718,7 @@ class MemoryIndex:
         if not allowed or not request_keys:
             return {}
         if self._spec_expiry:
-            self._expire_spec(time.monotonic())  # what is left in _spec_bits is live
+            self.expire_speculative(time.monotonic())  # what is left in _spec_bits is live
         sget = self._spec_bits.get if self._spec_bits else None
         get = self._data.get
         runs: list[tuple[int, int]] = []

@@ -208,8 +208,7 @@ class RedisIndex:
         if not request_keys:
             return {}
         allowed = set(pods) if pods is not None else None
-        if self.local._spec_expiry:
-            self.local._expire_spec(time.monotonic())  # drops what is due and carries held entries on
+        self.local.expire_speculative(time.monotonic())  # drops what is due and carries held entries on
         spec = self.local._spec
         rkeys = [self._rkey(r) for r in request_keys]
         if not spec or not any(r in spec for r in request_keys):
