@@ -121,6 +121,11 @@ def test_suite_tables_medians_and_time_scale() -> None:
            [run(OURS, 3.0), run(f"{OURS}/v", 0.5), run("llm-d-v0.10", 2.0)]]  # fmt: skip
     cell = Cell("multi-turn", 4, 16, 10, 5.0, 1.0, {}, summaries=[run(OURS, 2.0), run("llm-d-v0.10", 2.5)], repeats=rep)
     assert "| multi-turn 4p/16 | 0.80 (per repeat 0.50, 1.50) | 0.80 |" in goals([cell])
+    # the bound's lost tokens by why, and the capture where no holder was slower (affinity_trace.lost_reuse)
+    lost = {"lost_slower": 0.04, "lost_miss": 0.01, "lost_engine": 0.0, "captured_not_slower": 0.99}
+    cell = Cell("mooncake", 4, 16, 10, 5.0, 1.0, {}, summaries=[{**run(OURS, 1.0), **lost}, run("load", 2.0)])
+    assert "| 50% | 4.0% / 1.0% / 0.0% | 0.10 |" in table(cell)
+    assert "| 50% (99%) |" in goals([cell])
     spec = WORKLOADS["no-reuse"]
     w, warmup = SimModel(time_scale=1.5).timed(spec.make(4, 0.3, 0), spec.warmup)
     ref = spec.make(4, 0.3, 0)

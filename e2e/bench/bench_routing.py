@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.bench import loadgen
+from e2e.bench.affinity_trace import lost_reuse
 from e2e.harness.http import post_json
 from e2e.harness.stack import Stack, start_stack
 from e2e.sim.launch import SimProcess, start_simulators
@@ -440,9 +441,11 @@ def run_cell(
     drawn = [model.timed(spec.make(pods, scale, d), spec.warmup) for d in range(repeats if draws else 1)]
     tok = shared_tokenizer()
     bounds: list[float] = []
+    draw_ids: list[list[list[int]]] = []
     avg_prompt = 0.0
     for w, warmup in reversed(drawn):  # draw 0 last: its prompt length is the one printed
         ids = [prompt_ids(r, tok) for r in w.requests]
+        draw_ids.insert(0, ids)
         bounds.insert(0, reuse_bound(w.requests, block_size, ids=ids, count_after=warmup).share)
         avg_prompt = sum(map(len, ids)) / max(1, len(ids))
     workload, warmup = drawn[0]
@@ -489,6 +492,10 @@ def run_cell(
             span = max(1e-9, duration - warmup)
             s = loadgen.summarize(strategy, counted, span, pod_names)
             runs[rep][strategy] = summary_dict(s, bounds[rep % len(bounds)])
+            lost = lost_reuse(
+                workload.requests, results, draw_ids[rep % len(drawn)], block_size, model.effective_prefill_tps, warmup
+            )
+            runs[rep][strategy].update(lost.shares())
             runs[rep][strategy]["wall_s"] = time.monotonic() - t0
             raw_out[f"{spec.name}/{pods}/{block_size}/{strategy}" + (f"/{rep}" if rep else "")] = [
                 (r.ttft, r.status, r.cached_tokens, r.prompt_tokens, r.served_by) for r in results
@@ -501,7 +508,8 @@ def run_cell(
 
 
 MEDIAN_FIELDS = ("ttft_p50", "ttft_p90", "ttft_p99", "ttft_mean", "e2e_p50", "throughput_rps", "output_tok_s",
-                 "kv_hit_rate", "load_cv", "captured", "wall_s")  # fmt: skip
+                 "kv_hit_rate", "load_cv", "captured", "wall_s", "lost_engine", "lost_slower", "lost_miss",
+                 "captured_not_slower")  # fmt: skip
 
 
 def median_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -520,8 +528,8 @@ def _ms(x: float) -> str:
 
 def table(cell: Cell) -> str:
     """The cell as a markdown table (printed as it is and written to results.md): medians when repeated."""
-    cols = ["strategy", "ok/n", "TTFT p50 ms", "p90", "p99", "req/s", "KV hit", "bound", "captured", "pods CoV",
-            "p90 vs best other"]  # fmt: skip
+    cols = ["strategy", "ok/n", "TTFT p50 ms", "p90", "p99", "req/s", "KV hit", "bound", "captured",
+            "lost: slower / miss / engine", "pods CoV", "p90 vs best other"]  # fmt: skip
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for s in cell.summaries:
         others = [o["ttft_p90"] for o in cell.summaries if o["label"] != s["label"] and o["ttft_p90"] == o["ttft_p90"]]
@@ -529,11 +537,18 @@ def table(cell: Cell) -> str:
         row = [
             s["label"], f"{s['ok']}/{s['n']}", _ms(s["ttft_p50"]), _ms(s["ttft_p90"]), _ms(s["ttft_p99"]),
             f"{s['throughput_rps']:.1f}", f"{s['kv_hit_rate']:.1%}", f"{s['bound']:.1%}",
-            f"{s['captured']:.0%}" if s["captured"] == s["captured"] else "-", f"{s['load_cv']:.2f}",
+            f"{s['captured']:.0%}" if s["captured"] == s["captured"] else "-", _lost(s), f"{s['load_cv']:.2f}",
             f"{s['ttft_p90'] / best:.2f}x" if best and best == best else "-",
         ]  # fmt: skip
         out.append("| " + " | ".join(row) + " |")
     return "\n".join(out)
+
+
+def _lost(s: dict[str, Any]) -> str:
+    """The bound's tokens not delivered, as shares of it, by why (affinity_trace.lost_reuse); '-' without reuse."""
+    if s.get("bound", 0) <= 0 or "lost_miss" not in s:
+        return "-"
+    return " / ".join(f"{s[k]:.1%}" for k in ("lost_slower", "lost_miss", "lost_engine"))
 
 
 def plot(path: Path, workload: str, cells: Sequence[Cell]) -> None:
@@ -581,7 +596,8 @@ def p90_by_repeat(cell: Cell) -> list[dict[str, float]]:
 def goals(cells: Sequence[Cell]) -> str:
     """issue 11's goals for pyepp-default, per cell, from the numbers measured side by side."""
     rows = ["| cell | p90 vs best other (<= 1.0) | p90 vs llm-d-v0.10 (<= 0.9 on multi-turn, agentic) "
-            "| p99 vs load (<= 1.05) | captured of the bound (>= 95%) | demo: p90 gain vs random (>= 50) / "
+            "| p99 vs load (<= 1.05) | captured of the bound (>= 95%; where no holder was slower) "
+            "| demo: p90 gain vs random (>= 50) / "
             "approximate (>= 5) |", "|---|---|---|---|---|---|"]  # fmt: skip
     for c in cells:
         by = {s["label"]: s for s in c.summaries}
@@ -609,9 +625,16 @@ def goals(cells: Sequence[Cell]) -> str:
             + (f" (per repeat {', '.join(per_repeat)})" if per_repeat else "")
             + " "
             f"| {ratio(ours['ttft_p90'], llmd)} | {ratio(ours['ttft_p99'], load)} "
-            f"| {ours['captured']:.0%} | {demo} |"
+            f"| {_captured(ours)} | {demo} |"
         )
     return "\n".join(rows)
+
+
+def _captured(s: dict[str, Any]) -> str:
+    c, free = s["captured"], s.get("captured_not_slower", float("nan"))
+    if c != c:
+        return "-"
+    return f"{c:.0%}" + (f" ({free:.0%})" if free == free else "")
 
 
 def markdown(cells: Sequence[Cell], command: str) -> str:

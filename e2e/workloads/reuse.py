@@ -50,14 +50,25 @@ def reuse_bound(
         n = len(toks)
         counted = requests[i].arrival >= count_after
         total += n if counted else 0
-        limit = max(0, (n - 1) // block_size)
-        parent = 0
-        hit = True
-        for b in range(n // block_size):
-            parent = hash((parent, tuple(toks[b * block_size : (b + 1) * block_size])))
-            if hit and b < limit and parent in seen:
-                reused += block_size if counted else 0
-            else:
-                hit = False
-            seen.add(parent)
+        chain = block_chain(toks, block_size)
+        for h in chain[: reusable_blocks(n, block_size)]:
+            if h not in seen:
+                break
+            reused += block_size if counted else 0
+        seen.update(chain)
     return ReuseBound(total, reused)
+
+
+def block_chain(toks: Sequence[int], block_size: int) -> list[int]:
+    """The prompt's full blocks, each keyed by a hash chained over every block before it (a key implies its
+    prefix)."""
+    out, parent = [], 0
+    for b in range(len(toks) // block_size):
+        parent = hash((parent, tuple(toks[b * block_size : (b + 1) * block_size])))
+        out.append(parent)
+    return out
+
+
+def reusable_blocks(n: int, block_size: int) -> int:
+    """At most this many blocks of an `n`-token prompt can hit: the last prompt token is always computed."""
+    return max(0, (n - 1) // block_size)
