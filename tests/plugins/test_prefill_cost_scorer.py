@@ -17,6 +17,7 @@ from epp.framework import (
     ProfileResult,
     SchedulingResult,
     TokenizedPrompt,
+    Usage,
 )
 from epp.plugins.producers.precise_prefix_cache_producer import PRECISE_MATCH, PreciseMatch
 from epp.plugins.scorers.prefill_cost_scorer import PrefillCostScorer, _Queue
@@ -525,7 +526,7 @@ def test_decoding_share_discounts_a_decoding_endpoint_that_holds_part_of_the_pro
     pod. With `decodingShare` such an endpoint is discounted as an idle one, its share no lower than that; a request
     that holds nothing there, or an endpoint with prefill queued, is charged as before."""
     params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
-              "idleUncachedWeight": 1, "trafficWindow": "10s"}  # fmt: skip
+              "idleUncachedWeight": 1, "trafficWindow": "10s", "decodingEndsFirst": False}  # fmt: skip
     scorers = {share: build(PrefillCostScorer, {**params, "decodingShare": share}) for share in (1.0, 0.5, 0.0)}
     e = with_capacity(eps(), 64 * 1024)
     for s in scorers.values():
@@ -545,3 +546,48 @@ def test_decoding_share_discounts_a_decoding_endpoint_that_holds_part_of_the_pro
     assert scorers[0.0].costs(small, e, now=now)[0] == 1600.0 + 1000.0
     with pytest.raises(PluginConfigError, match="decodingShare"):
         build(PrefillCostScorer, {"decodingShare": 1.5})
+    default = build(PrefillCostScorer, {})  # the default: any share, once the pod's decodes end first
+    assert (default.decoding_share, default.decoding_ends_first) == (0.0, True)
+
+
+def test_decoding_ends_first_discounts_a_decoding_pod_only_when_its_decodes_end_before_this_prefill() -> None:
+    """`decodingEndsFirst`: a pod that holds part of the prompt and only decodes gets the idle discount only if its
+    in-flight decodes are expected to end before this request's prefill there would (their max_tokens at the decode
+    rate learned from completions); with the rate unknown, or a longer decode, it is charged the busy weight."""
+    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
+              "idleUncachedWeight": 1, "trafficWindow": "10s", "decodingShare": 0,
+              "decodingEndsFirst": True}  # fmt: skip
+    e = with_capacity(eps(), 64 * 1024)
+    small = req("small", 1000, {"a": 12.5})  # a holds 200 of its 1000 tokens: 0.8 s of prefill there
+
+    def learned(after: float = 1.0) -> PrefillCostScorer:
+        """A scorer that has seen one completion: 11 tokens, the last 10 `after` seconds after the first."""
+        s = build(PrefillCostScorer, params)
+        done = req("done", 96, {"c": 6})
+        place(s, done, e, 2)
+        booked = done.data.get(s.booked_key)
+        assert booked is not None
+        booked.first_token = time.monotonic() - after
+        s.response_complete(done, e[2], Usage(completion_tokens=11))
+        return s
+
+    assert learned().decode_tps == pytest.approx(10.0, rel=0.05)
+    assert learned(after=1e-6).decode_tps == 1000.0  # capped: a first token estimated late is not an instant decode
+
+    unknown = build(PrefillCostScorer, params)
+    place(unknown, req("busy", 96, {"a": 6}, max_tokens=5), e, 0)  # all cached: decoding on a at once
+    assert unknown.costs(small, e, now=time.monotonic())[0] == 1600.0  # no rate yet: the busy weight
+    short = learned()
+    place(short, req("busy", 96, {"a": 6}, max_tokens=5), e, 0)  # 5 tokens at 10/s: done in 0.5 s < 0.8 s
+    now = time.monotonic()
+    q = short.queues["a"]
+    share = short._busy_share(q, short.fullness(e[0], q, now), 800, now)
+    assert short.costs(small, e, now=now)[0] == pytest.approx((1 + share) * 800) and share < 0.05
+    assert short.costs(req("cold", 1000, {}), e, now=now)[0] == 2000.0  # holds nothing on a: busy weight
+    long = learned()
+    place(long, req("busy", 96, {"a": 6}, max_tokens=10), e, 0)  # 10 tokens: 1 s, longer than the prefill
+    assert long.costs(small, e, now=time.monotonic())[0] == 1600.0
+    # without the condition (decodingShare alone) the long decode is discounted too
+    plain = build(PrefillCostScorer, {**params, "decodingEndsFirst": False})
+    place(plain, req("busy", 96, {"a": 6}, max_tokens=10), e, 0)
+    assert plain.costs(small, e, now=time.monotonic())[0] < 1000.0

@@ -28,11 +28,13 @@ they would find one fewer free (Mooncake's small prefixes at 8 pods; not the def
 `arrivalWeight` (0: off) charges every endpoint, busy ones too, the wait of its own arrivals behind this prefill
 (rate x prefill time x uncached / 2, uncapped) in place of the idle share's capped one: a prompt nobody holds goes
 where the traffic is lowest (not the default: it keeps bursts of sub-agents from spreading, docs/plugins.md).
-`decodingShare` (1: off) discounts as idle an endpoint that holds part of this prompt and only decodes (requests in
-flight, no prefill queued), its share at least `decodingShare`: its running requests are slowed by the recompute's
-chunks, not queued behind it. With the busy weight there, Mooncake's small cached prefixes were recomputed whole on
-idle pods; 0.5 keeps them at block 16 but costs agentic and multi-turn at block 64, so it is not the default
-(docs/plugins.md). A request that holds nothing on such an endpoint is charged the busy weight as before.
+`decodingShare` (0; 1: off) discounts as idle an endpoint that holds part of this prompt and only decodes (requests
+in flight, no prefill queued), its share at least `decodingShare`: its running requests are slowed by the
+recompute's chunks, not queued behind it. `decodingEndsFirst` (on) limits that to an endpoint whose decodes are
+expected to end before this prefill there would (each booking's max_tokens at the decode rate learned from
+completions): Mooncake's 8-token answers do, so its conversations keep their cached prefixes at 8 pods; a chat's
+longer answers do not, so sessions sharing a system prompt are not piled onto decoding pods (what the discount alone
+cost at block 64, docs/plugins.md). A request that holds nothing on such an endpoint is charged the busy weight.
 
 active(e) counts each KV block several in-flight requests share once (`dedupInFlightBlocks`, from the precise
 producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat session's own
@@ -92,6 +94,9 @@ from epp.plugins.producers.precise_prefix_cache_producer import PRECISE_MATCH
 
 DEFAULT_PRODUCER = "precise-prefix-cache-producer"
 MAX_WORKING_SET = 1 << 18  # working-set blocks kept per endpoint while its KV capacity is unknown
+# a cap on one request's learned decode rate (output tokens/s): a first token estimated late (a prefill faster than
+# prefillTokensPerSecond) must not make every decode look instant
+MAX_DECODE_TPS = 1000.0
 
 
 @dataclass(slots=True)
@@ -109,6 +114,7 @@ class _InFlight:
     start: float
     keys: list[int] | None = None  # the prompt's block keys (counted once per endpoint) and their size in tokens
     block_tokens: int = 0
+    first_token: float = 0.0  # when its prefill is estimated done (the endpoint's queue drained through it)
 
 
 @dataclass(slots=True)
@@ -136,6 +142,7 @@ class _Decaying:
 @dataclass(slots=True)
 class _Queue:
     busy_until: float = 0.0  # when the endpoint's estimated prefill queue drains
+    decode_until: float = 0.0  # when its in-flight requests' decodes are estimated done (decodingEndsFirst)
     active_tokens: int = 0
     active: int = 0
     written: int = 0  # tokens computed there (uncached prompt + output) since this scorer started: fills its KV
@@ -176,6 +183,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         cold_share: float = 0.5,
         arrival_weight: float = 0.0,
         decoding_share: float = 1.0,
+        decoding_ends_first: bool = False,
     ) -> None:
         super().__init__(name)
         self.producer = producer
@@ -201,6 +209,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.cold_share = cold_share
         self.arrival_weight = arrival_weight
         self.decoding_share = decoding_share
+        self.decoding_ends_first = decoding_ends_first
+        self.decode_tps = 0.0  # one request's decode rate (output tokens/s), learned from completions; 0: unknown
         self.cold = _Decaying()  # cold requests (best pod caches < coldShare of the prompt), over trafficWindow
         self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
         self.queues: dict[str, _Queue] = {}
@@ -243,7 +253,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
             cold_arrival_weight=params.float("coldArrivalWeight", 0.0, min=0.0),
             cold_share=params.float("coldShare", 0.5, min=0.0, max=1.0),
             arrival_weight=params.float("arrivalWeight", 0.0, min=0.0),
-            decoding_share=params.float("decodingShare", 1.0, min=0.0, max=1.0),
+            decoding_share=params.float("decodingShare", 0.0, min=0.0, max=1.0),
+            decoding_ends_first=params.bool("decodingEndsFirst", True),
         )
         context.endpoints.subscribe(scorer)
         return scorer
@@ -307,7 +318,13 @@ class PrefillCostScorer(Plugin, RemovalListener):
                 # decodingShare < 1: an endpoint that only decodes (no prefill queued) and holds part of this prompt
                 # is discounted like an idle one, its share no lower than that (its running requests are slowed, not
                 # queued)
-                if idle or (ds < 1.0 and q is not None and u < n and q.busy_until <= now):
+                if idle or (
+                    ds < 1.0
+                    and q is not None
+                    and u < n
+                    and q.busy_until <= now
+                    and (not self.decoding_ends_first or q.decode_until <= now + u / rate)
+                ):
                     share = self._busy_share(q, full, u, now)
                     if not idle:
                         share = max(share, ds)
@@ -400,7 +417,10 @@ class PrefillCostScorer(Plugin, RemovalListener):
         if self.idle_weight != self.uncached_weight or self.arrival_weight > 0:  # the two readers of the rate
             q.traffic.add(now, self.traffic_window)
         out = request.max_tokens if request.max_tokens is not None else self.default_output
-        entry = _InFlight(name, cost.prompt_tokens + max(0, out), now)
+        entry = _InFlight(name, cost.prompt_tokens + max(0, out), now, first_token=q.busy_until)
+        if self.decoding_ends_first:
+            ends = q.busy_until + max(0, out) / self.decode_tps if self.decode_tps > 0 else math.inf
+            q.decode_until = ends if q.active == 0 else max(q.decode_until, ends)
         match = request.data.get(self.match_key)
         if self.window > 0 and match is not None and match.keys and match.block_size > 0:
             recent = q.recent
@@ -430,6 +450,13 @@ class PrefillCostScorer(Plugin, RemovalListener):
         entry = request.data.pop(self.booked_key)
         if entry is not None and self._inflight.pop(id(entry), None) is not None:
             self._release(entry)
+            if self.decoding_ends_first and usage is not None and usage.completion_tokens > 1:
+                took = time.monotonic() - entry.first_token
+                if took > 0:
+                    sample = min(MAX_DECODE_TPS, (usage.completion_tokens - 1) / took)
+                    self.decode_tps = (
+                        sample if self.decode_tps <= 0 else self.decode_tps + 0.1 * (sample - self.decode_tps)
+                    )
 
     def _release(self, entry: _InFlight) -> None:
         q = self.queues.get(entry.endpoint)
