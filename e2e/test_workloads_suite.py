@@ -117,9 +117,10 @@ def test_suite_tables_medians_and_time_scale() -> None:
     assert lines[0].startswith("| strategy |") and len(lines) == 4
     assert lines[2].endswith("| 0.25x |") and lines[3].endswith("| 4.00x |")  # p90 vs the best other strategy
     # goals: ours against the best other strategy (not our variants), the medians and each repeat paired
-    rep = [[run(OURS, 1.0), run(f"{OURS}/v", 0.5), run("llm-d-v0.10", 2.0)],
-           [run(OURS, 3.0), run(f"{OURS}/v", 0.5), run("llm-d-v0.10", 2.0)]]  # fmt: skip
-    cell = Cell("multi-turn", 4, 16, 10, 5.0, 1.0, {}, summaries=[run(OURS, 2.0), run("llm-d-v0.10", 2.5)], repeats=rep)
+    rep = [[run(OURS, 1.0), run(f"{OURS}/v", 0.5), run(f"{OURS}@old", 0.5), run("llm-d-v0.10", 2.0)],
+           [run(OURS, 3.0), run(f"{OURS}/v", 0.5), run(f"{OURS}/v@old", 0.5), run("llm-d-v0.10", 2.0)]]  # fmt: skip
+    mine = [run(OURS, 2.0), run(f"{OURS}@old", 0.5), run("llm-d-v0.10", 2.5)]
+    cell = Cell("multi-turn", 4, 16, 10, 5.0, 1.0, {}, summaries=mine, repeats=rep)
     assert "| multi-turn 4p/16 | 0.80 (per repeat 0.50, 1.50) | 0.80 |" in goals([cell])
     # the bound's lost tokens by why, and the capture where no holder was slower (affinity_trace.lost_reuse)
     lost = {"lost_slower": 0.04, "lost_miss": 0.01, "lost_engine": 0.0, "captured_not_slower": 0.99}
@@ -137,3 +138,12 @@ def test_suite_tables_medians_and_time_scale() -> None:
         assert len(a.requests) == len(b.requests) or name == "multi-turn"
         assert [r.arrival for r in a.requests] != [r.arrival for r in b.requests]
         assert [r.arrival for r in a.requests] == [r.arrival for r in WORKLOADS[name].make(4, 0.3, 0).requests]
+
+
+def test_suite_sources_name_checkouts_with_an_epp_package(tmp_path: Path) -> None:
+    """`--sources name@checkout` (an A/B of code in one run) is refused unless the checkout holds an epp package."""
+    from e2e.bench.bench_routing import main
+
+    assert main(["--sources", f"old@{tmp_path}", "--strategies", "pyepp-default@old"]) == 2
+    assert main(["--sources", f"@{Path.cwd()}"]) == 2
+    assert main(["--sources", f"old@{Path.cwd()}", "--strategies", "pyepp-default@new"]) == 2  # unknown name

@@ -289,6 +289,7 @@ class Progress:
 
 OURS_OVERRIDES: dict[str, Any] = {}  # --ours-params: parameters to try (tuning; see e2e.strategies._ours)
 VARIANTS: dict[str, dict[str, Any]] = {}  # --variants: more "pyepp-default/<name>" strategies (tuning)
+SOURCES: dict[str, Path] = {}  # --sources: "pyepp-default@<name>" runs the EPP of another checkout (A/B of code)
 
 
 def _nice_thread() -> None:
@@ -332,17 +333,20 @@ class Stacks:
         self._strategy: dict[Future[Stack], str] = {}
 
     def _start(self, strategy: str) -> Stack:
-        base, _, variant = strategy.partition("/")
+        strategy_config, _, source = strategy.partition("@")
+        base, _, variant = strategy_config.partition("/")
         text = config_text(
             base, self.sims, block_size=self.block_size, prefill_tps=self.model.effective_prefill_tps,
             ours_overrides={**OURS_OVERRIDES, **VARIANTS.get(variant, {})},
         )  # fmt: skip
-        d = self.workdir / f"{strategy.replace('/', '_')}-{time.monotonic_ns()}"
+        d = self.workdir / f"{strategy.replace('/', '_').replace('@', '_')}-{time.monotonic_ns()}"
         d.mkdir(parents=True, exist_ok=True)
         # Pod health from scrapes is off: the simulated pods never die, but on this loaded 2-core machine their
         # /metrics answers can take over a second, and a pod dropped as "hung" would measure the machine, not routing.
         args = ["--log-level", "warning", "--endpoint-stale-after", "0", "--endpoint-max-scrape-failures", "0"]
-        return start_stack(d, backends=[], config=text, epp_args=args, ready_timeout=180.0)
+        return start_stack(
+            d, backends=[], config=text, epp_args=args, ready_timeout=180.0, epp_source=SOURCES.get(source)
+        )
 
     def prestart(self, strategy: str) -> Future[Stack]:
         started = self._starter.submit(self._start, strategy)
@@ -585,7 +589,7 @@ def plot(path: Path, workload: str, cells: Sequence[Cell]) -> None:
 
 def _other(label: str) -> bool:
     """Another strategy than ours (our variants are not others)."""
-    return label != OURS and not label.startswith(OURS + "/")
+    return label != OURS and not label.startswith((OURS + "/", OURS + "@"))
 
 
 def p90_by_repeat(cell: Cell) -> list[dict[str, float]]:
@@ -667,6 +671,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--report", default="", help="re-render results.md (in --out when several) and the plots from these "
       "results.json files (comma list), run nothing")  # fmt: skip
     a("--variants", default="", help='JSON {"name": {params}}: adds strategies pyepp-default/<name> (tuning)')
+    a("--sources", default="", help="comma list of name@checkout: adds strategies pyepp-default@<name> (and "
+      "pyepp-default/<variant>@<name>) running that checkout's EPP, an A/B of code in one run")  # fmt: skip
     a("--plots", default="", help="directory for the per-workload PNGs (default: --out)")
     a("--repeats", type=int, default=1, help="runs of every strategy per cell (the tables show medians)")
     a("--draws", action="store_true", help="repeat r runs the workload drawn with seed + r (Mooncake: another "
@@ -694,6 +700,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.variants:
         VARIANTS.update(json.loads(ns.variants))
         known += [f"{OURS}/{v}" for v in VARIANTS]
+    for item in filter(None, (x.strip() for x in ns.sources.split(","))):
+        name, _, tree = item.partition("@")
+        if not name or not (Path(tree) / "epp" / "__init__.py").exists():
+            print(f"--sources {item!r}: want name@checkout, a directory holding an epp package", file=sys.stderr)
+            return 2
+        SOURCES[name] = Path(tree)
+    known += [f"{k}@{n}" for n in SOURCES for k in known if k == OURS or k.startswith(OURS + "/")]
     strategies = [s.strip() for s in ns.strategies.split(",") if s.strip()] or known
     for s in strategies:
         if s not in known:
