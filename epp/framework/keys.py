@@ -41,10 +41,6 @@ DISAGG_DECISION: Final = DataKey[DisaggDecision]("disagg-decision")
 # plugins: a response without usage may be an error the engine never computed.
 RESPONSE_STATUS: Final = DataKey[int]("response-status")
 
-# When the response's first body chunk reached the EPP (time.monotonic(); the director writes it once per request):
-# on a streamed response, the measured first token, for the ResponseComplete plugins that learn a decode rate.
-FIRST_CHUNK_AT: Final = DataKey[float]("first-response-chunk-at")
-
 # CycleState: the pod picked by an earlier stage of the same cycle (decode-first: the decode pick, seen by the
 # prefill profile's plugins; prefill-first: the prefill pick, seen by the decode profile's).
 PEER_ENDPOINT: Final = DataKey[Endpoint]("disagg-peer-endpoint")

@@ -20,7 +20,6 @@ from typing import Any
 from epp.datalayer.health import healthy_candidates, response_status
 from epp.datalayer.objectives import ObjectiveStore
 from epp.framework import (
-    FIRST_CHUNK_AT,
     RESPONSE_STATUS,
     UPSTREAM_HEADERS,
     AdmissionScope,
@@ -366,8 +365,6 @@ class SchedulingDirector:
     def handle_response_chunk(
         self, request: InferenceRequest, decision: RoutingDecision | None, data: bytes, first: bool, end: bool
     ) -> None:
-        if first:
-            request.data.put(FIRST_CHUNK_AT, time.monotonic())
         if not self._streaming:
             return
         if self._pending:

@@ -7,7 +7,6 @@ import time
 import pytest
 
 from epp.framework import (
-    FIRST_CHUNK_AT,
     PREFIX_CACHE_MATCH_INFO,
     TOKENIZED_PROMPT,
     CycleState,
@@ -574,22 +573,6 @@ def test_decoding_ends_first_discounts_a_decoding_pod_only_when_its_decodes_end_
 
     assert learned().decode_tps == pytest.approx(10.0, rel=0.05)
     assert learned(after=1e-6).decode_tps == 1000.0  # capped: a first token estimated late is not an instant decode
-
-    def measured(stream: bool) -> float:
-        """The rate learned when the first chunk came 2 s ago and the estimate says 1e-6 s ago."""
-        s = build(PrefillCostScorer, params)
-        done = req("done", 96, {"c": 6})
-        done.stream = stream
-        place(s, done, e, 2)
-        booked = done.data.get(s.booked_key)
-        assert booked is not None
-        booked.first_token = time.monotonic() - 1e-6
-        done.data.put(FIRST_CHUNK_AT, time.monotonic() - 2.0)
-        s.response_complete(done, e[2], Usage(completion_tokens=11))
-        return s.decode_tps
-
-    assert measured(stream=True) == pytest.approx(5.0, rel=0.05)  # a stream's first chunk is its first token
-    assert measured(stream=False) == 1000.0  # a whole body's first chunk is its end: the estimate
 
     unknown = build(PrefillCostScorer, params)
     place(unknown, req("busy", 96, {"a": 6}, max_tokens=5), e, 0)  # all cached: decoding on a at once

@@ -16,7 +16,6 @@ from epp.config.loader import GIE_DEFAULT_PLUGINS_YAML
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.objectives import ObjectiveStore
 from epp.framework import (
-    FIRST_CHUNK_AT,
     UPSTREAM_HEADERS,
     Endpoint,
     InferenceRequest,
@@ -268,20 +267,6 @@ async def test_response_hooks_drive_active_request_bookkeeping() -> None:
     d.handle_response_complete(r1, d1, None)
     d.handle_response_complete(r2, d2, None)
     assert [(load.requests, load.tokens) for load in producer.loads.values()] == [(0, 0), (0, 0)]
-
-
-async def test_the_first_response_chunk_time_is_recorded_once_without_streaming_plugins() -> None:
-    d = director(pool(2), "plugins: [{type: queue-scorer}]")
-    assert not d._streaming  # no ResponseStreaming plugin: the time is still recorded
-    r = chat("a")
-    decision = await d.handle_request(r)
-    before = time.monotonic()
-    d.handle_response_chunk(r, decision, b"data: {}", True, False)
-    first = r.data.get(FIRST_CHUNK_AT)
-    assert first is not None and before <= first <= time.monotonic()
-    await asyncio.sleep(0.01)
-    d.handle_response_chunk(r, decision, b"data: [DONE]", False, True)
-    assert r.data.get(FIRST_CHUNK_AT) == first  # later chunks leave it
 
 
 def fc_director(ds: Datastore, spec: FlowControlSpec, objectives: str = "{}") -> SchedulingDirector:

@@ -32,10 +32,9 @@ where the traffic is lowest (not the default: it keeps bursts of sub-agents from
 in flight, no prefill queued), its share at least `decodingShare`: its running requests are slowed by the
 recompute's chunks, not queued behind it. `decodingEndsFirst` (on) limits that to an endpoint whose decodes are
 expected to end before this prefill there would (each booking's max_tokens at the decode rate learned from
-completions, timed from a stream's first chunk): Mooncake's 8-token answers do, so its conversations keep their
-cached prefixes at 8 pods; a chat's longer answers do not, so sessions sharing a system prompt are not piled onto
-decoding pods (what the discount alone cost at block 64, docs/plugins.md). A request that holds nothing on such an
-endpoint is charged the busy weight.
+completions): Mooncake's 8-token answers do, so its conversations keep their cached prefixes at 8 pods; a chat's
+longer answers do not, so sessions sharing a system prompt are not piled onto decoding pods (what the discount alone
+cost at block 64, docs/plugins.md). A request that holds nothing on such an endpoint is charged the busy weight.
 
 active(e) counts each KV block several in-flight requests share once (`dedupInFlightBlocks`, from the precise
 producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat session's own
@@ -78,7 +77,6 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from epp.framework import (
-    FIRST_CHUNK_AT,
     PREFIX_CACHE_MATCH_INFO,
     TOKENIZED_PROMPT,
     CycleState,
@@ -96,8 +94,8 @@ from epp.plugins.producers.precise_prefix_cache_producer import PRECISE_MATCH
 
 DEFAULT_PRODUCER = "precise-prefix-cache-producer"
 MAX_WORKING_SET = 1 << 18  # working-set blocks kept per endpoint while its KV capacity is unknown
-# a cap on one request's learned decode rate (output tokens/s): a first token estimated late (a non-streamed response,
-# a prefill faster than prefillTokensPerSecond) must not make every decode look instant
+# a cap on one request's learned decode rate (output tokens/s): a first token estimated late (a prefill faster than
+# prefillTokensPerSecond) must not make every decode look instant
 MAX_DECODE_TPS = 1000.0
 
 
@@ -453,9 +451,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         if entry is not None and self._inflight.pop(id(entry), None) is not None:
             self._release(entry)
             if self.decoding_ends_first and usage is not None and usage.completion_tokens > 1:
-                # a stream's first chunk is its measured first token; otherwise the estimate booked at the pick
-                first = request.data.get(FIRST_CHUNK_AT) if request.stream else None
-                took = time.monotonic() - (entry.first_token if first is None else first)
+                took = time.monotonic() - entry.first_token
                 if took > 0:
                     sample = min(MAX_DECODE_TPS, (usage.completion_tokens - 1) / took)
                     self.decode_tps = (
