@@ -144,6 +144,7 @@ def test_suite_sources_name_checkouts_with_an_epp_package(tmp_path: Path) -> Non
     """`--sources name@checkout` (an A/B of code in one run) is refused unless the checkout holds an epp package."""
     from e2e.bench.bench_routing import main
 
+    repo = Path(__file__).resolve().parents[1]  # holds an epp package
     assert main(["--sources", f"old@{tmp_path}", "--strategies", "pyepp-default@old"]) == 2
-    assert main(["--sources", f"@{Path.cwd()}"]) == 2
-    assert main(["--sources", f"old@{Path.cwd()}", "--strategies", "pyepp-default@new"]) == 2  # unknown name
+    assert main(["--sources", f"@{repo}"]) == 2
+    assert main(["--sources", f"old@{repo}", "--strategies", "pyepp-default@new"]) == 2  # a name not given
