@@ -142,9 +142,10 @@ def test_suite_tables_medians_and_time_scale() -> None:
 
 def test_suite_sources_name_checkouts_with_an_epp_package(tmp_path: Path) -> None:
     """`--sources name@checkout` (an A/B of code in one run) is refused unless the checkout holds an epp package."""
-    from e2e.bench.bench_routing import main
+    from e2e.bench.bench_routing import SOURCES, main
 
     repo = Path(__file__).resolve().parents[1]  # holds an epp package
     assert main(["--sources", f"old@{tmp_path}", "--strategies", "pyepp-default@old"]) == 2
     assert main(["--sources", f"@{repo}"]) == 2
     assert main(["--sources", f"old@{repo}", "--strategies", "pyepp-default@new"]) == 2  # a name not given
+    assert SOURCES["old"] == repo
