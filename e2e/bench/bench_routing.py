@@ -706,7 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"--sources {item!r}: want name@checkout, a directory holding an epp package", file=sys.stderr)
             return 2
         SOURCES[name] = Path(tree)
-    known += [f"{k}@{n}" for n in SOURCES for k in known if k == OURS or k.startswith(OURS + "/")]
+    known += [f"{k}@{n}" for n in SOURCES for k in known if not _other(k)]
     strategies = [s.strip() for s in ns.strategies.split(",") if s.strip()] or known
     for s in strategies:
         if s not in known:

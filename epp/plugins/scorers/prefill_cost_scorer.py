@@ -317,7 +317,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
                 idle = self._idle(q, now)
                 # decodingShare < 1: an endpoint that only decodes (no prefill queued) and holds part of this prompt
                 # is discounted like an idle one, its share no lower than that (its running requests are slowed, not
-                # queued)
+                # queued); with decodingEndsFirst only if those decodes end before this prefill there would
                 if idle or (
                     ds < 1.0
                     and q is not None
