@@ -239,10 +239,19 @@ def test_connect_mode_publishes_to_a_central_sub(thread_sim_factory: Any) -> Non
 
 
 def _free_port_run(n: int) -> int:
-    """A base port p with p..p+n-1 free on 127.0.0.1."""
+    """A base port p with p..p+n-1 free on 127.0.0.1, below the kernel's ephemeral range.
+
+    The ports are closed again before the simulator binds them; inside the ephemeral range another test's outgoing
+    connection could take one in between (a CI run failed so), below it only an explicit bind can.
+    """
     import socket
 
-    for base in range(30000 + os.getpid() % 1000 * 20, 60000, 97):
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for base in range(max(1024, low - 12000) + os.getpid() % 500 * 20, low - n, 97):
         socks = []
         try:
             for p in range(base, base + n):
