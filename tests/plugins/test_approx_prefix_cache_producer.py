@@ -147,12 +147,38 @@ def test_index_match_equals_the_block_by_block_walk() -> None:
         chains = [[rng.randrange(1 << 40) for _ in range(12)] for _ in range(3)]
         for _ in range(rng.randrange(1, 25)):
             chain = rng.choice(chains)
+            if rng.random() < 0.05:
+                idx.remove_endpoint(rng.choice("abcdef"))
             idx.add(rng.choice("abcdef"), chain[: rng.randrange(1, 13)])
+        # the reverse map is exactly the LRUs' contents (the shared frozen sets never go stale)
+        truth: dict[int, set[str]] = {}
+        for ep, lru in idx._lru.items():
+            for h in lru:
+                truth.setdefault(h, set()).add(ep)
+        assert {h: set(s) for h, s in idx._holders.items()} == truth, trial
         for chain in chains:
             for cut in (1, 5, 12):
                 q = chain[:cut] + [rng.randrange(1 << 40)] * rng.randrange(2)
-                assert idx.match(q) == _reference_match(idx._holders, q), (trial, q)
+                assert idx.match(q) == _reference_match(truth, q), (trial, q)
     assert idx.match([]) == {}
+
+
+def test_index_blocks_added_together_share_one_holder_set() -> None:
+    """What keeps `match` cheap with many holders: a chain added by the same endpoints has one holder set object,
+    and evicting or removing an endpoint keeps the chain's blocks sharing one."""
+    idx = PrefixIndex(capacity=100)
+    chain = list(range(1, 41))
+    for ep in ("a", "b", "c"):
+        idx.add(ep, chain)
+    assert len({id(idx._holders[h]) for h in chain}) == 1 and idx._holders[1] == {"a", "b", "c"}
+    idx.add("d", chain[:20])
+    assert len({id(idx._holders[h]) for h in chain[:20]}) == 1 and idx._holders[1] == {"a", "b", "c", "d"}
+    assert len({id(idx._holders[h]) for h in chain[20:]}) == 1 and idx._holders[39] == {"a", "b", "c"}
+    idx.add("a", list(range(1000, 1070)))  # capacity 100: a's 10 oldest blocks go
+    assert len({id(idx._holders[h]) for h in chain[:10]}) == 1 and idx._holders[1] == {"b", "c", "d"}
+    idx.remove_endpoint("b")
+    assert len({id(idx._holders[h]) for h in chain[:10]}) == 1 and idx._holders[1] == {"c", "d"}
+    assert idx.match(chain) == {"c": 40, "d": 20}
 
 
 def test_index_add_keeps_lru_order_when_some_hashes_are_new() -> None:

@@ -99,12 +99,17 @@ _consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend  #
 
 
 class PrefixIndex:
-    """Per-endpoint LRU of block hashes plus the reverse map hash → endpoints holding it."""
+    """Per-endpoint LRU of block hashes plus the reverse map hash → endpoints holding it.
+
+    The endpoint sets are frozen and shared: the blocks one call adds to (or drops from) the same set of holders
+    get one new set object between them. A prompt's consecutive blocks are usually held by the same endpoints, so
+    `match` checks a run of them once instead of once per block per holder (at 64 endpoints holding a shared system
+    prompt that check was most of a scheduling cycle)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._lru: dict[str, OrderedDict[int, None]] = {}
-        self._holders: dict[int, set[str]] = {}
+        self._holders: dict[int, frozenset[str]] = {}
 
     def match(self, hashes: Sequence[int]) -> dict[str, float]:
         """Each endpoint's longest run of consecutive hits from the first block (llm-d's longest prefix)."""
@@ -114,17 +119,20 @@ class PrefixIndex:
             return {}
         counts: dict[str, float] = {}
         active = set(first)
+        last = first  # active is a subset of the last block's holders (an unchanged frozen set, when shared)
         depth = 1
         for i in range(1, len(hashes)):
             eps = holders.get(hashes[i])
-            if not eps:
-                break
-            if not active <= eps:
-                for name in active - eps:
-                    counts[name] = depth
-                active &= eps
-                if not active:
+            if eps is not last:
+                if not eps:
                     break
+                if not active <= eps:
+                    for name in active - eps:
+                        counts[name] = depth
+                    active &= eps
+                    if not active:
+                        break
+                last = eps
             depth += 1
         for name in active:
             counts[name] = depth
@@ -141,32 +149,42 @@ class PrefixIndex:
         try:
             _consume(map(touch, hashes))
         except KeyError:
+            grown: dict[frozenset[str] | None, frozenset[str]] = {}  # old holders -> with endpoint, shared
             for h in hashes:
                 try:
                     touch(h)
                 except KeyError:
                     lru[h] = None
                     s = holders.get(h)
-                    if s is None:
-                        holders[h] = {endpoint}
-                    else:
-                        s.add(endpoint)
+                    new = grown.get(s)
+                    if new is None:
+                        new = grown[s] = frozenset((endpoint,)) if s is None else s | {endpoint}
+                    holders[h] = new
         cap = capacity or self.capacity
-        while len(lru) > cap:
-            old, _ = lru.popitem(last=False)
-            self._drop_holder(old, endpoint)
+        if len(lru) > cap:
+            shrunk: dict[frozenset[str], frozenset[str]] = {}
+            while len(lru) > cap:
+                old, _ = lru.popitem(last=False)
+                self._drop_holder(old, endpoint, shrunk)
 
     def remove_endpoint(self, endpoint: str) -> None:
         lru = self._lru.pop(endpoint, None)
+        shrunk: dict[frozenset[str], frozenset[str]] = {}
         for h in lru or ():
-            self._drop_holder(h, endpoint)
+            self._drop_holder(h, endpoint, shrunk)
 
-    def _drop_holder(self, h: int, endpoint: str) -> None:
+    def _drop_holder(self, h: int, endpoint: str, shrunk: dict[frozenset[str], frozenset[str]]) -> None:
+        """Take `endpoint` out of h's holders; `shrunk` shares the smaller sets within one call."""
         s = self._holders.get(h)
-        if s is not None:
-            s.discard(endpoint)
-            if not s:
-                del self._holders[h]
+        if s is None or endpoint not in s:
+            return
+        new = shrunk.get(s)
+        if new is None:
+            new = shrunk[s] = s - {endpoint}
+        if new:
+            self._holders[h] = new
+        else:
+            del self._holders[h]
 
     def size(self, endpoint: str | None = None) -> int:
         if endpoint is not None:
