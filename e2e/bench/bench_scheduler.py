@@ -41,7 +41,21 @@ schedulingProfiles:
 - name: default
   plugins: [{pluginRef: queue-scorer, weight: 2}, {pluginRef: kv-cache-utilization-scorer, weight: 2}]
 """
-PREFIX = "{}"  # GIE's built-in default: queue 2, kv 2, prefix 3
+# GIE's default (config/gie-default.yaml's plugins): queue 2, kv 2, prefix 3. Not "{}": a config without plugins is
+# pyepp's own default now (issue 11), which `pyepp-default` measures.
+PREFIX = """
+plugins:
+- {type: queue-scorer}
+- {type: kv-cache-utilization-scorer}
+- {type: prefix-cache-scorer}
+- {type: max-score-picker}
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+"""
 PREFIX_FULL = """
 plugins:
 - {type: queue-scorer}
