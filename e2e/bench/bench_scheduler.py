@@ -43,32 +43,34 @@ schedulingProfiles:
 """
 # GIE's default (config/gie-default.yaml's plugins): queue 2, kv 2, prefix 3. Not "{}": a config without plugins is
 # pyepp's own default now (issue 11), which `pyepp-default` measures.
-PREFIX = """
+GIE_PROFILE = """
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+"""
+PREFIX = (
+    """
 plugins:
 - {type: queue-scorer}
 - {type: kv-cache-utilization-scorer}
 - {type: prefix-cache-scorer}
 - {type: max-score-picker}
-schedulingProfiles:
-- name: default
-  plugins:
-  - {pluginRef: queue-scorer, weight: 2}
-  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
-  - {pluginRef: prefix-cache-scorer, weight: 3}
 """
-PREFIX_FULL = """
+    + GIE_PROFILE
+)
+PREFIX_FULL = (
+    """
 plugins:
 - {type: queue-scorer}
 - {type: kv-cache-utilization-scorer}
 - {type: approx-prefix-cache-producer, parameters: {maxPrefixBlocksToMatch: 2048}}
 - {type: prefix-cache-scorer, parameters: {prefixMatchInfoProducerName: approx-prefix-cache-producer}}
-schedulingProfiles:
-- name: default
-  plugins:
-  - {pluginRef: queue-scorer, weight: 2}
-  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
-  - {pluginRef: prefix-cache-scorer, weight: 3}
 """
+    + GIE_PROFILE
+)
 PYEPP_DEFAULT = (Path(__file__).resolve().parents[2] / "config" / "pyepp-default.yaml").read_text()
 VARIANTS = {
     "load": LOAD,
