@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.harness.ports import free_ports
+from e2e.harness.ports import free_port_run, free_ports
 from e2e.harness.procs import EppPorts, EppProcess
 from epp.server.workers import worker_argv
 
@@ -38,7 +38,8 @@ def test_two_workers_share_ports_and_each_serves_metrics(tmp_path: Path) -> None
     cfg = tmp_path / "epp.yaml"
     # a light chain (no tokenizer to load in each worker): this is about the processes and their ports
     cfg.write_text("plugins: [{type: queue-scorer}]\nendpoints:\n- {address: 127.0.0.1, port: 9}\n")
-    grpc_port, health, metrics = free_ports(3)
+    grpc_port, health = free_ports(2)
+    metrics = free_port_run(2)  # worker i serves metrics on metrics + i: both must be free
     epp = EppProcess(cfg, tmp_path, EppPorts(grpc_port, health, metrics), extra_args=["--workers", "2"])
     try:
         epp.wait_ready()

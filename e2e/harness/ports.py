@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 
@@ -23,3 +24,41 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+_handed_out: set[int] = set()  # ports free_port_run returned in this process (not returned twice)
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port_run(n: int, host: str = "127.0.0.1") -> int:
+    """A base port p with p..p+n-1 free on `host`, below the kernel's ephemeral range, for a server that binds
+    consecutive ports (vLLM's data-parallel ranks, `--workers`' metrics ports).
+
+    The ports are released before the server binds them. Inside the ephemeral range another process's outgoing
+    connection can take one in between (two CI runs failed so); below it only an explicit bind can."""
+    low = _ephemeral_low()
+    for base in range(max(1024, low - 12000) + os.getpid() % 500 * 20, low - n, 97):
+        run = range(base, base + n)
+        if _handed_out.intersection(run):
+            continue
+        socks = []
+        try:
+            for p in run:
+                s = socket.socket()
+                socks.append(s)
+                s.bind((host, p))
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        _handed_out.update(run)
+        return base
+    raise RuntimeError(f"no run of {n} free ports below {low}")

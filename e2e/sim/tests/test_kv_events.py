@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +10,7 @@ import msgpack
 import msgspec
 import pytest
 
+from e2e.harness.ports import free_port_run
 from e2e.sim.hashing import hash_block_tokens, none_hash, to_external
 from e2e.sim.launch import Sim
 from e2e.sim.publisher import offset_endpoint_port
@@ -238,39 +238,8 @@ def test_connect_mode_publishes_to_a_central_sub(thread_sim_factory: Any) -> Non
         central.close()
 
 
-def _free_port_run(n: int) -> int:
-    """A base port p with p..p+n-1 free on 127.0.0.1, below the kernel's ephemeral range.
-
-    The ports are closed again before the simulator binds them; inside the ephemeral range another test's outgoing
-    connection could take one in between (a CI run failed so), below it only an explicit bind can.
-    """
-    import socket
-
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    for base in range(max(1024, low - 12000) + os.getpid() % 500 * 20, low - n, 97):
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port run")
-
-
 def test_data_parallel_engines_publish_on_port_plus_rank(thread_sim_factory: Any) -> None:
-    pub, rep = _free_port_run(2), _free_port_run(2)
-    if rep == pub:
-        rep = _free_port_run(4) + 2
+    pub, rep = free_port_run(2), free_port_run(2)
     sim: Sim = thread_sim_factory(
         "--data-parallel-size", "2", "--kv-events-endpoint", f"tcp://*:{pub}",
         "--kv-events-replay-endpoint", f"tcp://*:{rep}", events=False,
