@@ -38,7 +38,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from e2e.bench.procstat import cpu_seconds
 from e2e.harness.http import metric_value, request
-from e2e.harness.ports import free_ports
+from e2e.harness.ports import free_port_run, free_ports
 from e2e.harness.procs import EppPorts, EppProcess
 from e2e.sim.launch import start_simulators
 from e2e.strategies import config_text
@@ -215,7 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"CPU {res['cpu_us_per_pick']:.0f} µs/pick)", flush=True)  # fmt: skip
                 continue
             cfg = cfgs[strategy]
-            grpc_port, health, metrics = free_ports(3)
+            grpc_port, health = free_ports(2)
+            metrics = free_port_run(w)  # worker i serves metrics on metrics + i
             epp = EppProcess(cfg, Path(tmp), EppPorts(grpc_port, health, metrics), log_level="warning",
                              extra_args=["--workers", str(w), *flags], source_tree=tree,
                              kit_defaults=tree is None or _has_kit_flags(tree))  # fmt: skip

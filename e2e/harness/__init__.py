@@ -11,7 +11,7 @@ The whole gateway (what most tests want), via the pytest fixture `stack_factory`
 
 `config=` replaces the generated EPP config (text, or a function of the backends). `envoy_overrides=` sets any
 `EnvoyOptions` field. Pieces, usable alone:
-- `ports.free_port()/free_ports(n)` — loopback ports;
+- `ports.free_port()/free_ports(n)` — loopback ports; `ports.free_port_run(n)` — n consecutive ones;
 - `envoy_config.EnvoyOptions` + `write_bootstrap(path, opts)` — typed (envoy-data-plane) Envoy bootstrap as JSON;
 - `procs.EnvoyProcess(opts, workdir).wait_ready()` (admin /ready), `procs.EppProcess(config_path, workdir)
   .wait_ready()` (gRPC health `readiness` SERVING), `.stop()`, `.terminate()`, `.log_text()`, `.metrics_text()`;
