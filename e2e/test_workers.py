@@ -34,6 +34,28 @@ def test_worker_argv_drops_workers_flag() -> None:
     assert argv[1:] == ["-m", "epp", "serve", "--config", "c.yaml", "--grpc-port", "1", "--worker-index", "2"]
 
 
+def test_free_port_run_hands_out_disjoint_runs_below_the_ephemeral_range() -> None:
+    """Consecutive ports for `--workers`' metrics: never inside the range outgoing connections take ports from,
+    never the same run twice in a process (a bench starts many EPPs), and many more runs than one bench needs."""
+    import socket
+
+    from e2e.harness.ports import _ephemeral_low
+
+    low, taken = _ephemeral_low(), set[int]()
+    for _ in range(200):
+        base = free_port_run(3)
+        run = {base, base + 1, base + 2}
+        assert max(run) < low and not taken & run
+        taken |= run
+    socks = [socket.socket() for _ in range(3)]
+    try:
+        for i, s in enumerate(socks):
+            s.bind(("127.0.0.1", base + i))
+    finally:
+        for s in socks:
+            s.close()
+
+
 def test_two_workers_share_ports_and_each_serves_metrics(tmp_path: Path) -> None:
     cfg = tmp_path / "epp.yaml"
     # a light chain (no tokenizer to load in each worker): this is about the processes and their ports

@@ -44,7 +44,11 @@ def free_port_run(n: int, host: str = "127.0.0.1") -> int:
     The ports are released before the server binds them. Inside the ephemeral range another process's outgoing
     connection can take one in between (two CI runs failed so); below it only an explicit bind can."""
     low = _ephemeral_low()
-    for base in range(max(1024, low - 12000) + os.getpid() % 500 * 20, low - n, 97):
+    first = max(1024, low - 12000)
+    span = low - n - first
+    start = os.getpid() % 500 * 20  # processes running side by side start apart
+    for k in range(span):  # a prime stride: every base once (unless the span is a multiple of it)
+        base = first + (start + k * 97) % span
         run = range(base, base + n)
         if _handed_out.intersection(run):
             continue
