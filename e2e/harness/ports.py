@@ -1,4 +1,8 @@
-"""Free loopback ports (bind port 0, read it back, release). A tiny race is possible; callers retry on bind errors."""
+"""Free loopback ports, released before the caller's server binds them.
+
+`free_port`/`free_ports` bind port 0 and read it back: a tiny race is possible (callers retry on bind errors).
+`free_port_run` finds consecutive ports below the kernel's ephemeral range, where no outgoing connection takes one.
+"""
 
 from __future__ import annotations
 
