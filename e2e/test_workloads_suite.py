@@ -140,6 +140,18 @@ def test_suite_tables_medians_and_time_scale() -> None:
         assert [r.arrival for r in a.requests] == [r.arrival for r in WORKLOADS[name].make(4, 0.3, 0).requests]
 
 
+def test_a_short_run_counts_its_second_half_and_a_full_one_keeps_the_warm_up() -> None:
+    from e2e.bench.bench_routing import WORKLOADS, counted_after
+
+    for name, spec in WORKLOADS.items():
+        for pods in (4, 8):
+            short, warmup = counted_after(spec.make(pods, 0.3, 0), spec.warmup)  # --quick's scale
+            counted = [r for r in short.requests if r.arrival >= warmup]
+            assert len(counted) >= len(short.requests) // 3, (name, pods, warmup, len(short.requests))
+            _, warmup = counted_after(spec.make(pods, 1.0, 0), spec.warmup)
+            assert warmup == spec.warmup, name
+
+
 def test_suite_sources_name_checkouts_with_an_epp_package(tmp_path: Path) -> None:
     """`--sources name@checkout` (an A/B of code in one run) is refused unless the checkout holds an epp package."""
     from e2e.bench.bench_routing import SOURCES, main
