@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -591,3 +592,68 @@ def test_decoding_ends_first_discounts_a_decoding_pod_only_when_its_decodes_end_
     plain = build(PrefillCostScorer, {**params, "decodingEndsFirst": False})
     place(plain, req("busy", 96, {"a": 6}, max_tokens=10), e, 0)
     assert plain.costs(small, e, now=time.monotonic())[0] < 1000.0
+
+
+def test_a_new_session_is_charged_the_turns_it_will_still_send() -> None:
+    """Multi-turn chat at start-up: both pods hold the system prompt, a already has four sessions, none of them near
+    its KV yet. Sessions have been seen to continue (turn 2 added 10 blocks), so each is expected to bring
+    0.9 x 160 / 0.1 = 1440 more tokens where it stays: a's projection is past its KV, b's is not. A new session goes
+    to b; without nextTurnWeight the tie went to a. A continuation stays with its history on a: its future is
+    already in a's projection."""
+    system = list(range(32))
+    base = {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0, "overflowWeight": 0}
+    for weight, expected in ((1, "b"), (0, "a")):
+        s = build(PrefillCostScorer, {**base, "idleUncachedWeight": 2, "nextTurnWeight": weight})
+        e = with_capacity(eps()[:2], 256 * 16)  # 4096 tokens each
+        place(s, keyed("warm-b", [*system, 999], {}), e, 1)
+        sessions = [[*system, 1000 * (i + 1), 1000 * (i + 1) + 1] for i in range(4)]
+        for i, keys in enumerate(sessions):
+            place(s, keyed(f"s{i}", keys, {"a": 32} if i else {}), e, 0)
+        turn2 = [*sessions[0], *range(5000, 5010)]
+        place(s, keyed("s0-2", turn2, {"a": 34, "b": 32}), e, 0)
+        for r in s._inflight.copy().values():
+            s._release(r)
+        if weight:
+            assert s.growth == 160 and s.queues["a"].pending == 4 and s.queues["b"].pending == 1
+            assert s._future(keyed("x", [], {}), {}, time.monotonic())[1] == pytest.approx(1440)
+        new = keyed("new", [*system, 9000, 9001], {"a": 32, "b": 32})
+        assert pick(s, new, e).name == expected
+        again = keyed("s1-2", [*sessions[1], *range(6000, 6010)], {"a": 34, "b": 32})
+        assert pick(s, again, e).name == "a"
+
+
+def test_prompts_never_continued_expect_no_future() -> None:
+    """A prompt not continued within the working-set window counts as never continued: shared-prefix groups (every
+    request a new question) expect no later turns, so nextTurnWeight charges them nothing."""
+    s = build(PrefillCostScorer, {"nextTurnWeight": 1, "workingSetWindow": "30s"})
+    e = with_capacity(eps(), 256 * 16)
+    for i in range(3):
+        place(s, keyed(f"q{i}", [*range(32), 100 + i], {"a": 32}), e, 0)
+    now = time.monotonic()
+    assert s._future(keyed("x", [], {}), {}, now)[1] == 0.0 and s.queues["a"].pending == 3
+    # one continuation seen (2 blocks added), then three prompts expire uncontinued (q1, q2 and the continuation):
+    # p = c / (c + 3), the continuation's count c decayed over the 31 s since
+    place(s, keyed("q0-2", [*range(32), 100, 7, 8], {"a": 33}), e, 0)
+    s._expire_pending(now + 31)
+    assert s.queues["a"].pending == 0 and not s.pending and s.growth == 32
+    c = math.exp(-31 / 60)
+    p = c / (c + 3)
+    assert s._future(keyed("x", [], {}), {}, now + 31)[1] == pytest.approx(p * 32 / (1 - p), rel=1e-2)
+
+
+def test_next_turn_weight_is_checked_and_needs_block_keys() -> None:
+    from epp.config import ConfigError, parse_config
+    from epp.datalayer.datastore import Datastore
+    from epp.wiring import build_pipeline, plugin_context
+
+    with pytest.raises(PluginConfigError):
+        build(PrefillCostScorer, {"nextTurnWeight": -1})
+    text = (
+        "plugins:\n- type: approx-prefix-cache-producer\n- type: token-producer\n- type: prefill-cost-scorer\n"
+        "  parameters: {prefixMatchInfoProducerName: approx-prefix-cache-producer, dedupInFlightBlocks: false, "
+        "workingSetWindow: 0, overflowWeight: 0, nextTurnWeight: 1}\n- type: max-score-picker\n"
+        "schedulingProfiles: [{name: default, plugins: [{pluginRef: prefill-cost-scorer}, "
+        "{pluginRef: max-score-picker}]}]\n"
+    )
+    with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
+        build_pipeline(parse_config(text), plugin_context(Datastore()))

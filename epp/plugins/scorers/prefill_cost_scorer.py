@@ -36,6 +36,19 @@ completions): Mooncake's 8-token answers do, so its conversations keep their cac
 longer answers do not, so sessions sharing a system prompt are not piled onto decoding pods (what the discount alone
 cost at block 64, docs/plugins.md). A request that holds nothing on such an endpoint is charged the busy weight.
 
+`nextTurnWeight` (0: off) charges the turns still to come. A request that extends an earlier prompt (a chat's next
+turn, an agent's next step: the earlier prompt's last block key is among its matched blocks) tells the scorer two
+things, learned online: how many tokens a continuation adds (a running mean), and how often a prompt is continued
+at all (continued vs. not continued within `workingSetWindow`, over a minute). A prompt is then expected to bring
+future = p x growth / (1 - p) more tokens to the endpoint it is placed on (p capped at 0.9). Every endpoint's
+projected footprint is its working set plus that future for each of its prompts still pending; the request is
+charged the part of its own future that pushes that projection past the endpoint's KV capacity (x nextTurnWeight),
+except on the endpoint that holds the prompt it continues, where its future is already counted. So new sessions
+sharing a system prompt spread while the pods holding it still have room today but not for the sessions' later
+turns (multi-turn at 8 pods piled 24 sessions on the 3 pods seeded in the first half second,
+docs/benchmarks.md), and a continuation keeps to its pod. Needs the precise producer's block keys and the endpoints'
+KV capacity; prompts never continued (shared-prefix groups, single requests) make it 0.
+
 active(e) counts each KV block several in-flight requests share once (`dedupInFlightBlocks`, from the precise
 producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat session's own
 history) count in full; a request without block keys counts its whole prompt. Counting every request's whole prompt
@@ -97,6 +110,14 @@ MAX_WORKING_SET = 1 << 18  # working-set blocks kept per endpoint while its KV c
 # a cap on one request's learned decode rate (output tokens/s): a first token estimated late (a prefill faster than
 # prefillTokensPerSecond) must not make every decode look instant
 MAX_DECODE_TPS = 1000.0
+# nextTurnWeight: how long (s) continued and uncontinued prompts are averaged over, the cap on the share continued (a
+# prompt always continued would be expected to grow without end), the prompts tracked at most, and how many blocks
+# below the deepest match the continued prompt's last block is looked for (its last full block ends the match on the
+# pod holding it; a few fewer when another pod holds less)
+CONTINUED_WINDOW = 60.0
+MAX_CONTINUED_SHARE = 0.9
+MAX_PENDING_PROMPTS = 1 << 16
+CONTINUATION_SEARCH = 3
 
 
 @dataclass(slots=True)
@@ -105,6 +126,7 @@ class _Cost:
 
     prompt_tokens: int
     uncached: dict[str, int]
+    continues: int | None = None  # the last block key of the pending prompt this one extends (nextTurnWeight)
 
 
 @dataclass(slots=True)
@@ -151,6 +173,16 @@ class _Queue:
     recent: OrderedDict[int, float] = field(default_factory=OrderedDict)
     recent_block_tokens: int = 0
     traffic: _Decaying = field(default_factory=_Decaying)  # requests routed there (over trafficWindow)
+    pending: int = 0  # prompts placed there, not yet continued nor expired (nextTurnWeight)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A prompt that may be continued (nextTurnWeight), keyed by its last full block's key."""
+
+    endpoint: str
+    tokens: int
+    at: float
 
 
 COST = DataKey[_Cost]("prefill-cost")
@@ -184,6 +216,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         arrival_weight: float = 0.0,
         decoding_share: float = 1.0,
         decoding_ends_first: bool = False,
+        next_turn_weight: float = 0.0,
     ) -> None:
         super().__init__(name)
         self.producer = producer
@@ -210,6 +243,12 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.arrival_weight = arrival_weight
         self.decoding_share = decoding_share
         self.decoding_ends_first = decoding_ends_first
+        self.next_turn_weight = next_turn_weight
+        self.pending: OrderedDict[int, _Pending] = OrderedDict()  # oldest first
+        self.continued = _Decaying()  # prompts continued, and expired uncontinued, over CONTINUED_WINDOW
+        self.uncontinued = _Decaying()
+        self.growth = 0.0  # tokens a continuation adds to the prompt it continues (running mean)
+        self.growth_samples = 0
         self.decode_tps = 0.0  # one request's decode rate (output tokens/s), learned from completions; 0: unknown
         self.cold = _Decaying()  # cold requests (best pod caches < coldShare of the prompt), over trafficWindow
         self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
@@ -224,7 +263,12 @@ class PrefillCostScorer(Plugin, RemovalListener):
         # never take effect, so the config is refused.
         dedup = params.bool("dedupInFlightBlocks", True)
         window = params.duration("workingSetWindow", 30.0)
-        explicit = (dedup and params.has("dedupInFlightBlocks")) or (window > 0 and params.has("workingSetWindow"))
+        next_turn = params.float("nextTurnWeight", 0.0, min=0.0)
+        explicit = (
+            (dedup and params.has("dedupInFlightBlocks"))
+            or (window > 0 and params.has("workingSetWindow"))
+            or (next_turn > 0 and params.has("nextTurnWeight"))
+        )
         uncached_weight = params.float("uncachedWeight", 2.0, min=0.0)
         traffic_window = params.duration("trafficWindow", 10.0)
         if traffic_window <= 0:
@@ -255,6 +299,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
             arrival_weight=params.float("arrivalWeight", 0.0, min=0.0),
             decoding_share=params.float("decodingShare", 0.0, min=0.0, max=1.0),
             decoding_ends_first=params.bool("decodingEndsFirst", True),
+            next_turn_weight=next_turn,
         )
         context.endpoints.subscribe(scorer)
         return scorer
@@ -270,7 +315,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
         # dedupInFlightBlocks and workingSetWindow read the precise producer's block keys: a config naming another
         # producer is refused (the parameters would never take effect)
         keys: tuple[DataKey[Any], ...] = (self.info_key, TOKENIZED_PROMPT)
-        return (*keys, self.match_key) if self.needs_block_keys and (self.dedup or self.window > 0) else keys
+        uses_keys = self.dedup or self.window > 0 or self.next_turn_weight > 0
+        return (*keys, self.match_key) if self.needs_block_keys and uses_keys else keys
 
     # --- scoring ----------------------------------------------------------------------------------------
     def costs(self, request: InferenceRequest, endpoints: Sequence[Endpoint], now: float) -> list[float]:
@@ -306,6 +352,9 @@ class PrefillCostScorer(Plugin, RemovalListener):
                 idle = sum(1 for ep in endpoints if self._idle(queues.get(ep.name), now))
                 if idle:
                     cold_per_token = self.cold_weight * self.cold.rate(now, self.traffic_window) / self.rate / idle
+        continues, future, holder = (
+            self._future(request, matches, now) if self.next_turn_weight > 0 else (None, 0.0, "")
+        )
         for ep in endpoints:
             u = max(0, n - int(matches.get(ep.name, 0) * bs))
             uncached[ep.name] = u
@@ -336,6 +385,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
                 # the wait of e's own arrivals during this prefill, on every endpoint, busy ones too: its arrival
                 # rate x the prefill's time x half of it (in tokens)
                 cost += aw * q.traffic.rate(now, self.traffic_window) * u * u / rate / 2
+            if future > 0 and ep.name != holder:
+                cost += self.next_turn_weight * self._overflow_by(ep, q, future)
             if q is not None:
                 if q.busy_until > now:
                     cost += (q.busy_until - now) * rate
@@ -349,8 +400,37 @@ class PrefillCostScorer(Plugin, RemovalListener):
             out.append(cost)
         if n > 0:
             self.reuse += self.reuse_alpha * (best / n - self.reuse)
-        request.data.put(self.cost_key, _Cost(n, uncached))
+        request.data.put(self.cost_key, _Cost(n, uncached, continues))
         return out
+
+    def _future(
+        self, request: InferenceRequest, matches: dict[str, float], now: float
+    ) -> tuple[int | None, float, str]:
+        """The pending prompt this request continues (its last block key and endpoint) and the tokens a prompt is
+        expected to bring in later turns: p x growth / (1 - p)."""
+        continues, holder = None, ""
+        match = request.data.get(self.match_key)
+        if match is not None and match.keys:
+            m = min(int(max(matches.values(), default=0)), len(match.keys))
+            for i in range(m - 1, max(-1, m - 1 - CONTINUATION_SEARCH), -1):
+                p = self.pending.get(match.keys[i])
+                if p is not None:
+                    continues, holder = match.keys[i], p.endpoint
+                    break
+        yes = self.continued.decayed(now, CONTINUED_WINDOW)
+        no = self.uncontinued.decayed(now, CONTINUED_WINDOW)
+        share = min(MAX_CONTINUED_SHARE, yes / (yes + no)) if yes + no > 0 else 0.0
+        return continues, share * self.growth / (1.0 - share), holder
+
+    def _overflow_by(self, ep: Endpoint, q: _Queue | None, future: float) -> float:
+        """How far `future` more tokens push `ep`'s projected footprint (its working set and the futures of its
+        pending prompts) past its KV capacity, in tokens; 0 when the capacity is unknown."""
+        m = ep.metrics
+        capacity = m.cache_num_blocks * m.cache_block_size
+        if capacity <= 0:
+            return 0.0
+        projected = len(q.recent) * q.recent_block_tokens + q.pending * future if q is not None else 0.0
+        return max(0.0, projected + future - capacity) - max(0.0, projected - capacity)
 
     def fullness(self, ep: Endpoint, q: _Queue | None, now: float) -> float:
         """KV pressure on `ep`, 0..1, against its KV capacity (1 when the capacity is unknown): the working set
@@ -440,11 +520,44 @@ class PrefillCostScorer(Plugin, RemovalListener):
             before = len(held)
             _count_elements(held, match.keys)  # held[k] += 1 for each key, at C speed
             q.active_tokens += (len(held) - before) * bs  # the keys no in-flight request held yet
+        if self.next_turn_weight > 0 and match is not None and match.keys:
+            self._track(q, name, match.keys[-1], cost, now)
         q.active_tokens += entry.tokens
         q.active += 1
         q.written += uncached + max(0, out)
         self._inflight[id(entry)] = entry
         request.data.put(self.booked_key, entry)
+
+    def _track(self, q: _Queue, name: str, last_key: int, cost: _Cost, now: float) -> None:
+        """Learn from the prompt this request continues (if any) and keep this one pending on `name`."""
+        self._expire_pending(now)
+        if cost.continues is not None and (prev := self.pending.pop(cost.continues, None)) is not None:
+            self._resolve(prev, True, now)
+            self.growth_samples += 1
+            alpha = max(0.05, 1.0 / self.growth_samples)
+            self.growth += alpha * (max(0, cost.prompt_tokens - prev.tokens) - self.growth)
+        if (same := self.pending.pop(last_key, None)) is not None:  # the same prompt again: one pending
+            self._resolve(same, None, now)
+        self.pending[last_key] = _Pending(name, cost.prompt_tokens, now)
+        q.pending += 1
+
+    def _resolve(self, prompt: _Pending, continued: bool | None, now: float) -> None:
+        if (q := self.queues.get(prompt.endpoint)) is not None:
+            q.pending = max(0, q.pending - 1)
+        if continued is not None:
+            (self.continued if continued else self.uncontinued).add(now, CONTINUED_WINDOW)
+
+    def _expire_pending(self, now: float) -> None:
+        """Prompts not continued within the working-set window (30 s without one) count as never continued."""
+        cutoff = now - (self.window if self.window > 0 else 30.0)
+        pending = self.pending
+        while pending:
+            key = next(iter(pending))
+            prompt = pending[key]
+            if prompt.at >= cutoff and len(pending) <= MAX_PENDING_PROMPTS:
+                break
+            del pending[key]
+            self._resolve(prompt, False, now)
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
         entry = request.data.pop(self.booked_key)
