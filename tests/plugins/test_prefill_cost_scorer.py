@@ -620,6 +620,8 @@ def test_a_new_session_is_charged_the_turns_it_will_still_send() -> None:
         assert pick(s, new, e).name == expected
         again = keyed("s1-2", [*sessions[1], *range(6000, 6010)], {"a": 34, "b": 32})
         assert pick(s, again, e).name == "a"
+        s.endpoint_removed(e[0])  # a pod that leaves takes its pending prompts with it
+        assert {p.endpoint for p in s.pending.values()} == ({"b"} if weight else set())
 
 
 def test_prompts_never_continued_expect_no_future() -> None:

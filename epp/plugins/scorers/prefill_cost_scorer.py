@@ -47,7 +47,9 @@ except on the endpoint that holds the prompt it continues, where its future is a
 sharing a system prompt spread while the pods holding it still have room today but not for the sessions' later
 turns (multi-turn at 8 pods piled 24 sessions on the 3 pods seeded in the first half second,
 docs/benchmarks.md), and a continuation keeps to its pod. Needs the precise producer's block keys and the endpoints'
-KV capacity; prompts never continued (shared-prefix groups, single requests) make it 0.
+KV capacity; prompts never continued (shared-prefix groups, single requests) make it 0. Off by default: over the
+matrix it cost agentic (a burst's sub-agents, new prompts each charged a future, left the pod holding their shared
+context) more than it gave multi-turn.
 
 active(e) counts each KV block several in-flight requests share once (`dedupInFlightBlocks`, from the precise
 producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat session's own
@@ -310,6 +312,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
         if self.queues.pop(endpoint.name, None) is not None:
             for rid in [rid for rid, e in self._inflight.items() if e.endpoint == endpoint.name]:
                 del self._inflight[rid]
+            for key in [key for key, p in self.pending.items() if p.endpoint == endpoint.name]:
+                del self.pending[key]
 
     def consumes(self) -> Collection[DataKey[Any]]:
         # dedupInFlightBlocks and workingSetWindow read the precise producer's block keys: a config naming another
