@@ -368,6 +368,19 @@ def test_an_endpoint_that_leaves_the_pool_starts_afresh_when_it_returns() -> Non
     assert s.queues.get("a") is None or s.queues["a"].active == 0
 
 
+def approx_config(params: str) -> str:
+    """An EndpointPickerConfig whose prefill-cost-scorer reads the approximate producer (no block keys), with
+    `params` appended to the scorer's parameters."""
+    return (
+        "plugins:\n- type: approx-prefix-cache-producer\n- type: token-producer\n"
+        "- type: prefill-cost-scorer\n"
+        f"  parameters: {{prefixMatchInfoProducerName: approx-prefix-cache-producer{params}}}\n"
+        "- type: max-score-picker\n"
+        "schedulingProfiles: [{name: default, plugins: [{pluginRef: prefill-cost-scorer}, "
+        "{pluginRef: max-score-picker}]}]\n"
+    )
+
+
 def test_working_set_window_needs_the_precise_producer() -> None:
     """workingSetWindow reads the precise producer's block keys, like dedupInFlightBlocks: with another prefix
     producer it is refused when turned on, accepted when off (the defaults)."""
@@ -375,20 +388,10 @@ def test_working_set_window_needs_the_precise_producer() -> None:
     from epp.datalayer.datastore import Datastore
     from epp.wiring import build_pipeline, plugin_context
 
-    def config(params: str) -> str:
-        return (
-            "plugins:\n- type: approx-prefix-cache-producer\n- type: token-producer\n"
-            "- type: prefill-cost-scorer\n"
-            f"  parameters: {{prefixMatchInfoProducerName: approx-prefix-cache-producer{params}}}\n"
-            "- type: max-score-picker\n"
-            "schedulingProfiles: [{name: default, plugins: [{pluginRef: prefill-cost-scorer}, "
-            "{pluginRef: max-score-picker}]}]\n"
-        )
-
-    build_pipeline(parse_config(config("")), plugin_context(Datastore()))
-    build_pipeline(parse_config(config(", workingSetWindow: 0")), plugin_context(Datastore()))
+    build_pipeline(parse_config(approx_config("")), plugin_context(Datastore()))
+    build_pipeline(parse_config(approx_config(", workingSetWindow: 0")), plugin_context(Datastore()))
     with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
-        build_pipeline(parse_config(config(", workingSetWindow: 10s")), plugin_context(Datastore()))
+        build_pipeline(parse_config(approx_config(", workingSetWindow: 10s")), plugin_context(Datastore()))
     s = build(PrefillCostScorer, {})
     assert s.dedup and s.window == 30.0 and s.saturation_weight == 0.0
     assert s.idle_weight == 1.0 and s.overflow_weight == 1.0 and s.traffic_window == 10.0
@@ -650,12 +653,6 @@ def test_next_turn_weight_is_checked_and_needs_block_keys() -> None:
 
     with pytest.raises(PluginConfigError):
         build(PrefillCostScorer, {"nextTurnWeight": -1})
-    text = (
-        "plugins:\n- type: approx-prefix-cache-producer\n- type: token-producer\n- type: prefill-cost-scorer\n"
-        "  parameters: {prefixMatchInfoProducerName: approx-prefix-cache-producer, dedupInFlightBlocks: false, "
-        "workingSetWindow: 0, overflowWeight: 0, nextTurnWeight: 1}\n- type: max-score-picker\n"
-        "schedulingProfiles: [{name: default, plugins: [{pluginRef: prefill-cost-scorer}, "
-        "{pluginRef: max-score-picker}]}]\n"
-    )
+    text = approx_config(", dedupInFlightBlocks: false, workingSetWindow: 0, overflowWeight: 0, nextTurnWeight: 1")
     with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
         build_pipeline(parse_config(text), plugin_context(Datastore()))

@@ -108,6 +108,7 @@ from epp.framework import (
 from epp.plugins.producers.precise_prefix_cache_producer import PRECISE_MATCH
 
 DEFAULT_PRODUCER = "precise-prefix-cache-producer"
+WORKING_SET_WINDOW = 30.0  # workingSetWindow's default (s); also how long a prompt may wait for its next turn
 MAX_WORKING_SET = 1 << 18  # working-set blocks kept per endpoint while its KV capacity is unknown
 # a cap on one request's learned decode rate (output tokens/s): a first token estimated late (a prefill faster than
 # prefillTokensPerSecond) must not make every decode look instant
@@ -261,10 +262,10 @@ class PrefillCostScorer(Plugin, RemovalListener):
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
         producer = params.str("prefixMatchInfoProducerName", DEFAULT_PRODUCER)
-        # Both block-key terms read the precise producer's keys: turned on with another prefix producer they would
-        # never take effect, so the config is refused.
+        # The block-key terms (dedupInFlightBlocks, workingSetWindow, nextTurnWeight) read the precise producer's
+        # keys: turned on with another prefix producer they would never take effect, so the config is refused.
         dedup = params.bool("dedupInFlightBlocks", True)
-        window = params.duration("workingSetWindow", 30.0)
+        window = params.duration("workingSetWindow", WORKING_SET_WINDOW)
         next_turn = params.float("nextTurnWeight", 0.0, min=0.0)
         explicit = (
             (dedup and params.has("dedupInFlightBlocks"))
@@ -316,8 +317,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
                 del self.pending[key]
 
     def consumes(self) -> Collection[DataKey[Any]]:
-        # dedupInFlightBlocks and workingSetWindow read the precise producer's block keys: a config naming another
-        # producer is refused (the parameters would never take effect)
+        # dedupInFlightBlocks, workingSetWindow and nextTurnWeight read the precise producer's block keys: a config
+        # naming another producer is refused (the parameters would never take effect)
         keys: tuple[DataKey[Any], ...] = (self.info_key, TOKENIZED_PROMPT)
         uses_keys = self.dedup or self.window > 0 or self.next_turn_weight > 0
         return (*keys, self.match_key) if self.needs_block_keys and uses_keys else keys
@@ -553,7 +554,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
 
     def _expire_pending(self, now: float) -> None:
         """Prompts not continued within the working-set window (30 s without one) count as never continued."""
-        cutoff = now - (self.window if self.window > 0 else 30.0)
+        cutoff = now - (self.window if self.window > 0 else WORKING_SET_WINDOW)
         pending = self.pending
         while pending:
             key = next(iter(pending))
