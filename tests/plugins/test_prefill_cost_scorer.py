@@ -617,8 +617,8 @@ def test_a_new_session_is_charged_the_turns_it_will_still_send() -> None:
         for r in s._inflight.copy().values():
             s._release(r)
         if weight:
-            assert s.growth == 160 and s.queues["a"].pending == 4 and s.queues["b"].pending == 1
-            assert s._future(keyed("x", [], {}), {}, time.monotonic())[1] == pytest.approx(1440)
+            assert s.growth == 160 and sum(s.queues["a"].pending) == 4 and sum(s.queues["b"].pending) == 1
+            assert s._future(keyed("x", [], {}), {}, time.monotonic())[2] == pytest.approx(1440)
         new = keyed("new", [*system, 9000, 9001], {"a": 32, "b": 32})
         assert pick(s, new, e).name == expected
         again = keyed("s1-2", [*sessions[1], *range(6000, 6010)], {"a": 34, "b": 32})
@@ -635,15 +635,61 @@ def test_prompts_never_continued_expect_no_future() -> None:
     for i in range(3):
         place(s, keyed(f"q{i}", [*range(32), 100 + i], {"a": 32}), e, 0)
     now = time.monotonic()
-    assert s._future(keyed("x", [], {}), {}, now)[1] == 0.0 and s.queues["a"].pending == 3
-    # one continuation seen (2 blocks added), then three prompts expire uncontinued (q1, q2 and the continuation):
-    # p = c / (c + 3), the continuation's count c decayed over the 31 s since
+    assert s._future(keyed("x", [], {}), {}, now)[2] == 0.0 and sum(s.queues["a"].pending) == 3
+    # one continuation seen (2 blocks added), then three prompts expire uncontinued: q1 and q2 at depth 0, the
+    # continuation at depth 1. So a first turn is continued with p = c / (c + 2), the continuation's count c decayed
+    # over the 31 s since, and a second turn never: a first turn expects p x 32 tokens more
     place(s, keyed("q0-2", [*range(32), 100, 7, 8], {"a": 33}), e, 0)
     s._expire_pending(now + 31)
-    assert s.queues["a"].pending == 0 and not s.pending and s.growth == 32
+    assert sum(s.queues["a"].pending) == 0 and not s.pending and s.growth == 32
     c = math.exp(-31 / 60)
-    p = c / (c + 3)
-    assert s._future(keyed("x", [], {}), {}, now + 31)[1] == pytest.approx(p * 32 / (1 - p), rel=1e-2)
+    p = c / (c + 2)
+    assert s._future(keyed("x", [], {}), {}, now + 31)[2] == pytest.approx(p * 32, rel=1e-2)
+    assert s._expected_future(1, now + 31) == 0.0
+
+
+def test_a_chain_of_known_length_expects_fewer_turns_as_it_goes_on() -> None:
+    """Every session sends three turns, each 10 blocks longer. Once that is seen, a first turn expects two more
+    (320 tokens), a second one (160) and a third none: the future is learned per depth, not one memoryless share
+    (0.9 x 160 / 0.1 = 1440 at every turn) that charged late turns a whole chain's."""
+    s = build(PrefillCostScorer, {"nextTurnWeight": 1, "workingSetWindow": "30s"})
+    e = with_capacity(eps(), 256 * 16)
+    now = time.monotonic()
+    for i in range(3):
+        turns = [[*range(32), *(1000 * (i + 1) + j for j in range(10 * t + 1))] for t in range(3)]
+        matches: list[dict[str, float]] = [{}, {"a": 33}, {"a": 43}]
+        for t, keys in enumerate(turns):
+            r = keyed(f"s{i}-{t}", keys, matches[t])
+            s.score(S, r, e)
+            assert s._future(r, matches[t], time.monotonic())[1] == t  # its depth in the chain
+            s.pre_request(r, SchedulingResult({"default": ProfileResult([e[0]])}, "default"))
+    s._expire_pending(now + 31)
+    assert s.growth == 160
+    assert [s._expected_future(d, now + 31) for d in range(3)] == [320.0, 160.0, 0.0]
+
+
+def test_every_continuation_of_a_prompt_stays_with_it() -> None:
+    """An agent's context on a, whose projection is past its KV (as in the test above): a burst of sub-agents
+    extends it, and so does the agent's own next step. The first sub-agent to arrive is not the only one that
+    continues it: the siblings and the next step also find the context's endpoint, are not charged a future there,
+    and stay. When the first continuation took the context out of the pending prompts, the second sub-agent (charged
+    1440 tokens on a against 64 on b) left the context it shares."""
+    system = list(range(32))
+    base = {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0, "overflowWeight": 0}
+    s = build(PrefillCostScorer, {**base, "idleUncachedWeight": 2, "nextTurnWeight": 1})
+    e = with_capacity(eps()[:2], 256 * 16)
+    place(s, keyed("warm-b", [*system, 999], {}), e, 1)
+    sessions = [[*system, 1000 * (i + 1), 1000 * (i + 1) + 1] for i in range(4)]
+    for i, keys in enumerate(sessions):
+        place(s, keyed(f"s{i}", keys, {"a": 32} if i else {}), e, 0)
+    place(s, keyed("s0-2", [*sessions[0], *range(5000, 5010)], {"a": 34, "b": 32}), e, 0)
+    for r in s._inflight.copy().values():
+        s._release(r)
+    agent = sessions[1]
+    for j, tail in enumerate(([7000, 7001], [7100, 7101], [7200, 7201], [*range(7300, 7310)])):
+        sub = keyed(f"s1.{j}", [*agent, *tail], {"a": 34, "b": 32})
+        assert pick(s, sub, e).name == "a", j
+    assert s.pending[agent[-1]].continued and s.queues["a"].pending == [2, 5, 0, 0, 0, 0, 0, 0, 0]
 
 
 def test_next_turn_weight_is_checked_and_needs_block_keys() -> None:

@@ -37,19 +37,21 @@ longer answers do not, so sessions sharing a system prompt are not piled onto de
 cost at block 64, docs/plugins.md). A request that holds nothing on such an endpoint is charged the busy weight.
 
 `nextTurnWeight` (0: off) charges the turns still to come. A request that extends an earlier prompt (a chat's next
-turn, an agent's next step: the earlier prompt's last block key is among its matched blocks) tells the scorer two
-things, learned online: how many tokens a continuation adds (a running mean), and how often a prompt is continued
-at all (continued vs. not continued within `workingSetWindow`, over a minute). A prompt is then expected to bring
-future = p x growth / (1 - p) more tokens to the endpoint it is placed on (p capped at 0.9). Every endpoint's
-projected footprint is its working set plus that future for each of its prompts still pending; the request is
-charged the part of its own future that pushes that projection past the endpoint's KV capacity (x nextTurnWeight),
-except on the endpoint that holds the prompt it continues, where its future is already counted. So new sessions
-sharing a system prompt spread while the pods holding it still have room today but not for the sessions' later
-turns (multi-turn at 8 pods piled 24 sessions on the 3 pods seeded in the first half second,
-docs/benchmarks.md), and a continuation keeps to its pod. Needs the precise producer's block keys and the endpoints'
-KV capacity; prompts never continued (shared-prefix groups, single requests) make it 0. Off by default: over the
-matrix it cost agentic (a burst's sub-agents, new prompts each charged a future, left the pod holding their shared
-context) more than it gave multi-turn.
+turn, an agent's next step or sub-agent: the earlier prompt's last block key is among its matched blocks) tells the
+scorer, online, how many tokens a continuation adds (a running mean) and, per depth in the chain (turns before it),
+how often a prompt there is continued at all (continued vs. not within `workingSetWindow`, over a minute). A prompt
+at depth d is expected to bring F(d) = p_d x (growth + F(d + 1)) more tokens to the endpoint it is placed on (the
+deepest tracked depth memoryless, p x growth / (1 - p), p capped at 0.9): a chain of known length expects fewer
+turns as it goes on. Every endpoint's projected footprint is its working set plus that future for each of its
+prompts still pending; the request is charged the part of its own future that pushes that projection past the
+endpoint's KV capacity (x nextTurnWeight), except on the endpoint that holds the prompt it continues, where its
+future is already counted. A continued prompt stays findable until it expires, so every continuation of it (a
+burst's sibling sub-agents, the agent's next step) keeps to its endpoint. So new sessions sharing a system prompt
+spread while the pods holding it still have room today but not for the sessions' later turns (multi-turn at 8 pods
+piled 24 sessions on the 3 pods seeded in the first half second, docs/benchmarks.md). Needs the precise producer's
+block keys and the endpoints' KV capacity; prompts never continued (shared-prefix groups, single requests) make it
+0. Off by default: it costs agentic more than it gives multi-turn (new agents arriving together herd onto the one
+endpoint whose projection has room and each pays the cold system prompt there, docs/benchmarks.md).
 
 active(e) counts each KV block several in-flight requests share once (`dedupInFlightBlocks`, from the precise
 producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat session's own
@@ -121,6 +123,10 @@ CONTINUED_WINDOW = 60.0
 MAX_CONTINUED_SHARE = 0.9
 MAX_PENDING_PROMPTS = 1 << 16
 CONTINUATION_SEARCH = 3
+# the turns of a chain are told apart up to this depth (deeper ones share its share continued); a depth with less
+# than MIN_DEPTH_EVIDENCE (decayed) prompts seen borrows the share over every depth
+MAX_DEPTH = 8
+MIN_DEPTH_EVIDENCE = 1.0
 
 
 @dataclass(slots=True)
@@ -130,6 +136,8 @@ class _Cost:
     prompt_tokens: int
     uncached: dict[str, int]
     continues: int | None = None  # the last block key of the pending prompt this one extends (nextTurnWeight)
+    depth: int = 0  # turns before this one in its chain (nextTurnWeight)
+    future: float = 0.0  # the tokens its later turns are expected to bring (nextTurnWeight)
 
 
 @dataclass(slots=True)
@@ -176,16 +184,21 @@ class _Queue:
     recent: OrderedDict[int, float] = field(default_factory=OrderedDict)
     recent_block_tokens: int = 0
     traffic: _Decaying = field(default_factory=_Decaying)  # requests routed there (over trafficWindow)
-    pending: int = 0  # prompts placed there, not yet continued nor expired (nextTurnWeight)
+    # prompts placed there, not yet continued nor expired, per depth in their chains (nextTurnWeight)
+    pending: list[int] = field(default_factory=lambda: [0] * (MAX_DEPTH + 1))
 
 
 @dataclass(slots=True)
 class _Pending:
-    """A prompt that may be continued (nextTurnWeight), keyed by its last full block's key."""
+    """A prompt that may be continued (nextTurnWeight), keyed by its last full block's key. Once continued it stays
+    until it expires: its other continuations (a burst's sibling sub-agents, the agent's own next step) still find
+    the endpoint holding it."""
 
     endpoint: str
     tokens: int
     at: float
+    depth: int
+    continued: bool = False
 
 
 COST = DataKey[_Cost]("prefill-cost")
@@ -248,8 +261,11 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.decoding_ends_first = decoding_ends_first
         self.next_turn_weight = next_turn_weight
         self.pending: OrderedDict[int, _Pending] = OrderedDict()  # oldest first
-        self.continued = _Decaying()  # prompts continued, and expired uncontinued, over CONTINUED_WINDOW
-        self.uncontinued = _Decaying()
+        # prompts continued, and expired uncontinued, per depth (the last pools the deeper), over CONTINUED_WINDOW
+        self.continued = [_Decaying() for _ in range(MAX_DEPTH + 1)]
+        self.uncontinued = [_Decaying() for _ in range(MAX_DEPTH + 1)]
+        self._futures: list[float] = [0.0] * (MAX_DEPTH + 1)  # the expected future per depth, as of _futures_at
+        self._futures_at = -math.inf
         self.growth = 0.0  # tokens a continuation adds to the prompt it continues (running mean)
         self.growth_samples = 0
         self.decode_tps = 0.0  # one request's decode rate (output tokens/s), learned from completions; 0: unknown
@@ -357,8 +373,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
                 idle = sum(1 for ep in endpoints if self._idle(queues.get(ep.name), now))
                 if idle:
                     cold_per_token = self.cold_weight * self.cold.rate(now, self.traffic_window) / self.rate / idle
-        continues, future, holder = (
-            self._future(request, matches, now) if self.next_turn_weight > 0 else (None, 0.0, "")
+        continues, depth, future, holder = (
+            self._future(request, matches, now) if self.next_turn_weight > 0 else (None, 0, 0.0, "")
         )
         for ep in endpoints:
             u = max(0, n - int(matches.get(ep.name, 0) * bs))
@@ -405,36 +421,63 @@ class PrefillCostScorer(Plugin, RemovalListener):
             out.append(cost)
         if n > 0:
             self.reuse += self.reuse_alpha * (best / n - self.reuse)
-        request.data.put(self.cost_key, _Cost(n, uncached, continues))
+        request.data.put(self.cost_key, _Cost(n, uncached, continues, depth, future))
         return out
 
     def _future(
         self, request: InferenceRequest, matches: dict[str, float], now: float
-    ) -> tuple[int | None, float, str]:
-        """The pending prompt this request continues (its last block key and endpoint) and the tokens a prompt is
-        expected to bring in later turns: p x growth / (1 - p)."""
-        continues, holder = None, ""
+    ) -> tuple[int | None, int, float, str]:
+        """The pending prompt this request continues (its last block key), the request's depth in its chain, the
+        tokens its later turns are expected to bring, and the endpoint holding the prompt it continues."""
+        continues, holder, depth = None, "", 0
         match = request.data.get(self.match_key)
         if match is not None and match.keys:
-            m = min(int(max(matches.values(), default=0)), len(match.keys))
+            keys = match.keys
+            m = min(int(max(matches.values(), default=0)), len(keys))
             for i in range(m - 1, max(-1, m - 1 - CONTINUATION_SEARCH), -1):
-                p = self.pending.get(match.keys[i])
-                if p is not None:
-                    continues, holder = match.keys[i], p.endpoint
+                p = self.pending.get(keys[i])
+                if p is not None and i < len(keys) - 1:  # its own last block: the same prompt again, not a turn
+                    continues, holder, depth = keys[i], p.endpoint, min(MAX_DEPTH, p.depth + 1)
                     break
-        yes = self.continued.decayed(now, CONTINUED_WINDOW)
-        no = self.uncontinued.decayed(now, CONTINUED_WINDOW)
-        share = min(MAX_CONTINUED_SHARE, yes / (yes + no)) if yes + no > 0 else 0.0
-        return continues, share * self.growth / (1.0 - share), holder
+        return continues, depth, self._expected_future(depth, now), holder
+
+    def _expected_future(self, depth: int, now: float) -> float:
+        """F(d) = p_d x (growth + F(d + 1)): the tokens a prompt at depth d is expected to bring in later turns, p_d
+        the share of prompts at that depth continued (a chain of known length expects fewer turns as it goes on);
+        the deepest depth's is memoryless, p x growth / (1 - p) with p capped. Recomputed when what it is learned
+        from changes, and every 50 ms as the counts decay."""
+        if now - self._futures_at >= 0.05:
+            self._futures_at = now
+            yes = [c.decayed(now, CONTINUED_WINDOW) for c in self.continued]
+            no = [c.decayed(now, CONTINUED_WINDOW) for c in self.uncontinued]
+            total_yes, total = sum(yes), sum(yes) + sum(no)
+            pooled = total_yes / total if total > 0 else 0.0
+            g, futures = self.growth, self._futures
+            after = 0.0
+            for d in range(MAX_DEPTH, -1, -1):
+                seen = yes[d] + no[d]
+                p = yes[d] / seen if seen >= MIN_DEPTH_EVIDENCE else min(MAX_CONTINUED_SHARE, pooled)
+                if d == MAX_DEPTH:
+                    p = min(MAX_CONTINUED_SHARE, p)
+                    after = p * g / (1.0 - p)
+                else:
+                    after = p * (g + after)
+                futures[d] = after
+        return self._futures[depth]
 
     def _overflow_by(self, ep: Endpoint, q: _Queue | None, future: float) -> float:
-        """How far `future` more tokens push `ep`'s projected footprint (its working set and the futures of its
-        pending prompts) past its KV capacity, in tokens; 0 when the capacity is unknown."""
+        """How far `future` more tokens push `ep`'s projected footprint (its working set and the expected later turns
+        of its pending prompts) past its KV capacity, in tokens; 0 when the capacity is unknown."""
         m = ep.metrics
         capacity = m.cache_num_blocks * m.cache_block_size
         if capacity <= 0:
             return 0.0
-        projected = len(q.recent) * q.recent_block_tokens + q.pending * future if q is not None else 0.0
+        if q is None:
+            projected = 0.0
+        else:
+            futures = self._futures  # as of this request's _future
+            waiting = sum(c * f for c, f in zip(q.pending, futures, strict=True) if c)
+            projected = len(q.recent) * q.recent_block_tokens + waiting
         return max(0.0, projected + future - capacity) - max(0.0, projected - capacity)
 
     def fullness(self, ep: Endpoint, q: _Queue | None, now: float) -> float:
@@ -536,24 +579,35 @@ class PrefillCostScorer(Plugin, RemovalListener):
     def _track(self, q: _Queue, name: str, last_key: int, cost: _Cost, now: float) -> None:
         """Learn from the prompt this request continues (if any) and keep this one pending on `name`."""
         self._expire_pending(now)
-        if cost.continues is not None and (prev := self.pending.pop(cost.continues, None)) is not None:
-            self._resolve(prev, True, now)
+        if cost.continues is not None and (prev := self.pending.get(cost.continues)) is not None:
+            if not prev.continued:  # its first continuation: the prompt's future now rides on this request's
+                self._resolve(prev, True, now)
+                prev.continued = True
             self.growth_samples += 1
             alpha = max(0.05, 1.0 / self.growth_samples)
             self.growth += alpha * (max(0, cost.prompt_tokens - prev.tokens) - self.growth)
+            self._futures_at = -math.inf
+        depth = cost.depth
         if (same := self.pending.pop(last_key, None)) is not None:  # the same prompt again: one pending
-            self._resolve(same, None, now)
-        self.pending[last_key] = _Pending(name, cost.prompt_tokens, now)
-        q.pending += 1
+            depth = same.depth
+            if not same.continued:
+                self._resolve(same, None, now)
+        self.pending[last_key] = _Pending(name, cost.prompt_tokens, now, depth)
+        q.pending[depth] += 1
 
     def _resolve(self, prompt: _Pending, continued: bool | None, now: float) -> None:
-        if (q := self.queues.get(prompt.endpoint)) is not None:
-            q.pending = max(0, q.pending - 1)
+        """A pending prompt continued (True), expired uncontinued (False) or sent again (None): its endpoint stops
+        counting its future, and the share continued at its depth learns which."""
+        if (q := self.queues.get(prompt.endpoint)) is not None and q.pending[prompt.depth] > 0:
+            q.pending[prompt.depth] -= 1
         if continued is not None:
-            (self.continued if continued else self.uncontinued).add(now, CONTINUED_WINDOW)
+            counts = self.continued if continued else self.uncontinued
+            counts[min(MAX_DEPTH, prompt.depth)].add(now, CONTINUED_WINDOW)
+            self._futures_at = -math.inf
 
     def _expire_pending(self, now: float) -> None:
-        """Prompts not continued within the working-set window (30 s without one) count as never continued."""
+        """Prompts not continued within the working-set window (30 s without one) count as never continued; continued
+        ones leave quietly."""
         cutoff = now - (self.window if self.window > 0 else WORKING_SET_WINDOW)
         pending = self.pending
         while pending:
@@ -562,7 +616,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
             if prompt.at >= cutoff and len(pending) <= MAX_PENDING_PROMPTS:
                 break
             del pending[key]
-            self._resolve(prompt, False, now)
+            if not prompt.continued:
+                self._resolve(prompt, False, now)
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
         entry = request.data.pop(self.booked_key)
