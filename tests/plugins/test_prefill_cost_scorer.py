@@ -597,32 +597,44 @@ def test_decoding_ends_first_discounts_a_decoding_pod_only_when_its_decodes_end_
     assert plain.costs(small, e, now=time.monotonic())[0] < 1000.0
 
 
-def test_a_new_session_is_charged_the_turns_it_will_still_send() -> None:
-    """Multi-turn chat at start-up: both pods hold the system prompt, a already has four sessions, none of them near
-    its KV yet. Sessions have been seen to continue (turn 2 added 10 blocks), so each is expected to bring
-    0.9 x 160 / 0.1 = 1440 more tokens where it stays: a's projection is past its KV, b's is not. A new session goes
-    to b; without nextTurnWeight the tie went to a. A continuation stays with its history on a: its future is
-    already in a's projection."""
+def sessions_on_a(s: PrefillCostScorer) -> tuple[list[Endpoint], list[list[int]]]:
+    """Multi-turn chat at start-up, on two pods of 1280 tokens of KV that both hold a 32-block system prompt: b one
+    request, a four sessions, the first of which has sent turns 2 and 3 (10 blocks more each). So a first and a
+    second turn have been seen continued, a third not yet: a first turn expects 320 more tokens, a second 160."""
     system = list(range(32))
-    base = {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0, "overflowWeight": 0}
+    e = with_capacity(eps()[:2], 80 * 16)
+    place(s, keyed("warm-b", [*system, 999], {}), e, 1)
+    sessions = [[*system, 1000 * (i + 1), 1000 * (i + 1) + 1] for i in range(4)]
+    for i, keys in enumerate(sessions):
+        place(s, keyed(f"s{i}", keys, {"a": 32} if i else {}), e, 0)
+    turn2 = [*sessions[0], *range(5000, 5010)]
+    place(s, keyed("s0-2", turn2, {"a": 34, "b": 32}), e, 0)
+    place(s, keyed("s0-3", [*turn2, *range(5100, 5110)], {"a": 44, "b": 32}), e, 0)
+    for r in s._inflight.copy().values():
+        s._release(r)
+    return e, sessions
+
+
+NEXT_TURN_BASE = {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0, "overflowWeight": 0}
+
+
+def test_a_new_session_is_charged_the_turns_it_will_still_send() -> None:
+    """a's working set (60 blocks, 960 tokens) and its three sessions' expected turns (3 x 320) project past its KV;
+    b's (528 + 320) leave room for another session. A new session goes to b; without nextTurnWeight the tie went to
+    a. A continuation stays with its history on a: its future is already in a's projection."""
     for weight, expected in ((1, "b"), (0, "a")):
-        s = build(PrefillCostScorer, {**base, "idleUncachedWeight": 2, "nextTurnWeight": weight})
-        e = with_capacity(eps()[:2], 256 * 16)  # 4096 tokens each
-        place(s, keyed("warm-b", [*system, 999], {}), e, 1)
-        sessions = [[*system, 1000 * (i + 1), 1000 * (i + 1) + 1] for i in range(4)]
-        for i, keys in enumerate(sessions):
-            place(s, keyed(f"s{i}", keys, {"a": 32} if i else {}), e, 0)
-        turn2 = [*sessions[0], *range(5000, 5010)]
-        place(s, keyed("s0-2", turn2, {"a": 34, "b": 32}), e, 0)
-        for r in s._inflight.copy().values():
-            s._release(r)
+        s = build(PrefillCostScorer, {**NEXT_TURN_BASE, "idleUncachedWeight": 2, "nextTurnWeight": weight})
+        e, sessions = sessions_on_a(s)
         if weight:
-            assert s.growth == 160 and sum(s.queues["a"].pending) == 4 and sum(s.queues["b"].pending) == 1
-            assert s._future(keyed("x", [], {}), {}, time.monotonic())[2] == pytest.approx(1440)
-        new = keyed("new", [*system, 9000, 9001], {"a": 32, "b": 32})
+            assert s.growth == 160 and s.queues["a"].pending[:3] == [3, 0, 1] and sum(s.queues["b"].pending) == 1
+            assert s._future(keyed("x", [], {}), {}, time.monotonic())[2] == pytest.approx(320)
+        new = keyed("new", [*sessions[0][:32], 9000, 9001], {"a": 32, "b": 32})
         assert pick(s, new, e).name == expected
         again = keyed("s1-2", [*sessions[1], *range(6000, 6010)], {"a": 34, "b": 32})
         assert pick(s, again, e).name == "a"
+        # the same prompt sent again (a retry, a trace's repeated request) replaces its pending self on a: no new
+        # future there, while b would gain one (64 tokens uncached on b, none on a plus 320 without the exemption)
+        assert pick(s, keyed("s2-again", sessions[2], {"a": 34, "b": 32}), e).name == "a"
         s.endpoint_removed(e[0])  # a pod that leaves takes its pending prompts with it
         assert {p.endpoint for p in s.pending.values()} == ({"b"} if weight else set())
 
@@ -669,27 +681,18 @@ def test_a_chain_of_known_length_expects_fewer_turns_as_it_goes_on() -> None:
 
 
 def test_every_continuation_of_a_prompt_stays_with_it() -> None:
-    """An agent's context on a, whose projection is past its KV (as in the test above): a burst of sub-agents
-    extends it, and so does the agent's own next step. The first sub-agent to arrive is not the only one that
-    continues it: the siblings and the next step also find the context's endpoint, are not charged a future there,
-    and stay. When the first continuation took the context out of the pending prompts, the second sub-agent (charged
-    1440 tokens on a against 64 on b) left the context it shares."""
-    system = list(range(32))
-    base = {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0, "overflowWeight": 0}
-    s = build(PrefillCostScorer, {**base, "idleUncachedWeight": 2, "nextTurnWeight": 1})
-    e = with_capacity(eps()[:2], 256 * 16)
-    place(s, keyed("warm-b", [*system, 999], {}), e, 1)
-    sessions = [[*system, 1000 * (i + 1), 1000 * (i + 1) + 1] for i in range(4)]
-    for i, keys in enumerate(sessions):
-        place(s, keyed(f"s{i}", keys, {"a": 32} if i else {}), e, 0)
-    place(s, keyed("s0-2", [*sessions[0], *range(5000, 5010)], {"a": 34, "b": 32}), e, 0)
-    for r in s._inflight.copy().values():
-        s._release(r)
+    """An agent's context on a, whose projection is past its KV: a burst of sub-agents extends it, and so does the
+    agent's own next step. The first sub-agent to arrive is not the only one that continues it: the siblings and the
+    next step also find the context's endpoint, are not charged a future there, and stay. When the first
+    continuation took the context out of the pending prompts, the second sub-agent (a new chain there: 64 + 320
+    tokens on a against 128 on b) left the context it shares."""
+    s = build(PrefillCostScorer, {**NEXT_TURN_BASE, "idleUncachedWeight": 2, "nextTurnWeight": 1})
+    e, sessions = sessions_on_a(s)
     agent = sessions[1]
     for j, tail in enumerate(([7000, 7001], [7100, 7101], [7200, 7201], [*range(7300, 7310)])):
         sub = keyed(f"s1.{j}", [*agent, *tail], {"a": 34, "b": 32})
         assert pick(s, sub, e).name == "a", j
-    assert s.pending[agent[-1]].continued and s.queues["a"].pending == [2, 5, 0, 0, 0, 0, 0, 0, 0]
+    assert s.pending[agent[-1]].continued and s.queues["a"].pending[:3] == [2, 4, 1]
 
 
 def test_next_turn_weight_is_checked_and_needs_block_keys() -> None:

@@ -41,17 +41,18 @@ turn, an agent's next step or sub-agent: the earlier prompt's last block key is 
 scorer, online, how many tokens a continuation adds (a running mean) and, per depth in the chain (turns before it),
 how often a prompt there is continued at all (continued vs. not within `workingSetWindow`, over a minute). A prompt
 at depth d is expected to bring F(d) = p_d x (growth + F(d + 1)) more tokens to the endpoint it is placed on (the
-deepest tracked depth memoryless, p x growth / (1 - p), p capped at 0.9): a chain of known length expects fewer
-turns as it goes on. Every endpoint's projected footprint is its working set plus that future for each of its
-prompts still pending; the request is charged the part of its own future that pushes that projection past the
-endpoint's KV capacity (x nextTurnWeight), except on the endpoint that holds the prompt it continues, where its
-future is already counted. A continued prompt stays findable until it expires, so every continuation of it (a
-burst's sibling sub-agents, the agent's next step) keeps to its endpoint. So new sessions sharing a system prompt
-spread while the pods holding it still have room today but not for the sessions' later turns (multi-turn at 8 pods
-piled 24 sessions on the 3 pods seeded in the first half second, docs/benchmarks.md). Needs the precise producer's
-block keys and the endpoints' KV capacity; prompts never continued (shared-prefix groups, single requests) make it
-0. Off by default: it costs agentic more than it gives multi-turn (new agents arriving together herd onto the one
-endpoint whose projection has room and each pays the cold system prompt there, docs/benchmarks.md).
+deepest tracked depth memoryless, p x growth / (1 - p), p capped at 0.9; a depth not seen resolved yet, 0): a chain
+of known length expects fewer turns as it goes on, and no turn is expected before one like it has been seen. Every
+endpoint's projected footprint is its working set plus that future for each of its prompts still pending; the
+request is charged the part of its own future that pushes that projection past the endpoint's KV capacity
+(x nextTurnWeight), except on the endpoint that holds the prompt it continues (or the same prompt sent before),
+where its future is already counted. A continued prompt stays findable until it expires, so every continuation of
+it (a burst's sibling sub-agents, the agent's next step) keeps to its endpoint. So new sessions sharing a system
+prompt spread while the pods holding it still have room today but not for the sessions' later turns (multi-turn at
+8 pods piled 24 sessions on the 3 pods seeded in the first half second, docs/benchmarks.md). Needs the precise
+producer's block keys and the endpoints' KV capacity; prompts never continued (shared-prefix groups, single
+requests) make it 0. Off by default: level with the default over the matrix, it learns the sessions' future too
+late to undo the first second's pile (docs/benchmarks.md, "`nextTurnWeight`" and its passes).
 
 active(e) counts each KV block several in-flight requests share once (`dedupInFlightBlocks`, from the precise
 producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat session's own
@@ -124,9 +125,11 @@ MAX_CONTINUED_SHARE = 0.9
 MAX_PENDING_PROMPTS = 1 << 16
 CONTINUATION_SEARCH = 3
 # the turns of a chain are told apart up to this depth (deeper ones share its share continued); a depth with less
-# than MIN_DEPTH_EVIDENCE (decayed) prompts seen borrows the share over every depth
+# than MIN_DEPTH_EVIDENCE (decayed: one prompt resolved there within the last 40 s) expects no continuation: no turn
+# is charged before one like it has been seen (a chain seen to go on at every depth so far is not assumed to go on
+# for ever)
 MAX_DEPTH = 8
-MIN_DEPTH_EVIDENCE = 1.0
+MIN_DEPTH_EVIDENCE = 0.5
 
 
 @dataclass(slots=True)
@@ -428,7 +431,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self, request: InferenceRequest, matches: dict[str, float], now: float
     ) -> tuple[int | None, int, float, str]:
         """The pending prompt this request continues (its last block key), the request's depth in its chain, the
-        tokens its later turns are expected to bring, and the endpoint holding the prompt it continues."""
+        tokens its later turns are expected to bring, and the endpoint holding the prompt it continues or, sent
+        again, the same prompt (whose future that endpoint already counts)."""
         continues, holder, depth = None, "", 0
         match = request.data.get(self.match_key)
         if match is not None and match.keys:
@@ -436,27 +440,30 @@ class PrefillCostScorer(Plugin, RemovalListener):
             m = min(int(max(matches.values(), default=0)), len(keys))
             for i in range(m - 1, max(-1, m - 1 - CONTINUATION_SEARCH), -1):
                 p = self.pending.get(keys[i])
-                if p is not None and i < len(keys) - 1:  # its own last block: the same prompt again, not a turn
-                    continues, holder, depth = keys[i], p.endpoint, min(MAX_DEPTH, p.depth + 1)
-                    break
+                if p is None:
+                    continue
+                holder = p.endpoint
+                if i < len(keys) - 1:
+                    continues, depth = keys[i], min(MAX_DEPTH, p.depth + 1)
+                else:  # its own last block: the same prompt again, not a turn
+                    depth = p.depth
+                break
         return continues, depth, self._expected_future(depth, now), holder
 
     def _expected_future(self, depth: int, now: float) -> float:
         """F(d) = p_d x (growth + F(d + 1)): the tokens a prompt at depth d is expected to bring in later turns, p_d
-        the share of prompts at that depth continued (a chain of known length expects fewer turns as it goes on);
-        the deepest depth's is memoryless, p x growth / (1 - p) with p capped. Recomputed when what it is learned
-        from changes, and every 50 ms as the counts decay."""
+        the share of prompts at that depth continued (a chain of known length expects fewer turns as it goes on),
+        0 at a depth not seen yet; the deepest depth's is memoryless, p x growth / (1 - p) with p capped.
+        Recomputed when what it is learned from changes, and every 50 ms as the counts decay."""
         if now - self._futures_at >= 0.05:
             self._futures_at = now
             yes = [c.decayed(now, CONTINUED_WINDOW) for c in self.continued]
             no = [c.decayed(now, CONTINUED_WINDOW) for c in self.uncontinued]
-            total_yes, total = sum(yes), sum(yes) + sum(no)
-            pooled = total_yes / total if total > 0 else 0.0
             g, futures = self.growth, self._futures
             after = 0.0
             for d in range(MAX_DEPTH, -1, -1):
                 seen = yes[d] + no[d]
-                p = yes[d] / seen if seen >= MIN_DEPTH_EVIDENCE else min(MAX_CONTINUED_SHARE, pooled)
+                p = yes[d] / seen if seen >= MIN_DEPTH_EVIDENCE else 0.0
                 if d == MAX_DEPTH:
                     p = min(MAX_CONTINUED_SHARE, p)
                     after = p * g / (1.0 - p)
