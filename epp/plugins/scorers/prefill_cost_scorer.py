@@ -140,7 +140,6 @@ class _Cost:
     uncached: dict[str, int]
     continues: int | None = None  # the last block key of the pending prompt this one extends (nextTurnWeight)
     depth: int = 0  # turns before this one in its chain (nextTurnWeight)
-    future: float = 0.0  # the tokens its later turns are expected to bring (nextTurnWeight)
 
 
 @dataclass(slots=True)
@@ -424,7 +423,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
             out.append(cost)
         if n > 0:
             self.reuse += self.reuse_alpha * (best / n - self.reuse)
-        request.data.put(self.cost_key, _Cost(n, uncached, continues, depth, future))
+        request.data.put(self.cost_key, _Cost(n, uncached, continues, depth))
         return out
 
     def _future(
