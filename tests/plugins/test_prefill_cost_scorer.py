@@ -319,6 +319,19 @@ def test_working_set_window_is_checked() -> None:
         build(PrefillCostScorer, {"workingSetWindow": "soon"})
 
 
+def scorer_config(params: str, producer: str = "approx-prefix-cache-producer") -> str:
+    """An EndpointPickerConfig whose prefill-cost-scorer reads `producer` (by default the approximate one: no block
+    keys), with `params` appended to the scorer's parameters."""
+    return (
+        f"plugins:\n- type: {producer}\n- type: token-producer\n"
+        "- type: prefill-cost-scorer\n"
+        f"  parameters: {{prefixMatchInfoProducerName: {producer}{params}}}\n"
+        "- type: max-score-picker\n"
+        "schedulingProfiles: [{name: default, plugins: [{pluginRef: prefill-cost-scorer}, "
+        "{pluginRef: max-score-picker}]}]\n"
+    )
+
+
 def test_dedup_in_flight_blocks_needs_a_producer_of_block_keys() -> None:
     """dedupInFlightBlocks reads the precise producer's block keys: named with another prefix producer it would be
     accepted and never take effect, so the config is refused; with the precise producer it builds."""
@@ -326,19 +339,11 @@ def test_dedup_in_flight_blocks_needs_a_producer_of_block_keys() -> None:
     from epp.datalayer.datastore import Datastore
     from epp.wiring import build_pipeline, plugin_context
 
-    def config(producer: str) -> str:
-        return (
-            f"plugins:\n- type: {producer}\n- type: token-producer\n"
-            "- type: prefill-cost-scorer\n"
-            f"  parameters: {{prefixMatchInfoProducerName: {producer}, dedupInFlightBlocks: true}}\n"
-            "- type: max-score-picker\n"
-            "schedulingProfiles: [{name: default, plugins: [{pluginRef: prefill-cost-scorer}, "
-            "{pluginRef: max-score-picker}]}]\n"
-        )
-
+    dedup = ", dedupInFlightBlocks: true"
     with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
-        build_pipeline(parse_config(config("approx-prefix-cache-producer")), plugin_context(Datastore()))
-    pipeline = build_pipeline(parse_config(config("precise-prefix-cache-producer")), plugin_context(Datastore()))
+        build_pipeline(parse_config(scorer_config(dedup)), plugin_context(Datastore()))
+    precise = scorer_config(dedup, "precise-prefix-cache-producer")
+    pipeline = build_pipeline(parse_config(precise), plugin_context(Datastore()))
     assert "prefill-cost-scorer" in pipeline.plugins
 
 
@@ -368,19 +373,6 @@ def test_an_endpoint_that_leaves_the_pool_starts_afresh_when_it_returns() -> Non
     assert s.queues.get("a") is None or s.queues["a"].active == 0
 
 
-def approx_config(params: str) -> str:
-    """An EndpointPickerConfig whose prefill-cost-scorer reads the approximate producer (no block keys), with
-    `params` appended to the scorer's parameters."""
-    return (
-        "plugins:\n- type: approx-prefix-cache-producer\n- type: token-producer\n"
-        "- type: prefill-cost-scorer\n"
-        f"  parameters: {{prefixMatchInfoProducerName: approx-prefix-cache-producer{params}}}\n"
-        "- type: max-score-picker\n"
-        "schedulingProfiles: [{name: default, plugins: [{pluginRef: prefill-cost-scorer}, "
-        "{pluginRef: max-score-picker}]}]\n"
-    )
-
-
 def test_working_set_window_needs_the_precise_producer() -> None:
     """workingSetWindow reads the precise producer's block keys, like dedupInFlightBlocks: with another prefix
     producer it is refused when turned on, accepted when off (the defaults)."""
@@ -388,10 +380,10 @@ def test_working_set_window_needs_the_precise_producer() -> None:
     from epp.datalayer.datastore import Datastore
     from epp.wiring import build_pipeline, plugin_context
 
-    build_pipeline(parse_config(approx_config("")), plugin_context(Datastore()))
-    build_pipeline(parse_config(approx_config(", workingSetWindow: 0")), plugin_context(Datastore()))
+    build_pipeline(parse_config(scorer_config("")), plugin_context(Datastore()))
+    build_pipeline(parse_config(scorer_config(", workingSetWindow: 0")), plugin_context(Datastore()))
     with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
-        build_pipeline(parse_config(approx_config(", workingSetWindow: 10s")), plugin_context(Datastore()))
+        build_pipeline(parse_config(scorer_config(", workingSetWindow: 10s")), plugin_context(Datastore()))
     s = build(PrefillCostScorer, {})
     assert s.dedup and s.window == 30.0 and s.saturation_weight == 0.0
     assert s.idle_weight == 1.0 and s.overflow_weight == 1.0 and s.traffic_window == 10.0
@@ -702,6 +694,6 @@ def test_next_turn_weight_is_checked_and_needs_block_keys() -> None:
 
     with pytest.raises(PluginConfigError):
         build(PrefillCostScorer, {"nextTurnWeight": -1})
-    text = approx_config(", dedupInFlightBlocks: false, workingSetWindow: 0, overflowWeight: 0, nextTurnWeight: 1")
+    text = scorer_config(", dedupInFlightBlocks: false, workingSetWindow: 0, overflowWeight: 0, nextTurnWeight: 1")
     with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
         build_pipeline(parse_config(text), plugin_context(Datastore()))
