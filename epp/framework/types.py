@@ -32,6 +32,11 @@ class Metrics:
     prefix_cache_hits: float | None = None
     update_time: float = 0.0
 
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The engine's KV cache in tokens (GPU blocks x block size); 0 while its cache config is unscraped."""
+        return self.cache_num_blocks * self.cache_block_size
+
     def age(self, now: float | None = None) -> float:
         """Seconds since the last successful scrape (infinite if never scraped)."""
         if self.update_time == 0.0:

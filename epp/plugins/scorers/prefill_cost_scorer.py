@@ -415,8 +415,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
                     cost += (q.busy_until - now) * rate
                 cost += dw * full * q.active_tokens
                 if self.overflow_weight > 0 and q.recent_block_tokens:
-                    m = ep.metrics
-                    capacity = m.cache_num_blocks * m.cache_block_size
+                    capacity = ep.metrics.kv_capacity_tokens
                     over = len(q.recent) * q.recent_block_tokens - capacity
                     if capacity > 0 and over > 0:
                         cost += self.overflow_weight * over
@@ -474,8 +473,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
     def _overflow_by(self, ep: Endpoint, q: _Queue | None, future: float) -> float:
         """How far `future` more tokens push `ep`'s projected footprint (its working set and the expected later turns
         of its pending prompts) past its KV capacity, in tokens; 0 when the capacity is unknown."""
-        m = ep.metrics
-        capacity = m.cache_num_blocks * m.cache_block_size
+        capacity = ep.metrics.kv_capacity_tokens
         if capacity <= 0:
             return 0.0
         if q is None:
@@ -490,8 +488,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         """KV pressure on `ep`, 0..1, against its KV capacity (1 when the capacity is unknown): the working set
         (distinct prompt blocks routed there within the window) when it is tracked, else every token written
         there since start, which reads 1 once the pod has been warm for a while."""
-        m = ep.metrics
-        capacity = m.cache_num_blocks * m.cache_block_size
+        capacity = ep.metrics.kv_capacity_tokens
         if capacity <= 0:
             return 1.0
         if q is None:
@@ -563,8 +560,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
                 if k in recent:
                     recent.move_to_end(k)
                 recent[k] = now
-            m = targets[0].metrics
-            self._expire(q, now, m.cache_num_blocks * m.cache_block_size)
+            self._expire(q, now, targets[0].metrics.kv_capacity_tokens)
         if self.dedup and match is not None and match.keys and match.block_size > 0:
             # the prompt's full blocks count once per endpoint however many in-flight requests share them
             bs = match.block_size
@@ -608,7 +604,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
             q.pending[prompt.depth] -= 1
         if continued is not None:
             counts = self.continued if continued else self.uncontinued
-            counts[min(MAX_DEPTH, prompt.depth)].add(now, CONTINUED_WINDOW)
+            counts[prompt.depth].add(now, CONTINUED_WINDOW)  # depths are capped at MAX_DEPTH where set
             self._futures_at = -math.inf
 
     def _expire_pending(self, now: float) -> None:
