@@ -7,7 +7,8 @@ PYTEST_ARGS ?=
 # vLLM's own KV-event structs and publisher are used for interop tests; installed without its deps (no torch).
 VLLM_VERSION ?= 0.34.0
 
-.PHONY: setup system-deps test unit e2e lint demo bench bench-routing inference-perf-venv clean image image-check
+.PHONY: setup system-deps test unit e2e lint demo bench bench-routing inference-perf-venv image-python-venv clean image \
+	image-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -53,6 +54,19 @@ image:
 image-check: setup image
 	$(PY) -m e2e.image_check --image $(IMAGE_TAG)
 
+# The interpreter the image runs (scripts/image.sh: Debian bookworm's python3.11), in a venv of its own with the
+# project's dependencies: `bench_picks --pythons 'venv,image=.venv-image/bin/python'` measures under both, since the
+# interpreter alone moved picks/s by 4–21% (docs/benchmarks.md, 2026-12-06). IMAGE_PYTHON=... for another one.
+IMAGE_PYTHON ?= /usr/bin/python3.11
+image-python-venv: .venv-image/.installed-stamp
+.venv-image/.installed-stamp: pyproject.toml
+	test -x $(IMAGE_PYTHON) || { echo "no $(IMAGE_PYTHON) (Debian: apt-get install python3.11-venv)"; exit 1; }
+	test -x .venv-image/bin/python || $(IMAGE_PYTHON) -m venv .venv-image
+	.venv-image/bin/python -m pip install -q --upgrade pip
+	.venv-image/bin/python -m pip install -q -e '.[dev]'
+	.venv-image/bin/python -m pip install -q --no-deps --force-reinstall "opentelemetry-proto==$$(.venv-image/bin/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
+	touch $@
+
 # Benchmarks (not part of `make test`): see docs/benchmarks.md for what each prints.
 bench: setup
 	@command -v h2load >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq nghttp2-client >/dev/null; }
@@ -77,4 +91,4 @@ IP_PYTHON ?= $(shell command -v python3.12 || ls -d /root/.pyenv/versions/3.12*/
 inference-perf-venv: .venv-ip/bin/inference-perf
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-image .pytest_cache .mypy_cache .ruff_cache

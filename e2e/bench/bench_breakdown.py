@@ -276,10 +276,10 @@ def print_part1(rows: list[dict[str, Any]]) -> None:
 
 
 class FloorProcess(_Process):
-    def __init__(self, workdir: Path, destination: str, event_loop: str = "asyncio") -> None:
+    def __init__(self, workdir: Path, destination: str, event_loop: str = "asyncio", python: str | None = None) -> None:
         self.port, self.health_port = free_ports(2)
         argv = [
-            sys.executable,
+            python or sys.executable,
             "-m",
             "e2e.bench.floor_extproc",
             "--port",

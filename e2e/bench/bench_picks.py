@@ -11,11 +11,17 @@ simulators (metrics scraped, KV events subscribed) with the given strategy.
         --sources old@/tmp/tree-64f7a9f,new@/tmp/tree-daba74d     # an A/B of two checkouts' EPPs, alternated
         --sources 'default,si=--gil-switch-interval 500us'          # this checkout with and without a flag
         --sources 'default,floor'                                    # beside the Python floor (below)
+        --sources 'default,floor' --pythons 'venv,image=.venv-image/bin/python'  # and under the image's interpreter
 
 With `--sources` every run uses the same simulators and the same frames; each checkout's EPP serves in turn
 (`python -m epp` from that checkout), `--repeats` times, and the medians are compared. The source named `floor` is
 `e2e/bench/floor_extproc.py` instead of an EPP: a minimal grpc.aio ext_proc server answering every stream with a
 fixed destination, i.e. what the same h2load load costs any Python ext_proc server (transport and protobuf only).
+
+`--pythons` runs every source (the floor too) under each named interpreter in turn, alternated like the sources: a
+bare name is the one running this benchmark, `name=PATH` another with the project's dependencies installed. The
+interpreter matters here: the image runs Debian's python3.11, which served 4–21% more picks/s than a
+pyenv build without PGO (2026-12-06, docs/benchmarks.md); `make image-python-venv` makes `.venv-image` from it.
 """
 
 from __future__ import annotations
@@ -134,11 +140,36 @@ def _warm(sims: Sequence[Any], run: int) -> None:
     time.sleep(0.5)  # the events' way to the EPP
 
 
-def _floor_run(tmp: Path, frames: Path, ns: argparse.Namespace) -> dict[str, float]:
+def parse_pythons(spec: str) -> list[tuple[str, str | None]]:
+    """`--pythons`: [(name, interpreter)], None for this one. Each interpreter must run and import the EPP's
+    dependencies, so that a typo fails here, not as an EPP that never became ready."""
+    if not spec:
+        return [("", None)]
+    out: list[tuple[str, str | None]] = []
+    for item in spec.split(","):
+        name, eq, path = item.partition("=")
+        if not name or name in (n for n, _ in out):
+            raise SystemExit(f"--pythons {item!r}: every interpreter needs a name of its own")
+        if eq and not path:
+            raise SystemExit(f"--pythons {item!r}: no interpreter after '='")
+        if path:
+            try:
+                done = subprocess.run([path, "-c", "import grpc, msgspec, uvloop, zmq"], capture_output=True,
+                                      text=True, timeout=120)  # fmt: skip
+            except OSError as e:
+                raise SystemExit(f"--pythons {item!r}: cannot run {path}: {e}") from None
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["?"])[-1]
+                raise SystemExit(f"--pythons {item!r}: {path} lacks the EPP's dependencies ({last})")
+        out.append((name, path or None))
+    return out
+
+
+def _floor_run(tmp: Path, frames: Path, ns: argparse.Namespace, python: str | None = None) -> dict[str, float]:
     """The same h2load run against the Python floor (fixed destination): the transport's own ceiling."""
     from e2e.bench.bench_breakdown import FloorProcess
 
-    floor = FloorProcess(tmp, "127.0.0.1:8000")
+    floor = FloorProcess(tmp, "127.0.0.1:8000", python=python)
     try:
         floor.wait_ready()
         h2load(floor.port, frames, min(2000, ns.streams), ns.clients, ns.per_client)  # warm up
@@ -165,6 +196,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="name[@checkout][=flags],...: A/B the EPPs of these checkouts (this one without @), with these "
         "`epp serve` flags (alternated)",
     )
+    p.add_argument(
+        "--pythons",
+        default="",
+        help="name[=interpreter],...: run every source under each of these interpreters (a bare name: this one)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="runs per worker count (and source), alternated")
     p.add_argument(
         "--warm-sims",
@@ -185,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if tree and not (Path(tree) / "epp" / "__init__.py").exists():
                 raise SystemExit(f"--sources {item!r}: {tree} holds no epp package")
             sources.append((name, Path(tree) if tree else None, flags.split()))
+    pythons = parse_pythons(ns.pythons)
     if shutil.which("h2load") is None:
         raise SystemExit("h2load not found: apt-get install nghttp2-client")
     prompt = TextFactory(5).text("picks", ns.prompt_tokens)
@@ -198,19 +235,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfgs[strategy] = Path(tmp) / f"epp-{strategy}.yaml"
             cfgs[strategy].write_text(config_text(strategy, sims))
         runs = [
-            (w, strategy, src)
+            (w, strategy, src, py)
             for w in (int(x) for x in ns.workers.split(","))
             for _ in range(ns.repeats)
             for strategy in cfgs
             for src in sources
+            for py in pythons
         ]
-        for w, strategy, (src_name, tree, flags) in runs:
+        for w, strategy, (src_name, tree, flags), (py_name, python) in runs:
             if src_name == FLOOR:
                 if w != 1:
                     continue
-                res = _floor_run(Path(tmp), frames, ns)
-                rows.append({**res, "workers": 1, "source": FLOOR, "strategy": ""})
-                print(f"floor: {res['picks_per_s']:.0f} picks/s ({res['failed']:.0f} failed; p50 "
+                res = _floor_run(Path(tmp), frames, ns, python)
+                label = f"{FLOOR} {py_name}".strip()
+                rows.append({**res, "workers": 1, "source": label, "strategy": "", "python": python or sys.executable})
+                print(f"{label}: {res['picks_per_s']:.0f} picks/s ({res['failed']:.0f} failed; p50 "
                       f"{res.get('p50_ms', float('nan')):.1f} ms, p99 {res.get('p99_ms', float('nan')):.1f} ms; "
                       f"CPU {res['cpu_us_per_pick']:.0f} µs/pick)", flush=True)  # fmt: skip
                 continue
@@ -218,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             grpc_port, health = free_ports(2)
             metrics = free_port_run(w)  # worker i serves metrics on metrics + i
             epp = EppProcess(cfg, Path(tmp), EppPorts(grpc_port, health, metrics), log_level="warning",
-                             extra_args=["--workers", str(w), *flags], source_tree=tree,
+                             extra_args=["--workers", str(w), *flags], source_tree=tree, python=python,
                              kit_defaults=tree is None or _has_kit_flags(tree))  # fmt: skip
             try:
                 epp.wait_ready(120)
@@ -234,10 +273,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 res["picks_counted"] = counted_picks(metrics, w) - before
             finally:
                 epp.stop()
-            row: dict[str, Any] = {**res, "workers": w, "source": src_name, "strategy": strategy}
+            src_label = f"{src_name} {py_name}".strip()
+            row: dict[str, Any] = {**res, "workers": w, "source": src_label, "strategy": strategy,
+                                   "python": python or sys.executable}  # fmt: skip
             rows.append(row)
             mean, p50, p99 = (res.get(k, float("nan")) for k in ("mean_ms", "p50_ms", "p99_ms"))
-            tag = f"{strategy} {src_name + ' ' if src_name else ''}"
+            tag = f"{strategy} {src_label + ' ' if src_label else ''}"
             print(f"{tag}workers={w}: {res['picks_per_s']:.0f} picks/s ({res['succeeded']:.0f} ok, {res['failed']:.0f} "
                   f"failed; latency mean {mean:.1f} ms, p50 {p50:.1f} ms, p99 {p99:.1f} ms at "
                   f"{ns.clients * ns.per_client} in flight; EPP counted {res['picks_counted']:.0f} picks; "

@@ -141,11 +141,12 @@ class EppProcess(_Process):
 
     def __init__(self, config_path: Path, workdir: Path, ports: EppPorts | None = None, log_level: str = "info",
                  extra_args: list[str] | None = None, kit_defaults: bool = True,
-                 source_tree: Path | None = None) -> None:  # fmt: skip
-        """`source_tree`: run the `epp` package of another checkout (benchmark A/Bs of two commits)."""
+                 source_tree: Path | None = None, python: str | None = None) -> None:  # fmt: skip
+        """`source_tree`: run the `epp` package of another checkout (benchmark A/Bs of two commits); `python`:
+        under another interpreter than this one (one with the project's dependencies installed)."""
         self.ports = ports or EppPorts(*free_ports(3))
         argv = [
-            sys.executable, "-m", "epp", "serve", "--config", str(config_path), "--bind-address", "127.0.0.1",
+            python or sys.executable, "-m", "epp", "serve", "--config", str(config_path), "--bind-address", "127.0.0.1",
             "--grpc-port", str(self.ports.grpc), "--grpc-health-port", str(self.ports.health),
             "--metrics-port", str(self.ports.metrics), "--log-level", log_level,
             # The anchors' defaults serve ext_proc over TLS and guard /metrics with Kubernetes RBAC; the kit's Envoy
