@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress, filterfalse, repeat
 from typing import Protocol
 
 import numpy as np
@@ -403,9 +405,10 @@ class MemoryIndex:
         self._retired_slots: list[int] = []
         self._sweep_keys: list[int] | None = None
         self._sweep_pos = 0
-        # request key -> {pod slot: expiry (monotonic)}, and the same as a mask of GPU-tier bits for lookups, kept
-        # exact by expiring in deadline order (a heap: entries shared by other replicas carry their own TTL; a held
-        # entry carries its hold and pod, and is pushed again while the hold lasts)
+        # pod slot -> {request key: expiry (monotonic)}, and per request key a mask of its pods' GPU-tier bits for
+        # lookups, kept exact by expiring in deadline order (a heap: entries shared by other replicas carry their own
+        # TTL; a held entry carries its hold and pod, and is pushed again while the hold lasts). One flat map per pod
+        # rather than a map per key: no small dict per speculated block, and a pick renewing its keys is one update.
         self._spec: dict[int, dict[int, float]] = {}
         self._spec_bits: dict[int, int] = {}
         self._spec_expiry: list[tuple[float, int, int, Sequence[int], tuple[SpeculationHold, _Pod] | None]] = []
@@ -449,14 +452,13 @@ class MemoryIndex:
         self._retired_slots.append(slot)
         self._sweep_keys = None  # restart the sweep so it covers this pod too
         sbit = 1 << (slot * NT + TIER_GPU)
-        for k in [k for k, d in self._spec.items() if slot in d]:
-            d = self._spec[k]
-            del d[slot]
-            if d:
-                self._spec_bits[k] &= ~sbit
+        bits = self._spec_bits
+        for k in self._spec.pop(slot, ()):
+            b = bits.get(k, 0) & ~sbit
+            if b:
+                bits[k] = b
             else:
-                del self._spec[k]
-                del self._spec_bits[k]
+                bits.pop(k, None)
         self._sweep(self._SWEEP_CHUNK)
 
     def _sweep(self, budget: int) -> None:
@@ -651,17 +653,14 @@ class MemoryIndex:
         if not request_keys:
             return
         exp = now + ttl
-        spec = self._spec
+        m = self._spec.get(slot)
+        if m is None:
+            m = self._spec[slot] = {}
         bits = self._spec_bits
-        for r in request_keys:
-            d = spec.get(r)
-            if d is None:
-                spec[r] = {slot: exp}
-                bits[r] = sbit
-            else:
-                if slot not in d:  # (in d already: the bit is set)
-                    bits[r] |= sbit
-                d[slot] = exp
+        bget = bits.get
+        for r in filterfalse(m.__contains__, request_keys):  # keys already in m have the bit set
+            bits[r] = bget(r, 0) | sbit
+        m.update(zip(request_keys, repeat(exp)))
         heapq.heappush(
             self._spec_expiry, (exp, next(self._spec_seq), slot, request_keys, None if hold is None else (hold, p))
         )
@@ -681,25 +680,30 @@ class MemoryIndex:
         spec, bits = self._spec, self._spec_bits
         while q and q[0][0] <= now:
             _, _, slot, keys, held = heapq.heappop(q)
+            m = spec.get(slot)
+            if m is None:  # its pod was cleared, and its entries with it
+                continue
             sbit = 1 << (slot * NT + TIER_GPU)
             if held is not None and self._by_slot.get(slot) is held[1] and not self._data.get(keys[-1], 0) & sbit:
                 until = held[0].until(now)
                 if until > now:
                     for r in keys:
-                        d = spec.get(r)
-                        if d is not None and d.get(slot, until) < until:
-                            d[slot] = until
+                        e = m.get(r)
+                        if e is not None and e < until:
+                            m[r] = until
                     heapq.heappush(q, (until, next(self._spec_seq), slot, keys, held))
                     continue
-            for r in keys:
-                d = spec.get(r)
-                if d is not None and d.get(slot, now + 1) <= now:
-                    del d[slot]
-                    if d:
-                        bits[r] &= ~sbit
-                    else:
-                        del spec[r]
-                        del bits[r]
+            # the keys whose entry is due (one renewed since keeps its later expiry), found at C speed: a pick that
+            # renewed them all leaves nothing to do here
+            for r in compress(keys, map(now.__ge__, map(m.get, keys, repeat(math.inf)))):
+                del m[r]
+                b = bits[r] & ~sbit
+                if b:
+                    bits[r] = b
+                else:
+                    del bits[r]
+            if not m:  # a burst's map would otherwise keep its table
+                del spec[slot]
 
     async def flush(self) -> None:
         return None

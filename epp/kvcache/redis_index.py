@@ -209,9 +209,9 @@ class RedisIndex:
             return {}
         allowed = set(pods) if pods is not None else None
         self.local.expire_speculative(time.monotonic())  # drops what is due and carries held entries on
-        spec = self.local._spec
+        spec, spec_bits = self.local._spec, self.local._spec_bits
         rkeys = [self._rkey(r) for r in request_keys]
-        if not spec or not any(r in spec for r in request_keys):
+        if not spec_bits or not any(r in spec_bits for r in request_keys):
             names = list(TIER_NAMES)
             args: list[Any] = [len(names), *names, *(self.tier_weights[n] for n in names), *(allowed or ())]
             if allowed is not None and not allowed:
@@ -238,9 +238,11 @@ class RedisIndex:
                 w = self.tier_weights.get(tname, 1.0)
                 if w > best.get(pod, -1.0):
                     best[pod] = w
-            d = spec.get(r)
-            if d:
-                for slot, exp in d.items():
+            if r in spec_bits:
+                for slot, m in spec.items():
+                    exp = m.get(r)
+                    if exp is None:
+                        continue
                     p = by_slot.get(slot)
                     ok = exp > now and p is not None and (allowed is None or p.name in allowed)
                     if ok and p is not None and (alive is None or p.name in alive):
