@@ -1,6 +1,8 @@
 # `make test` and `make demo` set up what they need: a venv with the project and its dev tools,
 # and redis-server (from apt) for the Redis index tests.
 VENV ?= .venv
+# The interpreter the venv is made from (image-python-venv below passes the image's).
+VENV_PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
@@ -11,7 +13,7 @@ VLLM_VERSION ?= 0.34.0
 	image-check
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
+	test -x $(PY) || $(VENV_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	# xds-protos ships an old copy of opentelemetry's protos over opentelemetry-proto's: put the real ones back.
@@ -58,14 +60,9 @@ image-check: setup image
 # project's dependencies: `bench_picks --pythons 'venv,image=.venv-image/bin/python'` measures under both, since the
 # interpreter alone moved picks/s by 4–21% (docs/benchmarks.md, 2026-12-06). IMAGE_PYTHON=... for another one.
 IMAGE_PYTHON ?= /usr/bin/python3.11
-image-python-venv: .venv-image/.installed-stamp
-.venv-image/.installed-stamp: pyproject.toml
+image-python-venv:
 	test -x $(IMAGE_PYTHON) || { echo "no $(IMAGE_PYTHON) (Debian: apt-get install python3.11-venv)"; exit 1; }
-	test -x .venv-image/bin/python || $(IMAGE_PYTHON) -m venv .venv-image
-	.venv-image/bin/python -m pip install -q --upgrade pip
-	.venv-image/bin/python -m pip install -q -e '.[dev]'
-	.venv-image/bin/python -m pip install -q --no-deps --force-reinstall "opentelemetry-proto==$$(.venv-image/bin/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
-	touch $@
+	$(MAKE) VENV=.venv-image VENV_PYTHON=$(IMAGE_PYTHON) .venv-image/.installed-stamp
 
 # Benchmarks (not part of `make test`): see docs/benchmarks.md for what each prints.
 bench: setup
