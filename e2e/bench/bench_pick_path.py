@@ -69,6 +69,8 @@ async def one(state: ServerState, wires: Sequence[bytes]) -> None:
         for r in await s.handle(pb.ProcessingRequest.FromString(w)):
             r.SerializeToString()
     s.complete()  # the stream's end: the director hears completion, as ExtProcServicer.Process does
+    if s.decision is None:  # an error answer costs less or more than a pick: its time is not a pick's
+        raise RuntimeError("a stream ended without a pick (an error answer): see the log above")
 
 
 async def picks(state: ServerState, wires: Sequence[bytes], n: int, in_flight: int = 64) -> None:

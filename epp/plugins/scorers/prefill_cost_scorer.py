@@ -372,9 +372,9 @@ class PrefillCostScorer(Plugin, RemovalListener):
                 # a request that holds little anywhere: taking an idle endpoint for it is charged the pool's
                 # cold arrivals (a request with much of its prompt cached is not: a burst spreads as before)
                 self.cold.add(now, self.traffic_window)
-                idle = sum(1 for ep in endpoints if self._idle(queues.get(ep.name), now))
-                if idle:
-                    cold_per_token = self.cold_weight * self.cold.rate(now, self.traffic_window) / self.rate / idle
+                n_idle = sum(1 for ep in endpoints if self._idle(queues.get(ep.name), now))
+                if n_idle:
+                    cold_per_token = self.cold_weight * self.cold.rate(now, self.traffic_window) / self.rate / n_idle
         continues, depth, future, holder = (
             self._future(request, matches, now) if self.next_turn_weight > 0 else (None, 0, 0.0, "")
         )
