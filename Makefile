@@ -57,8 +57,8 @@ image-check: setup image
 	$(PY) -m e2e.image_check --image $(IMAGE_TAG)
 
 # The interpreter the image runs (scripts/image.sh: Debian bookworm's python3.11), in a venv of its own with the
-# project's dependencies: `bench_picks --pythons 'venv,image=.venv-image/bin/python'` measures under both, since the
-# interpreter alone moved picks/s by 4–21% (docs/benchmarks.md, 2026-12-06). IMAGE_PYTHON=... for another one.
+# project's dependencies: `python -m e2e.bench.cost.picks --pythons 'venv,image=.venv-image/bin/python'` measures
+# under both, since the interpreter alone moves picks/s (docs/benchmarks.md). IMAGE_PYTHON=... for another one.
 IMAGE_PYTHON ?= /usr/bin/python3.11
 image-python-venv:
 	test -x $(IMAGE_PYTHON) || { echo "no $(IMAGE_PYTHON) (Debian: apt-get install python3.11-venv)"; exit 1; }
@@ -67,16 +67,16 @@ image-python-venv:
 # Benchmarks (not part of `make test`): see docs/benchmarks.md for what each prints.
 bench: setup
 	@command -v h2load >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq nghttp2-client >/dev/null; }
-	$(PY) -m e2e.bench.bench_scheduler
-	$(PY) -m e2e.bench.bench_kvcache
-	$(PY) -m e2e.bench.bench_overhead
-	$(PY) -m e2e.bench.bench_picks
+	$(PY) -m e2e.bench.components.scheduler
+	$(PY) -m e2e.bench.index.kvcache
+	$(PY) -m e2e.bench.cost.overhead
+	$(PY) -m e2e.bench.cost.picks
 
 # The routing workload suite: every strategy side by side per workload, pod count and block size (see
 # docs/benchmarks.md, "Routing suite"). BENCH_ROUTING_ARGS narrows it, e.g. --workloads agentic --cells 4:16.
 BENCH_ROUTING_ARGS ?=
 bench-routing: setup
-	$(PY) -m e2e.bench.bench_routing --plots docs/bench-routing $(BENCH_ROUTING_ARGS)
+	$(PY) -m e2e.bench.routing.suite --plots docs/bench-routing $(BENCH_ROUTING_ARGS)
 
 # inference-perf (kubernetes-sigs) needs Python >= 3.12: its own venv, from the machine's python3.12.
 IP_PYTHON ?= $(shell command -v python3.12 || ls -d /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | head -1)

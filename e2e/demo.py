@@ -2,7 +2,7 @@
 
 Two workloads: the demo's own shape (`demo`: 16 system prompts of 1024 tokens x 8 questions of 64, at the original
 demo's load: 20 req/s at full simulator speed, i.e. 6.7 req/s at the suite's time scale 3, for 30 s, the first 12 s
-not counted) and the suite's (`e2e/bench/bench_routing.py`) multi-turn chat with a shared system prompt. The suite's
+not counted) and the suite's (`e2e/bench/routing/suite.py`) multi-turn chat with a shared system prompt. The suite's
 own `shared-prefix-demo` cell is the same shape at 4 req/s for ~27 s: too short for the cache-blind strategies'
 queues to build, and mostly the cold start. For each, five strategies (random, GIE's
 approximate prefix routing, llm-d's precise blend, llm-d v0.10's sticky-until-saturated default and pyepp's default,
@@ -30,10 +30,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from e2e.bench import bench_routing as suite
-from e2e.bench import report
-from e2e.bench.bench_routing import SERVED_HEADER, reset_caches, warm_up
 from e2e.bench.loadgen import Result
+from e2e.bench.routing import report, suite
+from e2e.bench.routing.suite import SERVED_HEADER, reset_caches, warm_up
 from e2e.strategies import LLMD, OURS, available_strategies
 
 __all__ = ["SERVED_HEADER", "main", "reset_caches", "warm_up"]  # the last three are used by other benchmarks

@@ -31,7 +31,7 @@ def test_demo_quick_compares_strategies(tmp_path: Path) -> None:
 
 
 def test_per_draw_ratios_pair_ours_with_each_strategy_draw_by_draw() -> None:
-    from e2e.bench.bench_routing import Cell
+    from e2e.bench.routing.suite import Cell
     from e2e.demo import parse_args, per_draw, times
 
     cell = Cell("demo", 4, 16, 10, 1.0, 0.9, {})

@@ -101,9 +101,9 @@ def test_every_strategy_config_builds() -> None:
 
 
 def test_suite_tables_medians_and_time_scale() -> None:
-    """bench_routing's pieces that need no processes: repeated runs become medians, one markdown table per cell,
+    """The routing suite's pieces that need no processes: repeated runs become medians, one markdown table per cell,
     and another simulator time scale replays the arrivals in proportion."""
-    from e2e.bench.bench_routing import OURS, WORKLOADS, Cell, SimModel, goals, median_summary, table
+    from e2e.bench.routing.suite import OURS, WORKLOADS, Cell, SimModel, goals, median_summary, table
 
     def run(label: str, p90: float, ok: int = 10) -> dict[str, object]:
         return {"label": label, "ok": ok, "n": 10, "ttft_p50": p90 / 2, "ttft_p90": p90, "ttft_p99": p90 * 2,
@@ -141,7 +141,7 @@ def test_suite_tables_medians_and_time_scale() -> None:
 
 
 def test_a_short_run_counts_its_second_half_and_a_full_one_keeps_the_warm_up() -> None:
-    from e2e.bench.bench_routing import WORKLOADS, counted_after
+    from e2e.bench.routing.suite import WORKLOADS, counted_after
 
     for name, spec in WORKLOADS.items():
         for pods in (4, 8):
@@ -154,7 +154,7 @@ def test_a_short_run_counts_its_second_half_and_a_full_one_keeps_the_warm_up() -
 
 def test_suite_sources_name_checkouts_with_an_epp_package(tmp_path: Path) -> None:
     """`--sources name@checkout` (an A/B of code in one run) is refused unless the checkout holds an epp package."""
-    from e2e.bench.bench_routing import SOURCES, main
+    from e2e.bench.routing.suite import SOURCES, main
 
     repo = Path(__file__).resolve().parents[1]  # holds an epp package
     assert main(["--sources", f"old@{tmp_path}", "--strategies", "pyepp-default@old"]) == 2

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from e2e.bench.affinity_trace import busy_at_arrival, classify, lost_reuse, summary
 from e2e.bench.loadgen import Result
+from e2e.bench.routing.affinity_trace import busy_at_arrival, classify, lost_reuse, summary
 from e2e.workloads.base import Request
 
 

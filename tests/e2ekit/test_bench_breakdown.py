@@ -6,7 +6,7 @@ import itertools
 import random
 from collections import Counter
 
-from e2e.bench.bench_breakdown import interleaved
+from e2e.bench.cost.breakdown import interleaved
 
 
 def test_every_path_once_per_round() -> None:

@@ -1,4 +1,4 @@
-"""bench_pick_path times picks only: a stream answered with an error stops the run instead of counting as a pick."""
+"""cost.pick_path times picks only: a stream answered with an error stops the run instead of counting as a pick."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from e2e.bench.bench_pick_path import messages, one, server_state
+from e2e.bench.cost.pick_path import messages, one, server_state
 
 
 def test_a_pick_passes_and_an_error_answer_stops_the_run(monkeypatch: pytest.MonkeyPatch) -> None:

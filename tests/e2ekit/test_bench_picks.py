@@ -1,4 +1,4 @@
-"""bench_picks' `--pythons`: each named interpreter is checked up front and is the one the EPP and the floor run."""
+"""cost.picks' `--pythons`: each named interpreter is checked up front and is the one the EPP and the floor run."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.bench.bench_breakdown import FloorProcess
-from e2e.bench.bench_picks import parse_pythons
+from e2e.bench.cost.breakdown import FloorProcess
+from e2e.bench.cost.picks import parse_pythons
 from e2e.harness.procs import EppProcess
 
 

@@ -142,7 +142,7 @@ async def test_bursts_and_single_batches_after_idle_all_arrive(rig: Rig, publish
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_central_socket_receives_on_either_event_loop(loop: str) -> None:
     """`--event-loop uvloop` runs the same receive loop (a reader on the socket's FD): batches arrive on both."""
-    from e2e.bench.bench_kvcache import central_pool, make_payloads
+    from e2e.bench.index.kvcache import central_pool, make_payloads
     from epp.server.eventloop import loop_factory
 
     async def main() -> int:

@@ -1,7 +1,7 @@
 """Micro-benchmark of predicted-latency-producer's per-request work: predictions for every candidate (prepare) and
 learning one TTFT sample, at 16 and 64 endpoints, with warm models (per-endpoint and pooled).
 
-    python -m e2e.bench.bench_latency_model [--iterations N]
+    python -m e2e.bench.components.latency_model [--iterations N]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Three cases per image size: a new image (decoded and hashed), a known image in a
 URL fingerprint; the template re-rendered), the same request again (the prompt cache). JPEG images of random pixels,
 so the bytes are as large as real photos of that size.
 
-    python -m e2e.bench.bench_multimodal [--sizes 640x480,1920x1080] [--repeats 9]
+    python -m e2e.bench.components.multimodal [--sizes 640x480,1920x1080] [--repeats 9]
 """
 
 from __future__ import annotations

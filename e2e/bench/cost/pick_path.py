@@ -1,15 +1,15 @@
-"""One pick's CPU in process: `bench_picks`' two messages (request headers, a 1024-token completion body) and the
+"""One pick's CPU in process: `cost.picks`' two messages (request headers, a 1024-token completion body) and the
 stream's end through `RequestStream`, 64 picks in flight on one event loop, no gRPC. It isolates the EPP's own
-request path from the transport that `bench_picks` measures around it; thread CPU, so a busy box inflates it less
+request path from the transport that `cost.picks` measures around it; thread CPU, so a busy box inflates it less
 than wall time.
 
-    python -m e2e.bench.bench_pick_path --strategies random,precise,pyepp-default --picks 4096 --repeats 5
-    python -m e2e.bench.bench_pick_path --strategies pyepp-default --phases     # CPU per director phase
+    python -m e2e.bench.cost.pick_path --strategies random,precise,pyepp-default --picks 4096 --repeats 5
+    python -m e2e.bench.cost.pick_path --strategies pyepp-default --phases     # CPU per director phase
 
 The endpoints are four static ones with a scraped KV capacity (512 blocks of 16) and no KV events, as the
-simulators of `bench_picks` are (they never receive a request there): the precise index holds only this EPP's
+simulators of `cost.picks` are (they never receive a request there): the precise index holds only this EPP's
 speculative entries, and pyepp-default's approximateFallback matches every endpoint from its routing history
-(`--publishing`: as with `bench_picks --warm-sims`, every endpoint counts as publishing, the fallback is off).
+(`--publishing`: as with `cost.picks --warm-sims`, every endpoint counts as publishing, the fallback is off).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry
 
-from e2e.bench.bench_picks import grpc_frames
+from e2e.bench.cost.picks import grpc_frames
 from e2e.strategies import chain_config
 from e2e.workloads.text import TextFactory
 from epp.config import parse_config
@@ -37,7 +37,7 @@ from epp.wiring.runtime import build_runtime
 
 
 def messages(prompt_tokens: int = 1024) -> list[bytes]:
-    """The serialized ProcessingRequests of one bench_picks stream."""
+    """The serialized ProcessingRequests of one cost.picks stream."""
     prompt = TextFactory(5).text("picks", prompt_tokens)
     body = json.dumps({"model": "Qwen/Qwen2.5-0.5B-Instruct", "prompt": prompt, "max_tokens": 16}).encode()
     raw, out = grpc_frames(body), []
@@ -113,7 +113,7 @@ def instrument(state: ServerState, acc: dict[str, float]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_pick_path")
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.cost.pick_path")
     p.add_argument("--strategies", default="random,precise,pyepp-default")
     p.add_argument("--picks", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=5)
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--publishing",
         action="store_true",
-        help="the endpoints count as KV-event publishers (bench_picks --warm-sims): no approximate fallback",
+        help="the endpoints count as KV-event publishers (cost.picks --warm-sims): no approximate fallback",
     )
     ns = p.parse_args(argv)
     wires = messages()

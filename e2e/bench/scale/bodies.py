@@ -7,7 +7,7 @@ and concurrency the EPP's peak RSS (VmHWM, reset before each case through /proc/
 divided by bytes in flight. The in-flight budget is raised so that every body of a case is admitted (the default
 256 MiB refuses the third concurrent 120 MiB body with 503, which is the point of the budget, not what is measured).
 
-    python -m e2e.bench.bench_bodies [--sizes 16,64,120] [--concurrency 1,4] [--config round-robin,approximate]
+    python -m e2e.bench.scale.bodies [--sizes 16,64,120] [--concurrency 1,4] [--config round-robin,approximate]
         [--refused 150]   # also a body over the 128 MiB limit, declared and chunked: peak and settled RSS
 """
 
@@ -160,7 +160,7 @@ def refused_cases(url: str, pid: int, cfg: str, size: int, settle: float) -> lis
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_bodies")
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.scale.bodies")
     p.add_argument("--sizes", default="16,64,120", help="body sizes in MiB")
     p.add_argument("--concurrency", default="1,4")
     p.add_argument("--config", default="round-robin,approximate")

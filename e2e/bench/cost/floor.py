@@ -3,9 +3,9 @@
 Same protos, same FULL_DUPLEX_STREAMED message sequence as `epp serve` (hold the request headers until the body
 ends, then answer them with a fixed destination and stream the body back; pass response headers, echo response
 body chunks and trailers), but no parsing, no scheduling, no metrics: what any Python ext_proc server pays for
-transport and protobuf. `bench_breakdown` runs it beside the EPP behind the same Envoy configuration.
+transport and protobuf. `cost.breakdown` runs it beside the EPP behind the same Envoy configuration.
 
-    python -m e2e.bench.floor_extproc --port 9002 --destination 127.0.0.1:8000[,...] [--event-loop uvloop]
+    python -m e2e.bench.cost.floor --port 9002 --destination 127.0.0.1:8000[,...] [--event-loop uvloop]
 
 With several destinations (a simulator pool) requests go round-robin over them, as cheap a pick as there is.
 """
@@ -97,7 +97,7 @@ async def serve(port: int, health_port: int, destination: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m e2e.bench.floor_extproc")
+    ap = argparse.ArgumentParser(prog="python -m e2e.bench.cost.floor")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--health-port", type=int, required=True)
     ap.add_argument("--destination", required=True, help="host:port, or a comma-separated list (round-robin)")

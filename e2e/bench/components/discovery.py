@@ -1,6 +1,6 @@
 """Kubernetes discovery throughput against the fake API server, real kubernetes-asyncio client.
 
-    python -m e2e.bench.bench_discovery --pods 1000 --repeats 5
+    python -m e2e.bench.components.discovery --pods 1000 --repeats 5
 
 Side by side in one run: (a) initial list of N ready pods until `synced` with all endpoints, (b) N ready pods
 created after sync, delivered by watch events, until converged, (c) the same N pods deleted. Prints medians and the

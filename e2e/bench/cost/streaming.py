@@ -4,10 +4,10 @@ same number through a `direct` listener of the same Envoy without ext_proc, at t
 that streams a token every `--itl` seconds. Reported per concurrency: inter-chunk gap p50/p99 seen by the client
 on each path, the added gap, and chunks/s per path.
 
-    python -m e2e.bench.bench_streaming --concurrency 50,200 --tokens 200 --itl 0.01 [--sims 4] [--repeats 3]
+    python -m e2e.bench.cost.streaming --concurrency 50,200 --tokens 200 --itl 0.01 [--sims 4] [--repeats 3]
 
 A third path (on by default) runs the same streams through a second Envoy whose ext_proc is the Python floor
-(`floor_extproc`: same protos and message sequence, no work): gateway − floor is what the EPP itself adds per chunk,
+(`cost.floor`: same protos and message sequence, no work): gateway − floor is what the EPP itself adds per chunk,
 floor − direct what any Python ext_proc server adds. `--sims N` spreads the streams over N simulators (round-robin
 on the direct and floor paths, the EPP's own picks on the gateway) so that one simulator is not the ceiling.
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from e2e.bench.bench_breakdown import FloorProcess
+from e2e.bench.cost.breakdown import FloorProcess
 from e2e.bench.loadgen import percentile
 from e2e.bench.procstat import cpu_seconds
 from e2e.harness.envoy_config import DESTINATION_HEADER as DEST
@@ -93,14 +93,14 @@ async def _measure(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_streaming")
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.cost.streaming")
     p.add_argument("--concurrency", default="50,200")
     p.add_argument("--tokens", type=int, default=200, help="tokens per stream")
     p.add_argument("--itl", type=float, default=0.01, help="the simulator's inter-token latency (s)")
     p.add_argument("--strategy", default="approximate")
     p.add_argument("--sims", type=int, default=1, help="simulators in the pool (one saturates near 1,000 chunks/s)")
     p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
-                   help="a third path: Envoy + the Python floor (e2e/bench/floor_extproc.py)")  # fmt: skip
+                   help="a third path: Envoy + the Python floor (e2e/bench/cost/floor.py)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=1, help="runs per concurrency (medians reported)")
     p.add_argument("--json", help="write the rows here")
     ns = p.parse_args(argv)

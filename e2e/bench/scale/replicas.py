@@ -15,8 +15,8 @@ speculative prefix entries). Modes, interleaved and repeated:
 - `1+idle` (not run by default): two replicas running, only the first in Envoy's cluster: one replica's routing
   with two replicas' CPU (both ingest every KV event), to tell routing from CPU contention on a small machine.
 
-    python -m e2e.bench.bench_replicas            # ~6 minutes on 2 cores
-    python -m e2e.bench.bench_replicas --quick
+    python -m e2e.bench.scale.replicas            # ~6 minutes on 2 cores
+    python -m e2e.bench.scale.replicas --quick
 
 Prints per-run rows and the per-mode medians (TTFT p50/p90/p99, KV hit, requests-per-pod CV), and writes JSON.
 """
@@ -35,8 +35,9 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from e2e.bench import affinity_trace, loadgen
+from e2e.bench import loadgen
 from e2e.bench.procstat import cpu_seconds
+from e2e.bench.routing import affinity_trace
 from e2e.demo import SERVED_HEADER, reset_caches, warm_up
 from e2e.harness.http import metric_value
 from e2e.harness.redis import redis_server
@@ -130,7 +131,7 @@ def paired_ratios(
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_replicas", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.scale.replicas", description=__doc__.split("\n\n")[0])
     a = p.add_argument
     a("--pods", type=int, default=4)
     a(

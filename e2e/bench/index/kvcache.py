@@ -12,7 +12,7 @@
              8 pods, an index holding 200k blocks.
   memory   — tracemalloc bytes per (block, pod) entry, engine→request map included.
   redis    — lookup latency and ingest rate with the Redis backend next to in-memory (needs redis-server).
-Run: `python -m e2e.bench.bench_kvcache` (`--quick` for a smoke run).
+Run: `python -m e2e.bench.index.kvcache` (`--quick` for a smoke run).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ PUBLISHER = r"""
 import sys, time, zmq, msgpack
 port, n, bpe, seed, epb, rate = map(int, sys.argv[1:7])
 sys.path.insert(0, ".")
-from e2e.bench.bench_kvcache import make_payloads
+from e2e.bench.index.kvcache import make_payloads
 payloads = make_payloads(n, epb, bpe, seed)
 ctx = zmq.Context()
 pub = ctx.socket(zmq.PUB)

@@ -5,14 +5,14 @@ scrapes N endpoints at the default 50 ms interval for a few seconds, measuring t
 GET alone, client side only (the page served by a child process): aiohttp's ClientSession vs the scraper's
 kept-alive `KeepAliveGet`, alternated, CPU µs per GET.
 
-    python -m e2e.bench.bench_scraper [--endpoints 16] [--seconds 3]
+    python -m e2e.bench.components.scraper [--endpoints 16] [--seconds 3]
 
 `--loop` measures the scrape loop as the EPP runs it, on the simulators' small page (`--page sim`, the benchmarks'
 case: 4 pods at 50 ms) or the vLLM-sized one: main-thread CPU µs per scrape of a process that does nothing else,
 the pages served by a child process (`--changing`: a counter on the page moves every GET). `--sources
 name@checkout,...` runs each checkout's scraper in its own process, alternated, for an A/B of two commits:
 
-    python -m e2e.bench.bench_scraper --loop --endpoints 4 --seconds 5 --rounds 3 --sources main@/tmp/main,new@.
+    python -m e2e.bench.components.scraper --loop --endpoints 4 --seconds 5 --rounds 3 --sources main@/tmp/main,new@.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def loop_cost(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         port_file = os.path.join(tmp, "ports")
         child = subprocess.Popen(
-            [sys.executable, "-m", "e2e.bench.bench_scraper", "--serve-pages", port_file, "--endpoints",
+            [sys.executable, "-m", "e2e.bench.components.scraper", "--serve-pages", port_file, "--endpoints",
              str(args.endpoints), "--page", args.page, *(["--changing"] if args.changing else [])]
         )  # fmt: skip
         try:
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         port_file = os.path.join(tmp, "port")
-        child = subprocess.Popen([sys.executable, "-m", "e2e.bench.bench_scraper", "--serve", port_file])
+        child = subprocess.Popen([sys.executable, "-m", "e2e.bench.components.scraper", "--serve", port_file])
         try:
             pf = Path(port_file)
             while not pf.exists() or not pf.read_text():

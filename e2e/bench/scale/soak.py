@@ -5,7 +5,7 @@ its RSS is sampled from its own /metrics (`process_resident_memory_bytes`), and 
 label cardinality): RSS and the /metrics page must stay flat all the same (names past the bound count as
 `__other__`).
 
-    python -m e2e.bench.bench_soak --minutes 3 --rate 20 [--hostile-models 200]
+    python -m e2e.bench.scale.soak --minutes 3 --rate 20 [--hostile-models 200]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_soak")
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.scale.soak")
     p.add_argument("--minutes", type=float, default=3.0)
     p.add_argument("--rate", type=float, default=20.0)
     p.add_argument("--window", type=float, default=20.0, help="seconds per workload window (fresh prefixes each)")

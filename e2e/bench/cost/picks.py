@@ -6,8 +6,8 @@ body with end_of_stream), so a stream is one pick and the EPP answers with the h
 streamed body. Envoy is left out on purpose: the point is the EPP's own ceiling. The EPP scores 4 real
 simulators (metrics scraped, KV events subscribed) with the given strategy.
 
-    python -m e2e.bench.bench_picks --workers 1,2 --strategy precise --streams 20000
-    python -m e2e.bench.bench_picks --workers 1 --strategy precise --streams 8000 --repeats 3 \
+    python -m e2e.bench.cost.picks --workers 1,2 --strategy precise --streams 20000
+    python -m e2e.bench.cost.picks --workers 1 --strategy precise --streams 8000 --repeats 3 \
         --sources old@/tmp/tree-64f7a9f,new@/tmp/tree-daba74d     # an A/B of two checkouts' EPPs, alternated
         --sources 'default,si=--gil-switch-interval 500us'          # this checkout with and without a flag
         --sources 'default,floor'                                    # beside the Python floor (below)
@@ -15,7 +15,7 @@ simulators (metrics scraped, KV events subscribed) with the given strategy.
 
 With `--sources` every run uses the same simulators and the same frames; each checkout's EPP serves in turn
 (`python -m epp` from that checkout), `--repeats` times, and the medians are compared. The source named `floor` is
-`e2e/bench/floor_extproc.py` instead of an EPP: a minimal grpc.aio ext_proc server answering every stream with a
+`e2e/bench/cost/floor.py` instead of an EPP: a minimal grpc.aio ext_proc server answering every stream with a
 fixed destination, i.e. what the same h2load load costs any Python ext_proc server (transport and protobuf only).
 
 `--pythons` runs every source (the floor too) under each named interpreter in turn, alternated like the sources: a
@@ -167,7 +167,7 @@ def parse_pythons(spec: str) -> list[tuple[str, str | None]]:
 
 def _floor_run(tmp: Path, frames: Path, ns: argparse.Namespace, python: str | None = None) -> dict[str, float]:
     """The same h2load run against the Python floor (fixed destination): the transport's own ceiling."""
-    from e2e.bench.bench_breakdown import FloorProcess
+    from e2e.bench.cost.breakdown import FloorProcess
 
     floor = FloorProcess(tmp, "127.0.0.1:8000", python=python)
     try:
@@ -183,7 +183,7 @@ def _floor_run(tmp: Path, frames: Path, ns: argparse.Namespace, python: str | No
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_picks")
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.cost.picks")
     p.add_argument("--workers", default="1,2")
     p.add_argument("--strategy", default="precise", help="one or more (comma-separated, alternated)")
     p.add_argument("--streams", type=int, default=20000)

@@ -7,7 +7,7 @@ anchors' approximate-prefix config (`config/llm-d-approx-prefix.yaml`). Same sim
 chunk's compute), and the same open-loop workload: prompts (a shared system prompt + a unique document) with mixed
 output lengths. Reports TTFT and inter-token latency p50/p90, output throughput and CPU per request.
 
-    python -m e2e.bench.bench_pd --n 120 --rate 4 --time-scale 3 --outputs 16,64,256 --sweep 0,256,2048,4096
+    python -m e2e.bench.pd.disagg --n 120 --rate 4 --time-scale 3 --outputs 16,64,256 --sweep 0,256,2048,4096
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from e2e.sim.launch import SimProcess, start_simulators
 from e2e.workloads.text import TextFactory
 from epp.tokenization.qwen import QWEN25_MODEL
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
 ROLE = "llm-d.ai/role"
 
 

@@ -8,16 +8,16 @@ the end-of-request hooks. Approximate and precise chains, 1k and 8k-token prompt
 (tokenizer cache cold) and a repeat (warm), non-streaming and SSE responses. Medians in µs per request.
 
 Part 2, through a real Envoy, side by side in one run at the same open-loop rate: Envoy alone (the client names
-the pod), Envoy + the Python floor (`floor_extproc`: same protos and message sequence, fixed destination), and
+the pod), Envoy + the Python floor (`cost.floor`: same protos and message sequence, fixed destination), and
 Envoy + the EPP (each chain). Added latency = path − Envoy alone; ours over the floor is what we can cut. Each
 path sends to a simulator pool of its own, so an EPP ingests only its own requests' KV events (`--shared-pool`:
 one pool for all, as before 2026-12-04).
 
-    python -m e2e.bench.bench_breakdown                     # both parts
-    python -m e2e.bench.bench_breakdown --part 2 --points 1024:10,50 --chains precise --sims 4 --repeats2 5
-    python -m e2e.bench.bench_breakdown --part 2 --points 1024:50 --chains precise --no-response-path  # routing only
-    python -m e2e.bench.bench_breakdown --part 3 --chains precise [--epp-args '--refresh-metrics-interval 10s']
-    python -m e2e.bench.bench_breakdown --part 4 --chains precise --variants 'scrape10s=--refresh-metrics-interval 10s'
+    python -m e2e.bench.cost.breakdown                     # both parts
+    python -m e2e.bench.cost.breakdown --part 2 --points 1024:10,50 --chains precise --sims 4 --repeats2 5
+    python -m e2e.bench.cost.breakdown --part 2 --points 1024:50 --chains precise --no-response-path  # routing only
+    python -m e2e.bench.cost.breakdown --part 3 --chains precise [--epp-args '--refresh-metrics-interval 10s']
+    python -m e2e.bench.cost.breakdown --part 4 --chains precise --variants 'scrape10s=--refresh-metrics-interval 10s'
 
 Part 3, without Envoy: requests one at a time straight to the EPP's and the floor's gRPC ports (the messages Envoy
 would send), alternated; the request phase (headers + body → destination + body) and the response phase (response
@@ -49,7 +49,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry
 
-from e2e.bench.bench_extproc import body_messages, chunks
+from e2e.bench.cost.extproc import body_messages, chunks
 from e2e.bench.loadgen import percentile
 from e2e.bench.procstat import cpu_seconds
 from e2e.harness.envoy_config import EnvoyOptions
@@ -281,7 +281,7 @@ class FloorProcess(_Process):
         argv = [
             python or sys.executable,
             "-m",
-            "e2e.bench.floor_extproc",
+            "e2e.bench.cost.floor",
             "--port",
             str(self.port),
             "--health-port",
@@ -749,7 +749,7 @@ def _variant(spec: str) -> tuple[str, list[str], Path | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_breakdown")
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.cost.breakdown")
     p.add_argument("--part", choices=("1", "2", "3", "4", "all"), default="all")
     p.add_argument("-n", type=int, default=200, help="part 1: requests per repeat")
     p.add_argument("--repeats", type=int, default=5)

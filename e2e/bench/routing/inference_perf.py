@@ -18,7 +18,7 @@ import yaml
 
 from epp.tokenization.qwen import QWEN25_MODEL, qwen25_tokenizer_dir
 
-DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-ip"
+DEFAULT_VENV = Path(__file__).resolve().parents[3] / ".venv-ip"
 
 
 def binary(venv: Path = DEFAULT_VENV) -> Path:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from e2e.sim.launch import start_simulators
     from e2e.strategies import config_text
 
-    p = argparse.ArgumentParser(prog="python -m e2e.bench.inference_perf")
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.routing.inference_perf")
     p.add_argument("--strategies", default="precise,random")
     p.add_argument("--rate", type=float, default=8.0)
     p.add_argument("--duration", type=int, default=20)

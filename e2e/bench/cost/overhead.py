@@ -6,8 +6,8 @@ simulator answers at once (no modelled latency), requests alternate between the 
 open-loop rate, so both paths see the same machine load. Reported per (strategy, prompt size, rate):
 p50/p99 of each path and the added latency (gateway − direct).
 
-    python -m e2e.bench.bench_overhead                # 1k/8k/32k-token prompts at two rates each, approximate + precise
-    python -m e2e.bench.bench_overhead --points "1024:20" --duration 5
+    python -m e2e.bench.cost.overhead                # 1k/8k/32k-token prompts at two rates each, approximate + precise
+    python -m e2e.bench.cost.overhead --points "1024:20" --duration 5
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ async def _measure(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_overhead")
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.cost.overhead")
     p.add_argument(
         "--points",
         default="1024:10,50;8192:5,20;32768:2,5",

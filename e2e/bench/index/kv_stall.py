@@ -10,7 +10,7 @@ busy process is preempted for tens of ms under load), quoted next to it. `--whol
 was before slicing (`whole`: one `decode_batch`, one `apply`) and before the stepped decode (`decode-whole`: one
 `decode_batch`, then the sliced apply), interleaved in the same run.
 
-    python -m e2e.bench.bench_kv_stall [--blocks 131072] [--block-size 16] [--repeats 5]
+    python -m e2e.bench.index.kv_stall [--blocks 131072] [--block-size 16] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def run_once(data: bytes, block_size: int, mode: str) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_kv_stall")
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.index.kv_stall")
     p.add_argument("--blocks", type=int, default=131_072)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)

@@ -10,7 +10,7 @@ One prefill simulator, one decode simulator behind `epp-pd-sidecar`; sequential 
 - `sidecar, P/D`: through the sidecar with `x-prefiller-host-port` (the protocol + our proxy).
 Reports median TTFT and end-to-end time, and the sidecar's CPU per request (user + system, /proc).
 
-    python -m e2e.bench.bench_pd_overhead --n 60
+    python -m e2e.bench.pd.sidecar --n 60
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from e2e.bench.bench_pd import cpu_seconds
+from e2e.bench.pd.disagg import cpu_seconds
 from e2e.harness.sidecar import start_sidecar
 from e2e.sim.launch import start_simulators
 from e2e.workloads.text import TextFactory

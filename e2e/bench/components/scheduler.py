@@ -14,7 +14,7 @@ about) and as `director` (the whole SchedulingDirector.handle_request incl. admi
 The prefix index is warm: every measured request shares a 2k-token system prompt with earlier ones, and
 earlier picks are recorded in PreRequest as in production.
 
-    python -m e2e.bench.bench_scheduler [--iterations N]
+    python -m e2e.bench.components.scheduler [--iterations N]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ plugins:
 """
     + GIE_PROFILE
 )
-PYEPP_DEFAULT = (Path(__file__).resolve().parents[2] / "config" / "pyepp-default.yaml").read_text()
+PYEPP_DEFAULT = (Path(__file__).resolve().parents[3] / "config" / "pyepp-default.yaml").read_text()
 VARIANTS = {
     "load": LOAD,
     "prefix": PREFIX,

@@ -6,7 +6,7 @@ Side by side in one run:
   pyepp     — the same wire messages through `RequestStream.handle` (header map, JSON parse, RoundRobinDirector,
               metrics, response building) + serializing the responses;
   big bodies — 2 MiB vs 8 MiB in 62 KB chunks, next to json.loads alone, to show the gather adds no quadratic cost.
-Prints medians of `--repeats` runs and the ratios.  Run: `python -m e2e.bench.bench_extproc`.
+Prints medians of `--repeats` runs and the ratios.  Run: `python -m e2e.bench.cost.extproc`.
 """
 
 from __future__ import annotations

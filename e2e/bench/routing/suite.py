@@ -9,11 +9,11 @@ p50/p90/p99, throughput, KV hit (cached prompt tokens / prompt tokens, from `usa
 unlimited-cache reuse bound of the workload (from its block hashes) and the share of it captured, and the spread
 of requests over pods (coefficient of variation).
 
-    python -m e2e.bench.bench_routing                       # the default (reduced) matrix, see docs/benchmarks.md
-    python -m e2e.bench.bench_routing --workloads agentic,no-reuse --pods 4 --block-sizes 16
-    python -m e2e.bench.bench_routing --quick               # small and fast (smoke test)
-    python -m e2e.bench.bench_routing --plots docs/bench-routing   # also write one PNG per workload there
-    python -m e2e.bench.bench_routing --workloads shared-prefix-demo --cells 4:16 --repeats 5 --draws
+    python -m e2e.bench.routing.suite                       # the default (reduced) matrix, see docs/benchmarks.md
+    python -m e2e.bench.routing.suite --workloads agentic,no-reuse --pods 4 --block-sizes 16
+    python -m e2e.bench.routing.suite --quick               # small and fast (smoke test)
+    python -m e2e.bench.routing.suite --plots docs/bench-routing   # also write one PNG per workload there
+    python -m e2e.bench.routing.suite --workloads shared-prefix-demo --cells 4:16 --repeats 5 --draws
                                                             # five draws of the workload (seeds), medians
 
 A draw is fixed: its arrivals, groups and prompts are the same in every repeat, so `--repeats` alone measures the
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.bench import loadgen
-from e2e.bench.affinity_trace import lost_reuse
+from e2e.bench.routing.affinity_trace import lost_reuse
 from e2e.harness.http import post_json
 from e2e.harness.stack import Stack, start_stack
 from e2e.sim.launch import SimProcess, start_simulators
@@ -55,7 +55,7 @@ from e2e.workloads.reuse import prompt_ids, reuse_bound
 from e2e.workloads.shared_prefix import shared_prefix
 
 TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
-REPO_TRACE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "conversation_trace.jsonl"
+REPO_TRACE = Path(__file__).resolve().parents[2] / "workloads" / "data" / "conversation_trace.jsonl"
 SERVED_HEADER = "x-inference-pod"
 
 
@@ -664,7 +664,7 @@ def markdown(cells: Sequence[Cell], command: str) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m e2e.bench.bench_routing", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.routing.suite", description=__doc__.split("\n\n")[0])
     a = p.add_argument
     a("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
     a("--strategies", default="", help="comma list (default: every available strategy)")
@@ -741,7 +741,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = SimModel(time_scale=ns.time_scale)
     cells: list[Cell] = []
     raw: dict[str, Any] = {}
-    command = "python -m e2e.bench.bench_routing " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m e2e.bench.routing.suite " + " ".join(sys.argv[1:] if argv is None else argv)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pyepp-bench-routing-") as tmp:
         for pods, bs in grid:

@@ -3,7 +3,7 @@
 Both Envoys (`--concurrency 1`) forward to the same aiohttp echo backend; wrk sends POST /v1/completions with a
 1 KiB JSON body.
 Alternates the two setups `--rounds` times and prints median req/s, p50/p99 and the ratio. Needs `wrk` (apt).
-Run: `python -m e2e.bench.bench_gateway`.
+Run: `python -m e2e.bench.cost.gateway`.
 """
 
 from __future__ import annotations

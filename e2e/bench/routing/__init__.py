@@ -1,0 +1,1 @@
+"""Routing quality: the workload suite, its report and the per-request affinity trace."""

@@ -1,0 +1,1 @@
+"""Under load and size: replicas side by side, long soaks, large request bodies."""
