@@ -130,23 +130,16 @@ async def test_program_aware_fairness_serves_the_least_served_program_first() ->
     heavy.fairness_id = "heavy"
     paf.pre_request(heavy, SchedulingResult({}, ""))
     paf.response_complete(heavy, None, Usage(prompt_tokens=1000, completion_tokens=500))
-    assert paf.service("heavy") == pytest.approx(2000, rel=0.01)
+    assert paf.service("heavy") == pytest.approx(2000)
     f = "x-llm-d-inference-fairness-id"
     sends = [("h1", {f: "heavy"}), ("h2", {f: "heavy"}), ("l1", {f: "light"}), ("l2", {f: "light"})]
     # round-robin would interleave h1, l1, ...; LAS serves the program with no attained service first
     assert (await order_of(d, ds, sends))[0] == "l1"
 
 
-def test_program_aware_fairness_decay_and_parameters() -> None:
-    paf = build(ProgramAwareFairness, {"lasHalfLifeSeconds": 10})
-    r = req("r")
-    paf.response_complete(r, None, Usage(prompt_tokens=100, completion_tokens=0))
-    now = time.monotonic()
-    assert paf.service("default-flow", now + 10) == pytest.approx(50, rel=0.01)  # one half-life
+def test_program_aware_fairness_parameters() -> None:
     with pytest.raises(PluginConfigError, match="strategy"):
         build(ProgramAwareFairness, {"strategy": "turn-priority"})
-    with pytest.raises(PluginConfigError, match="evictionSweepSeconds"):
-        build(ProgramAwareFairness, {"evictionSweepSeconds": 0})
 
 
 def test_priority_holdback_ceilings() -> None:

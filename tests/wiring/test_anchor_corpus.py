@@ -206,6 +206,11 @@ SPOT_CHECKS: dict[str, Any] = {
         )
         for g in ("aware__scheduler__precise-prefix-cache-aware", "routing__router__precise-prefix-cache-routing")
     },
+    # v0.10's per-pick decay (llm-d-router main later dropped it for a 60 s half-life)
+    "llm-d__guides__agentic-serving__router__fairness-las-plugins.yaml": lambda p: (
+        _plugin(p, "program-aware-fairness").decay_factor == 0.99997
+        and _plugin(p, "program-aware-fairness").half_life == 0.0
+    ),
     "llm-d-router__deploy__config__soft-reflective-ceiling-epp-config.yaml": lambda p: (
         _plugin(p, "soft-reflective-ceiling-policy").ceilings(0.2, [1, 0]) == [1.0, float("inf")]
     ),
