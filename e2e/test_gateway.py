@@ -323,7 +323,7 @@ def test_sigterm_drain_window_then_the_in_flight_stream_finishes(stack_factory: 
 
 
 def test_routing_only_envoy_ends_the_stream_before_the_response(stack_factory: Callable[..., Stack]) -> None:
-    """Why the shipped Envoy config keeps the response path (docs/benchmarks.md, "Not our request path"): with an
+    """Why the shipped Envoy config keeps the response path (measured in 297078e): with an
     ext_proc filter that sends no response messages (response headers SKIP, body NONE), Envoy 1.40 closes the
     stream once the request is routed, so the EPP would count a 3-second response as done at once and its in-flight
     load (token-load, prefill-cost, flow control) would read empty. If this ever fails, Envoy holds the stream to

@@ -3,7 +3,7 @@
 P/D: 2 prefill simulators + 2 decode simulators, each decode one behind `epp-pd-sidecar`, EPP with the anchors'
 P/D config (`config/llm-d-pd.yaml`, `nonCachedTokens` swept). Aggregated: 4 simulators (role both), EPP with the
 anchors' approximate-prefix config (`config/llm-d-approx-prefix.yaml`). Same simulator cost model everywhere
-(default: vLLM's chunked prefill, calibrated in docs/benchmarks.md: a decode step next to a prefill chunk pays the
+(default: vLLM's chunked prefill, calibrated in docs/disaggregation.md: a decode step next to a prefill chunk pays the
 chunk's compute), and the same open-loop workload: prompts (a shared system prompt + a unique document) with mixed
 output lengths. Reports TTFT and inter-token latency p50/p90, output throughput and CPU per request.
 
