@@ -13,10 +13,10 @@ from e2e.harness.ports import free_ports
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """Start redis-server (no persistence), yield its URL, stop it."""
+def redis_server(port: int = 0) -> Iterator[str]:
+    """Start redis-server (no persistence) on `port` (0: a free one), yield its URL, stop it."""
     exe = shutil.which("redis-server") or "/usr/bin/redis-server"
-    port = free_ports(1)[0]
+    port = port or free_ports(1)[0]
     proc = subprocess.Popen(
         [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,

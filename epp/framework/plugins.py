@@ -295,6 +295,11 @@ class CrossReplicaMessenger(Protocol):
         """One message another replica sent (already parsed JSON, not yet validated: check its shape)."""
         ...
 
+    def cross_replica_reset(self) -> None:
+        """The link to the other replicas was lost (messages may have been dropped): forget what they sent that
+        would only be undone by a later message."""
+        ...
+
 
 @runtime_checkable
 class CrossReplicaMessageCarrier(Protocol):

@@ -177,6 +177,7 @@ class Messenger:
         self.name = name
         self.got: list[object] = []
         self.send: Callable[[object], None] | None = None
+        self.resets = 0
 
     def cross_replica_channel(self) -> str:
         return f"speculative:{self.name}"
@@ -188,6 +189,9 @@ class Messenger:
         if message == "boom":
             raise RuntimeError("boom")
         self.got.append(message)
+
+    def cross_replica_reset(self) -> None:
+        self.resets += 1
 
 
 def carrier(url: str, rid: str, prefix: str) -> tuple[RedisCrossReplicaSyncer, Messenger]:
@@ -235,6 +239,47 @@ async def test_the_outbox_is_bounded_while_redis_is_unreachable() -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_an_outage_is_said_routes_on_local_state_and_ends_when_redis_returns() -> None:
+    """Redis goes away under a running replica: the gauge drops to 0 and what the others' messages booked is reset
+    (once, however long it lasts); a Redis back on the same address brings the gauge back and messages flow again."""
+    from prometheus_client import REGISTRY
+
+    from e2e.harness.ports import free_ports
+
+    port = free_ports(1)[0]
+
+    def connected() -> float | None:
+        return REGISTRY.get_sample_value("epp_cross_replica_connected")
+
+    with redis_server(port) as url:
+        (s1, m1), (s2, m2) = carrier(url, "o1", "outage"), carrier(url, "o2", "outage")
+        tasks = [asyncio.create_task(s.run()) for s in (s1, s2)]
+        try:
+            await wait_for(lambda: s1.link.up is True and s2.link.up is True and connected() == 1)
+            await asyncio.sleep(0.3)
+            assert m1.send is not None
+            m1.send(["before"])
+            await wait_for(lambda: m2.got == [["before"]])
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            raise
+    try:
+        await wait_for(lambda: s2.link.up is False and connected() == 0)
+        await asyncio.sleep(0.5)  # it keeps retrying: still one reset
+        assert m2.resets == 1 and not any(t.done() for t in tasks)
+        with redis_server(port):
+            await wait_for(lambda: s1.link.up is True and s2.link.up is True and connected() == 1)
+            await asyncio.sleep(0.5)  # both subscribed again
+            m1.send(["after"])
+            await wait_for(lambda: m2.got == [["before"], ["after"]])
+            assert m2.resets == 1
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_a_booking_reaches_the_other_replica_before_the_next_round(redis_url: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 
 import pytest
 
@@ -697,3 +698,49 @@ def test_next_turn_weight_is_checked_and_needs_block_keys() -> None:
     text = scorer_config(", dedupInFlightBlocks: false, workingSetWindow: 0, overflowWeight: 0, nextTurnWeight: 1")
     with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
         build_pipeline(parse_config(text), plugin_context(Datastore()))
+
+
+def linked(params: Mapping[str, object]) -> tuple[PrefillCostScorer, PrefillCostScorer, list[Endpoint]]:
+    """Two scorers of one pool (two replicas, or two workers), each one's messages delivered to the other at once."""
+    from epp.datalayer.datastore import Datastore
+    from epp.wiring.runtime import plugin_context
+
+    store = Datastore()
+    e = eps()
+    for ep in e:
+        store.upsert(ep)
+    one, two = (build(PrefillCostScorer, params, ctx=plugin_context(store)) for _ in range(2))
+    one.cross_replica_connect(two.cross_replica_receive)
+    two.cross_replica_connect(one.cross_replica_receive)
+    return one, two, store.endpoints()  # type: ignore[return-value]
+
+
+def test_another_replicas_booking_is_in_the_backlog_here_and_its_release_frees_it() -> None:
+    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 1, "uncachedWeight": 1, "evictionWeight": 0}
+    one, two, e = linked(params)
+    keys = list(range(1, 65))
+    r = keyed("r1", keys, {})
+    place(one, r, e, 0)  # replica one books 1024 uncached tokens on a
+    qa = two.queues["a"]
+    assert qa.active == 1 and qa.busy_until > time.monotonic() + 0.5 and set(qa.blocks) == set(keys)
+    # replica two now sends a cold request elsewhere: a's backlog is its own as much as one's
+    assert pick(two, keyed("r2", list(range(100, 164)), {}), e).name != "a"
+    one.response_complete(r, e[0], Usage(prompt_tokens=1024, completion_tokens=8))
+    assert qa.active == 0 and qa.active_tokens == 0 and not qa.blocks and not two._remote
+
+
+def test_shared_bookings_are_checked_bounded_and_dropped_when_the_link_is_lost() -> None:
+    one, two, e = linked({"prefillTokensPerSecond": 1000})
+    for bad in ([1, "nowhere:1", 10, 10, 1, 16, []], [1, "a", -1, 10, 1, 16, []], [1, "a", 10, 10, 1, 16, ["x"]],
+                [1, "a", 10, 10, 1, 0, [5]], "junk", [True, "a", 1, 1, 1, 16, []]):  # fmt: skip
+        two.cross_replica_receive(bad)
+    assert two.refused == 6 and not two.queues
+    place(one, keyed("r1", [1, 2, 3], {}), e, 1)
+    assert two.queues["b"].active == 1
+    two.cross_replica_reset()
+    assert two.queues["b"].active == 0 and not two._remote
+
+
+def test_sync_cross_replica_state_false_shares_nothing() -> None:
+    s = build(PrefillCostScorer, {"syncCrossReplicaState": False})
+    assert s.cross_replica_channel() is None

@@ -15,6 +15,12 @@ worth waiting an interval for: their messages go out as they are queued, batched
 (`<prefix>:msg`), and every other replica subscribed hands them to its plugin of the same channel; a batch holds
 what fits one payload of `MAX_PAYLOAD` bytes, which receivers refuse beyond. Best effort: a full outbox drops the
 oldest, a Redis outage drops what was queued, and a message that fits no payload is dropped by its sender.
+
+Redis unreachable (a sync round, a publish or the subscription failing): the replica routes on its own state. It
+says so once in a warning and in `epp_cross_replica_connected` (0), drops the other replicas' snapshots after `ttl`
+and what their messages booked at once (`cross_replica_reset`: no release would come for it), and retries. When Redis
+answers again it says so in a log line and the gauge (1), and the next round and the next messages bring the others'
+state back; what they booked during the outage is not replayed (it counts again from their next snapshot round).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Self
 
@@ -41,6 +47,10 @@ DEFAULT_INTERVAL = 0.2
 
 SYNCS = Counter("epp_cross_replica_syncs", "Cross-replica sync rounds by result", ["result"])
 PEERS = Gauge("epp_cross_replica_peers", "Other live EPP replicas seen in the last sync round")
+CONNECTED = Gauge(
+    "epp_cross_replica_connected",
+    "1 while the cross-replica store (Redis/Valkey) answers; 0 while this replica routes on its own state only",
+)
 MESSAGES = Counter(
     "epp_cross_replica_messages",
     "Cross-replica messages (e.g. speculative prefix entries) by direction and result",
@@ -118,16 +128,45 @@ def _stop_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
+class _Link:
+    """Whether Redis answers, as the loops find it: the first failure after a success says so (log, gauge) and runs
+    `on_down`; the first success after a failure says so again."""
+
+    def __init__(self, what: str, on_down: Callable[[], None]) -> None:
+        self.what = what
+        self.on_down = on_down
+        self.up: bool | None = None  # None: not tried yet
+
+    def ok(self) -> None:
+        if self.up is not True:
+            if self.up is False:
+                log.warning("%s: reachable again; sharing state with the other replicas", self.what)
+            self.up = True
+            CONNECTED.set(1)
+
+    def failed(self, e: Exception) -> None:
+        if self.up is not False:
+            log.warning(
+                "%s: unreachable (%s); routing on this replica's own state until it answers again", self.what, e
+            )
+            self.up = False
+            CONNECTED.set(0)
+            self.on_down()
+
+
 class _Failures:
     """One Redis loop's run of failures: counted, logged on the first and every 100th, then backed off. A failure
     that is really a cancellation redis-py swallowed (see `_cancel_requested`) stops the loop instead."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, link: _Link | None = None) -> None:
         self.what = what
         self.count = 0
+        self.link = link
 
     def ok(self) -> None:
         self.count = 0
+        if self.link is not None:
+            self.link.ok()
 
     async def failed(self, e: Exception, backoff: float = 0.0) -> None:
         if _cancel_requested():
@@ -135,6 +174,8 @@ class _Failures:
         self.count += 1
         if self.count == 1 or self.count % 100 == 0:
             log.warning("%s failed (%d): %s", self.what, self.count, e)
+        if self.link is not None:
+            self.link.failed(e)
         if backoff > 0:
             await asyncio.sleep(backoff)
 
@@ -166,6 +207,7 @@ class RedisCrossReplicaSyncer(Plugin):
         self.sender = f"{self.replica_id}/{uuid.uuid4().hex[:12]}"
         self._outbox: deque[tuple[str, Any]] = deque()
         self._wake: asyncio.Event | None = None
+        self.link = _Link(f"{self.name}: Redis at {address}", self._link_down)
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
@@ -228,9 +270,18 @@ class RedisCrossReplicaSyncer(Plugin):
         finally:
             await client.aclose()
 
+    def _link_down(self) -> None:
+        """Redis is unreachable: what the other replicas' messages booked here is dropped (queued messages too)."""
+        self._outbox.clear()
+        for m in self.messengers.values():
+            try:
+                m.cross_replica_reset()
+            except Exception:
+                log.exception("%s: %s failed to reset", self.name, m.name)
+
     async def _sync_loop(self, client: Any, url: str) -> None:
         script = client.register_script(_SYNC)
-        failures = _Failures(f"{self.name}: cross-replica sync with {url}")
+        failures = _Failures(f"{self.name}: cross-replica sync with {url}", self.link)
         while True:
             started = time.monotonic()
             try:
@@ -251,7 +302,7 @@ class RedisCrossReplicaSyncer(Plugin):
     async def _publish_loop(self, client: Any, url: str) -> None:
         """Publish queued messages as they come, in batches of up to MAX_BATCH."""
         wake = self._wake = asyncio.Event()
-        failures = _Failures(f"{self.name}: publishing to {url}")
+        failures = _Failures(f"{self.name}: publishing to {url}", self.link)
         while True:
             if not self._outbox:
                 wake.clear()
@@ -294,7 +345,7 @@ class RedisCrossReplicaSyncer(Plugin):
 
     async def _subscribe_loop(self, client: Any, url: str) -> None:
         """Receive the other replicas' messages; resubscribe after a failure."""
-        failures = _Failures(f"{self.name}: subscription on {url}")
+        failures = _Failures(f"{self.name}: subscription on {url}", self.link)
         while True:
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:

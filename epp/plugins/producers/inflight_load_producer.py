@@ -381,6 +381,16 @@ class InFlightLoadProducer(Plugin):
         load.remote_tokens += message[1]
         self._recent.append([0, message[0], message[1]])
 
+    def cross_replica_reset(self) -> None:
+        """The bookings received and not yet covered by a snapshot round are dropped (the snapshots are cleared by
+        the syncer itself)."""
+        for _, name, tokens in self._recent:
+            load = self.loads.get(name)
+            if load is not None:
+                load.remote_requests = max(0, load.remote_requests - 1)
+                load.remote_tokens = max(0, load.remote_tokens - tokens)
+        self._recent = []
+
 
 def _release_entry(e: _Entry, *, tokens: bool, requests: bool) -> None:
     load = e.load

@@ -340,6 +340,9 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
         self.index.speculate(keys, pod, ttl)
         self.received += 1
 
+    def cross_replica_reset(self) -> None:
+        """Nothing to undo: the other replicas' entries expire with their TTL."""
+
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
         """The closed loop on delivered hits: tell the index what the engine delivered against what it predicted
         (the response's cached_tokens, else the engine's scraped prefix-cache counters)."""

@@ -83,14 +83,22 @@ backlog, in-flight tokens).
 
 A request without a prefix match (no tokens, cold index) costs the same uncached tokens everywhere, so the
 choice falls to backlog and decode load: the scorer degrades to a token-load balancer.
+
+Several EPPs (replicas through a cross-replica syncer that carries messages, or `--workers` through their state
+process) share every booking as it is made ([id, endpoint, uncached, prompt and output tokens, block size, block
+keys]) and its release ([id, the decode rate learned]): each books the others' picks into its queues as its own, so
+a prefill another EPP just sent to a pod is in that pod's backlog here too (`syncCrossReplicaState: false` opts out).
+A booking whose release is lost goes after `requestTimeout`, and all of them when the link is lost.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import random
 import time
 from collections import OrderedDict, _count_elements  # type: ignore[attr-defined]
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -100,6 +108,7 @@ from epp.framework import (
     CycleState,
     DataKey,
     Endpoint,
+    EndpointView,
     InferenceRequest,
     Params,
     Plugin,
@@ -110,7 +119,11 @@ from epp.framework import (
 )
 from epp.plugins.producers.precise_prefix_cache_producer import PRECISE_MATCH
 
+log = logging.getLogger(__name__)
+
 DEFAULT_PRODUCER = "precise-prefix-cache-producer"
+MAX_SHARED_KEYS = 8192  # block keys per shared booking (a longer prompt shares its first ones)
+MAX_REMOTE_BOOKINGS = 1 << 16  # the other replicas' bookings held at most
 WORKING_SET_WINDOW = 30.0  # workingSetWindow's default (s); also how long a prompt may wait for its next turn
 MAX_WORKING_SET = 1 << 18  # working-set blocks kept per endpoint while its KV capacity is unknown
 # a cap on one request's learned decode rate (output tokens/s): a first token estimated late (a prefill faster than
@@ -150,6 +163,7 @@ class _InFlight:
     keys: list[int] | None = None  # the prompt's block keys (counted once per endpoint) and their size in tokens
     block_tokens: int = 0
     first_token: float = 0.0  # when its prefill is estimated done (the endpoint's queue drained through it)
+    shared_id: int = 0  # the id its booking was shared with the other replicas under (0: not shared)
 
 
 @dataclass(slots=True)
@@ -235,6 +249,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         decoding_share: float = 1.0,
         decoding_ends_first: bool = False,
         next_turn_weight: float = 0.0,
+        sync_cross_replica: bool = True,
     ) -> None:
         super().__init__(name)
         self.producer = producer
@@ -276,6 +291,11 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.queues: dict[str, _Queue] = {}
         self._inflight: dict[int, _InFlight] = {}  # id(booking) -> booking
         self._next_sweep = 0.0
+        self.sync_cross_replica = sync_cross_replica
+        self.endpoints: EndpointView | None = None
+        self._send: Callable[[Any], None] | None = None
+        self._remote: dict[int, _InFlight] = {}  # the other replicas' bookings, by their shared id
+        self.refused = 0
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
@@ -321,8 +341,10 @@ class PrefillCostScorer(Plugin, RemovalListener):
             decoding_share=params.float("decodingShare", 0.0, min=0.0, max=1.0),
             decoding_ends_first=params.bool("decodingEndsFirst", True),
             next_turn_weight=next_turn,
+            sync_cross_replica=params.bool("syncCrossReplicaState", True),
         )
         context.endpoints.subscribe(scorer)
+        scorer.endpoints = context.endpoints
         return scorer
 
     # Datastore listener: what is tracked for an endpoint goes when it leaves (one that returns under the same name,
@@ -333,6 +355,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
                 del self._inflight[rid]
             for key in [key for key, p in self.pending.items() if p.endpoint == endpoint.name]:
                 del self.pending[key]
+            for sid in [sid for sid, e in self._remote.items() if e.endpoint == endpoint.name]:
+                del self._remote[sid]
 
     def consumes(self) -> Collection[DataKey[Any]]:
         # dedupInFlightBlocks, workingSetWindow and nextTurnWeight read the precise producer's block keys: a config
@@ -541,42 +565,65 @@ class PrefillCostScorer(Plugin, RemovalListener):
         prev = request.data.pop(self.booked_key)
         if prev is not None and self._inflight.pop(id(prev), None) is not None:
             self._release(prev)
+            self._share_release(prev, 0.0)
         name = targets[0].name
-        q = self.queues.setdefault(name, _Queue())
         uncached = cost.uncached.get(name, cost.prompt_tokens)
+        out = request.max_tokens if request.max_tokens is not None else self.default_output
+        match = request.data.get(self.match_key)
+        keys, bs = (match.keys, match.block_size) if match is not None and match.block_size > 0 else (None, 0)
+        if not keys:
+            keys, bs = None, 0
+        entry = self._book(name, uncached, cost.prompt_tokens, max(0, out), keys, bs, targets[0], now)
+        if self.next_turn_weight > 0 and keys:
+            self._track(self.queues[name], name, keys[-1], cost, now)
+        self._inflight[id(entry)] = entry
+        request.data.put(self.booked_key, entry)
+        if self._send is not None:
+            entry.shared_id = random.getrandbits(62) | 1
+            shared = keys[:MAX_SHARED_KEYS] if keys else []
+            self._send([entry.shared_id, name, uncached, cost.prompt_tokens, max(0, out), bs, shared])
+
+    def _book(
+        self,
+        name: str,
+        uncached: int,
+        prompt_tokens: int,
+        out: int,
+        keys: Sequence[int] | None,
+        bs: int,
+        target: Endpoint | None,
+        now: float,
+    ) -> _InFlight:
+        """Book a request on `name`: its prefill joins the queue, its KV the in-flight tokens, its blocks the working
+        set. The same for this replica's picks and the others' (`cross_replica_receive`)."""
+        q = self.queues.setdefault(name, _Queue())
         q.busy_until = max(q.busy_until, now) + uncached / self.rate
         if self.idle_weight != self.uncached_weight or self.arrival_weight > 0:  # the two readers of the rate
             q.traffic.add(now, self.traffic_window)
-        out = request.max_tokens if request.max_tokens is not None else self.default_output
-        entry = _InFlight(name, cost.prompt_tokens + max(0, out), now, first_token=q.busy_until)
+        entry = _InFlight(name, prompt_tokens + out, now, first_token=q.busy_until)
         if self.decoding_ends_first:
-            ends = q.busy_until + max(0, out) / self.decode_tps if self.decode_tps > 0 else math.inf
+            ends = q.busy_until + out / self.decode_tps if self.decode_tps > 0 else math.inf
             q.decode_until = ends if q.active == 0 else max(q.decode_until, ends)
-        match = request.data.get(self.match_key)
-        if self.window > 0 and match is not None and match.keys and match.block_size > 0:
+        if self.window > 0 and keys:
             recent = q.recent
-            q.recent_block_tokens = match.block_size
-            for k in match.keys:
+            q.recent_block_tokens = bs
+            for k in keys:
                 if k in recent:
                     recent.move_to_end(k)
                 recent[k] = now
-            self._expire(q, now, targets[0].metrics.kv_capacity_tokens)
-        if self.dedup and match is not None and match.keys and match.block_size > 0:
+            self._expire(q, now, target.metrics.kv_capacity_tokens if target is not None else 0)
+        if self.dedup and keys:
             # the prompt's full blocks count once per endpoint however many in-flight requests share them
-            bs = match.block_size
-            entry.keys, entry.block_tokens = match.keys, bs
-            entry.tokens -= len(match.keys) * bs
+            entry.keys, entry.block_tokens = list(keys), bs
+            entry.tokens -= len(keys) * bs
             held = q.blocks
             before = len(held)
-            _count_elements(held, match.keys)  # held[k] += 1 for each key, at C speed
+            _count_elements(held, keys)  # held[k] += 1 for each key, at C speed
             q.active_tokens += (len(held) - before) * bs  # the keys no in-flight request held yet
-        if self.next_turn_weight > 0 and match is not None and match.keys:
-            self._track(q, name, match.keys[-1], cost, now)
         q.active_tokens += entry.tokens
         q.active += 1
-        q.written += uncached + max(0, out)
-        self._inflight[id(entry)] = entry
-        request.data.put(self.booked_key, entry)
+        q.written += uncached + out
+        return entry
 
     def _track(self, q: _Queue, name: str, last_key: int, cost: _Cost, now: float) -> None:
         """Learn from the prompt this request continues (if any) and keep this one pending on `name`."""
@@ -625,13 +672,61 @@ class PrefillCostScorer(Plugin, RemovalListener):
         entry = request.data.pop(self.booked_key)
         if entry is not None and self._inflight.pop(id(entry), None) is not None:
             self._release(entry)
+            sample = 0.0
             if self.decoding_ends_first and usage is not None and usage.completion_tokens > 1:
                 took = time.monotonic() - entry.first_token
                 if took > 0:
                     sample = min(MAX_DECODE_TPS, (usage.completion_tokens - 1) / took)
-                    self.decode_tps = (
-                        sample if self.decode_tps <= 0 else self.decode_tps + 0.1 * (sample - self.decode_tps)
-                    )
+                    self._learn_decode(sample)
+            self._share_release(entry, sample)
+
+    def _learn_decode(self, sample: float) -> None:
+        self.decode_tps = sample if self.decode_tps <= 0 else self.decode_tps + 0.1 * (sample - self.decode_tps)
+
+    def _share_release(self, entry: _InFlight, decode_tps: float) -> None:
+        if self._send is not None and entry.shared_id:
+            self._send([entry.shared_id, round(decode_tps, 3)])
+
+    # --- the other replicas' (or workers') bookings -------------------------------------------------------------
+    def cross_replica_channel(self) -> str | None:
+        return f"prefill-cost:{self.name}" if self.sync_cross_replica else None
+
+    def cross_replica_connect(self, send: Callable[[Any], None]) -> None:
+        self._send = send
+
+    def cross_replica_receive(self, message: Any) -> None:
+        """Another replica's booking, [id, endpoint, uncached, prompt tokens, output tokens, block size, [block keys]],
+        booked here as if this replica had made it, or its release, [id, decode tokens/s learned or 0]. Anything else,
+        or a booking for an endpoint not in the pool, is refused (counted)."""
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._sweep(now)
+        if isinstance(message, list) and len(message) == 2:
+            sid, tps = message
+            entry = self._remote.pop(sid, None) if type(sid) is int else None
+            if entry is not None:
+                self._release(entry)
+                if isinstance(tps, int | float) and not isinstance(tps, bool) and 0 < tps <= MAX_DECODE_TPS:
+                    self._learn_decode(float(tps))
+            return
+        booking = _shared_booking(message)
+        ep = self.endpoints.get(booking[1]) if booking is not None and self.endpoints is not None else None
+        if booking is None or ep is None or len(self._remote) >= MAX_REMOTE_BOOKINGS:
+            self.refused += 1
+            if self.refused == 1 or self.refused % 1000 == 0:
+                log.warning("%s: refused a booking from another replica (%d so far)", self.name, self.refused)
+            return
+        sid, name, uncached, prompt_tokens, out, bs, keys = booking
+        prev = self._remote.pop(sid, None)
+        if prev is not None:
+            self._release(prev)
+        self._remote[sid] = self._book(name, uncached, prompt_tokens, out, keys or None, bs, ep, now)
+
+    def cross_replica_reset(self) -> None:
+        """The link to the other replicas is lost: their bookings are dropped (no release would come for them)."""
+        for entry in self._remote.values():
+            self._release(entry)
+        self._remote.clear()
 
     def _release(self, entry: _InFlight) -> None:
         q = self.queues.get(entry.endpoint)
@@ -655,7 +750,25 @@ class PrefillCostScorer(Plugin, RemovalListener):
         if self.request_timeout <= 0:
             return
         cutoff = now - self.request_timeout
-        for rid, entry in list(self._inflight.items()):
-            if entry.start < cutoff:
-                del self._inflight[rid]
-                self._release(entry)
+        for table in (self._inflight, self._remote):
+            for rid, entry in list(table.items()):
+                if entry.start < cutoff:
+                    del table[rid]
+                    self._release(entry)
+
+
+def _shared_booking(message: Any) -> tuple[int, str, int, int, int, int, list[int]] | None:
+    """[id, endpoint, uncached, prompt tokens, output tokens, block size, keys] checked: bounded ints, a name, at most
+    MAX_SHARED_KEYS int keys."""
+    if not isinstance(message, list) or len(message) != 7:
+        return None
+    sid, name, uncached, prompt, out, bs, keys = message
+    if not isinstance(name, str) or not 0 < len(name) <= 300:
+        return None
+    if not all(type(v) is int and 0 <= v < 1 << 40 for v in (uncached, prompt, out, bs)) or type(sid) is not int:
+        return None
+    if not isinstance(keys, list) or len(keys) > MAX_SHARED_KEYS or (keys and bs <= 0):
+        return None
+    if not all(type(k) is int and 0 <= k < 1 << 64 for k in keys):
+        return None
+    return sid, name, uncached, prompt, out, bs, keys
