@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from epp.datalayer.promtext import Sample, find_family, parse_labels
 from epp.framework import Endpoint, Metrics
+from epp.framework.verbosity import DEFAULT, V
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,9 @@ class CoreMetricsExtractor:
             key = (endpoint.name, selectors[0].name)
             if key not in self._missing_logged:
                 self._missing_logged.add(key)
-                log.info("endpoint %s: metric %s not found in its metrics page", endpoint.name, selectors[0].name)
+                log.log(
+                    V(DEFAULT), "endpoint %s: metric %s not found in its metrics page", endpoint.name, selectors[0].name
+                )
         return None
 
     def extract(self, text: str, endpoint: Endpoint, now: float | None = None) -> Metrics:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from epp.framework.types import Endpoint
+from epp.framework.verbosity import DEFAULT, V
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ POLICY = HealthPolicy()
 def scrape_ok(ep: Endpoint, now: float) -> None:
     h = ep.health
     if h.scrape_failures >= POLICY.max_scrape_failures:
-        log.info("endpoint %s: scrapes succeed again; back among the candidates", ep.name)
+        log.log(V(DEFAULT), "endpoint %s: scrapes succeed again; back among the candidates", ep.name)
     h.scrape_failures = 0
     h.last_ok = now
 

@@ -30,6 +30,7 @@ from epp.datalayer import health
 from epp.datalayer.extractor import CoreMetricsExtractor, EngineConfig
 from epp.datalayer.httpget import HTTPGetError, KeepAliveGet
 from epp.framework import Endpoint, EndpointView, Metrics
+from epp.framework.verbosity import DEFAULT, V
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +311,7 @@ class MetricsScraper:
         if ok != t.healthy:
             t.healthy = ok
             if ok:
-                log.info("endpoint %s: metrics scrape recovered", ep.name)
+                log.log(V(DEFAULT), "endpoint %s: metrics scrape recovered", ep.name)
             else:
                 log.warning("endpoint %s: metrics scrape of %s failed: %s", ep.name, t.url, why)
 

@@ -22,6 +22,8 @@ import aiohttp
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from epp.framework.verbosity import DEFAULT, V
+
 log = logging.getLogger(__name__)
 
 
@@ -141,7 +143,12 @@ class Informer:
             except ApiException as e:
                 if e.status == 410:
                     self.stats.relists_after_gone += 1
-                    log.info("%s: resourceVersion %s expired (410 Gone); re-listing", self.kind, self.resource_version)
+                    log.log(
+                        V(DEFAULT),
+                        "%s: resourceVersion %s expired (410 Gone); re-listing",
+                        self.kind,
+                        self.resource_version,
+                    )
                     need_list = True
                     continue
                 self._failed(f"HTTP {e.status} {e.reason}")

@@ -28,6 +28,7 @@ from epp.discovery.informer import INFERENCE_OBJECTIVES, INFERENCE_POOLS, PODS, 
 from epp.discovery.kubeclient import api_client
 from epp.discovery.objectives import DEFAULT_POOL_GROUP, ObjectiveHandler
 from epp.discovery.pods import PodEndpoints
+from epp.framework.verbosity import DEFAULT, V
 
 log = logging.getLogger(__name__)
 
@@ -317,8 +318,12 @@ class KubernetesEndpointSource:
         self._spec = spec
         if old is not None and old.match_labels == spec.match_labels and self._pods is not None:
             if old.target_ports != spec.target_ports:
-                log.info(
-                    "InferencePool %s: targetPorts %s -> %s; resyncing", self.pool, old.target_ports, spec.target_ports
+                log.log(
+                    V(DEFAULT),
+                    "InferencePool %s: targetPorts %s -> %s; resyncing",
+                    self.pool,
+                    old.target_ports,
+                    spec.target_ports,
                 )
                 self._pods.target_ports = list(spec.target_ports)
                 assert self.pod_informer is not None
@@ -326,8 +331,12 @@ class KubernetesEndpointSource:
                     self._pods.replace(self.pod_informer.store.values())
             return
         if old is not None:
-            log.info(
-                "InferencePool %s: selector %s -> %s; resyncing pods", self.pool, old.match_labels, spec.match_labels
+            log.log(
+                V(DEFAULT),
+                "InferencePool %s: selector %s -> %s; resyncing pods",
+                self.pool,
+                old.match_labels,
+                spec.match_labels,
             )
         self._start_pods(spec)
 

@@ -22,6 +22,7 @@ from typing import Protocol
 import zmq
 import zmq.asyncio
 
+from epp.framework.verbosity import DEFAULT, V
 from epp.kvcache.config import PoolConfig
 from epp.kvcache.events import EventBatch, parse_topic
 from epp.kvcache.metrics import PoolMetrics
@@ -102,7 +103,7 @@ class Replayer:
             self._failed.pop(endpoint, None)
         else:
             self._failed[endpoint] = time.monotonic()
-        log.info("KV events: replay for %s from seq %d: %s, %d batches", pod, start, result, got)
+        log.log(V(DEFAULT), "KV events: replay for %s from seq %d: %s, %d batches", pod, start, result, got)
         if restarted:
             return True
         return False if expect is not None and result == "ok" else None

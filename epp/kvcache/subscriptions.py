@@ -22,6 +22,7 @@ import zmq.asyncio
 
 from epp.framework.state import DataKey
 from epp.framework.types import Endpoint
+from epp.framework.verbosity import DEFAULT, V
 from epp.kvcache.config import PoolConfig
 from epp.kvcache.metrics import PoolMetrics
 from epp.kvcache.workers import ShardedWorkers
@@ -213,7 +214,7 @@ class Subscriptions:
                 if not first:
                     self.metrics.reconnections.inc()
                 first = False
-                log.info("KV events: subscribed to %s for %s", endpoint, pod)
+                log.log(V(DEFAULT), "KV events: subscribed to %s for %s", endpoint, pod)
                 await self._recv_loop(sock, pod, replay)
             except asyncio.CancelledError:
                 raise

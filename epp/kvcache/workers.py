@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from epp.framework.logthrottle import LogThrottle
+from epp.framework.verbosity import DEFAULT, V
 from epp.kvcache.config import PoolConfig
 from epp.kvcache.events import (
     STEP_BYTES,
@@ -292,7 +293,7 @@ class ShardedWorkers:
             last = self.seq.last(pod, rank)
             start = 0 if last is None else last + 1
             if v is Verdict.GAP:
-                log.info("KV events: gap from %s rank %d: have %s, got %d", pod, rank, last, seq)
+                log.log(V(DEFAULT), "KV events: gap from %s rank %d: have %s, got %d", pod, rank, last, seq)
             if replay:
                 await self.replayer.replay(pod, model, rank, replay, start)
             last = self.seq.last(pod, rank)

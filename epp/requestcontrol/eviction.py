@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from epp.framework.verbosity import DEFAULT, V
+
 log = logging.getLogger(__name__)
 
 MAX_PER_DECISION = 8
@@ -99,5 +101,11 @@ class Evictor:
             self._outstanding[it.event] = (credit, now)
             out.append(it.request_id)
         self.evicted_total += len(out)
-        log.info("flow control evicted %d in-flight request(s) for priority %d: %s", len(out), demand_priority, out)
+        log.log(
+            V(DEFAULT),
+            "flow control evicted %d in-flight request(s) for priority %d: %s",
+            len(out),
+            demand_priority,
+            out,
+        )
         return out

@@ -52,6 +52,7 @@ from epp.framework.parsing import (
     request_path,
 )
 from epp.framework.types import InferenceRequest, Usage
+from epp.framework.verbosity import VERBOSE, V
 from epp.protocol.openai import bodyless_request, build_request
 from epp.protocol.rewrite import ModelNameRewriter
 from epp.protocol.usage import MAX_JSON_USAGE_BYTES, SSEUsageReader, usage_from_json
@@ -764,7 +765,7 @@ class RequestStream:
 
     def evict(self) -> pb.ProcessingResponse:
         """Flow control revoked this in-flight request: end it with a 429 (the director hears completion)."""
-        log.info("request %s evicted by flow control", self.request.request_id if self.request else "?")
+        log.log(V(VERBOSE), "request %s evicted by flow control", self.request.request_id if self.request else "?")
         self.complete()
         evicted = TooManyRequests("request evicted by flow control", dropped_reason=DROPPED_EVICTED)
         return immediate(evicted, self._format())

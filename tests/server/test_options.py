@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
 
 from epp.cli import main
 from epp.server.goflags import FlagError, parse_duration, parse_int, parse_quantity_bytes
-from epp.server.logsetup import ZapFormatter, python_level
 from epp.server.options import FLAGSET, Options, parse_options
 
 # Every flag llm-d-router v0.10.0 registers for cmd/epp, with its default, transcribed from
@@ -180,32 +178,6 @@ def test_deprecated_flags_warn_and_take_effect() -> None:
     opts = parse_options(["--model-server-metrics-path=/custom", "--model-server-metrics-port=9100"])
     assert opts.model_server_metrics_path == "/custom" and opts.model_server_metrics_port == 9100
     assert any("--model-server-metrics-path has been deprecated" in w for w in opts.warnings)
-
-
-def test_log_level_resolution() -> None:
-    def level(argv: list[str]) -> int:
-        return python_level(parse_options(argv))
-
-    assert level([]) == logging.INFO  # -v=2
-    assert level(["--v=1"]) == logging.INFO
-    assert level(["--v=4"]) == logging.DEBUG
-    assert level(["--zap-log-level=error"]) == logging.ERROR
-    assert level(["--zap-log-level=debug", "--v=1"]) == logging.DEBUG  # zap-log-level overrides -v
-    assert level(["--zap-log-level=5"]) == logging.DEBUG
-    assert level(["--zap-log-level=error", "--log-level=warning"]) == logging.WARNING
-
-
-def test_zap_json_line() -> None:
-    import json
-
-    record = logging.LogRecord("epp.x", logging.WARNING, "/a/b/file.py", 12, "hello %s", ("you",), None)
-    line = json.loads(ZapFormatter("json", "epoch", logging.ERROR).format(record))
-    assert line["level"] == "warn" and line["msg"] == "hello you" and line["logger"] == "epp.x"
-    assert line["caller"] == "file.py:12" and isinstance(line["ts"], float) and "stacktrace" not in line
-    line = json.loads(ZapFormatter("json", "rfc3339", logging.WARNING).format(record))
-    assert "stacktrace" in line and line["ts"].count(":") >= 2
-    console = ZapFormatter("console", "millis", logging.ERROR).format(record)
-    assert console.split("\t")[1:] == ["WARN", "epp.x", "file.py:12", "hello you"]
 
 
 def test_cli_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,7 @@ import yaml
 
 from epp.datalayer.datastore import Datastore
 from epp.framework import Endpoint, Params, Plugin, PluginContext
+from epp.framework.verbosity import DEFAULT, V
 
 log = logging.getLogger(__name__)
 
@@ -138,4 +139,4 @@ class FileDiscovery(Plugin):
                 log.error("file-discovery %s: reload failed, keeping the current endpoints: %s", self.name, e)
                 continue
             datastore.replace_all(endpoints)
-            log.info("file-discovery %s: %d endpoints from %s", self.name, len(endpoints), self.path)
+            log.log(V(DEFAULT), "file-discovery %s: %d endpoints from %s", self.name, len(endpoints), self.path)

@@ -26,6 +26,7 @@ from epp.framework import (
     TokenizedPrompt,
     Tokenizer,
 )
+from epp.framework.verbosity import VERBOSE, V
 from epp.plugins.producers._estimate import EstimateBackend, estimators_from_params
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,12 @@ class TokenProducer(Plugin):
             return
         if request.messages is not None and any(k in request.body for k in _MM_KWARGS):
             # vLLM folds these into every item's mm hash (and the processor's placeholder count): not reproduced
-            log.info("request %s: not tokenized, no prefix score: %s set", request.request_id, "/".join(_MM_KWARGS))
+            log.log(
+                V(VERBOSE),
+                "request %s: not tokenized, no prefix score: %s set",
+                request.request_id,
+                "/".join(_MM_KWARGS),
+            )
             return
         try:
             prompt = await tokenizer.tokenize_prompt(
@@ -95,6 +101,6 @@ class TokenProducer(Plugin):
                 mm_model_id=self.model_name,
             )
         except TokenizationError as e:
-            log.info("request %s: not tokenized, no prefix score: %s", request.request_id, e)
+            log.log(V(VERBOSE), "request %s: not tokenized, no prefix score: %s", request.request_id, e)
             return
         request.data.put(TOKENIZED_PROMPT, prompt)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from epp.framework import CycleState, InferenceRequest, Params, Plugin, PluginContext, ProfileResult, SchedulingResult
+from epp.framework.verbosity import VERBOSE, V
 from epp.plugins.profiles.single_profile_handler import one_profile_result
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class HeaderProfileHandler(Plugin):
         chosen = value or self.default
         if chosen not in profiles:
             why = f"header {self.header} names {value!r}" if value else f"defaultProfile {chosen!r}"
-            log.info("request %s: %s, which is not a configured profile", request.request_id, why)
+            log.log(V(VERBOSE), "request %s: %s, which is not a configured profile", request.request_id, why)
             return []
         return [chosen]
 
