@@ -165,6 +165,18 @@ class Options:
         """--pool-namespace, else $NAMESPACE, else default (as the anchors)."""
         return self.pool_namespace or os.environ.get("NAMESPACE") or "default"
 
+    def _unquoted_metrics_path(self) -> str:
+        """A path in quotes (`--model-server-metrics-path="/x"` in a container's args, where no shell strips them) loses
+        them, loudly: the Go EPPs keep them and every scrape of `/%22/x%22` fails with a debug-level 404."""
+        path = self.model_server_metrics_path
+        if len(path) >= 2 and path[0] == path[-1] and path[0] in "\"'":
+            self.warnings.append(
+                f"--model-server-metrics-path={path}: the quotes are not part of the path (container args are not "
+                f"unquoted by a shell); scraping {path[1:-1]!r}"
+            )
+            return path[1:-1]
+        return path
+
     def validate(self) -> None:
         """The anchors' Complete() + Validate(); raises FlagError with the flag's name."""
         for name in DEPRECATED_METRIC_FLAGS:
@@ -223,6 +235,7 @@ class Options:
                 f'unexpected "{self.model_server_metrics_scheme}" value for "model-server-metrics-scheme" flag, '
                 "it can only be set to 'http' or 'https'"
             )
+        self.model_server_metrics_path = self._unquoted_metrics_path()
         _choice(self.zap_encoder, ZAP_ENCODERS, "zap-encoder")
         _choice(self.zap_time_encoding, ZAP_TIME_ENCODINGS, "zap-time-encoding")
         _choice(self.zap_stacktrace_level, ("info", "error", "panic"), "zap-stacktrace-level")

@@ -100,10 +100,20 @@ class ServeOptions:
     @classmethod
     def from_flags(cls, opts: Options, *, kubernetes: bool) -> ServeOptions:
         """The serve flags; metrics auth (default on) is in effect where there is a Kubernetes API to ask, or when
-        --metrics-endpoint-auth=true is given explicitly."""
+        --metrics-endpoint-auth=true is given explicitly (then a Kubernetes API is required). Left off by default
+        without one (static endpoints or a discovery file and no --pool-name/--endpoint-selector; llm-d-router's
+        file-discovery mode serves /metrics without auth, silently), it says so at startup."""
         from epp.server.leader import LeaderElectionConfig, lease_name
 
         auth = opts.metrics_endpoint_auth and (kubernetes or opts.given("metrics-endpoint-auth"))
+        if opts.metrics_endpoint_auth and not auth:
+            log.warning(
+                "--metrics-endpoint-auth is on by default but NOT in effect: this EPP uses no Kubernetes API "
+                "(static endpoints or a discovery file, no --pool-name or --endpoint-selector), so /metrics on port %d "
+                "is served without authentication. Pass --metrics-endpoint-auth=true (with --kubeconfig) to enforce "
+                "it, or --metrics-endpoint-auth=false to serve it open without this warning",
+                opts.metrics_port,
+            )
         leader = None
         if opts.ha_enable_leader_election:
             if not kubernetes:

@@ -192,3 +192,13 @@ def test_cli_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_options_defaults_equal_the_flag_defaults() -> None:
     assert Options() == Options(**FLAGSET.defaults)
+
+
+@pytest.mark.parametrize("given", ['"/custom"', "'/custom'"])
+def test_quoted_metrics_path_loses_its_quotes_loudly(given: str) -> None:
+    opts = parse_options([f"--model-server-metrics-path={given}"])
+    assert opts.model_server_metrics_path == "/custom"
+    assert any("the quotes are not part of the path" in w and "'/custom'" in w for w in opts.warnings)
+    plain = parse_options(['--model-server-metrics-path=/a"b'])
+    assert plain.model_server_metrics_path == '/a"b'
+    assert not any("quotes" in w for w in plain.warnings)
