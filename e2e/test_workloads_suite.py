@@ -115,6 +115,7 @@ def test_suite_tables_medians_and_time_scale() -> None:
     cell = Cell("multi-turn", 4, 16, 10, 5.0, 1.0, {}, summaries=[run("a", 1.0), run("b", 4.0)])
     lines = table(cell).splitlines()
     assert lines[0].startswith("| strategy |") and len(lines) == 4
+    assert "| 50.0% | 100.0% / - |" in lines[2]  # a summary without a capacity bound (an older results.json)
     assert lines[2].endswith("| 0.25x |") and lines[3].endswith("| 4.00x |")  # p90 vs the best other strategy
     # goals: ours against the best other strategy (not our variants), the medians and each repeat paired
     rep = [[run(OURS, 1.0), run(f"{OURS}/v", 0.5), run(f"{OURS}@old", 0.5), run("llm-d-v0.10", 2.0)],
@@ -126,6 +127,16 @@ def test_suite_tables_medians_and_time_scale() -> None:
     lost = {"lost_slower": 0.04, "lost_miss": 0.01, "lost_engine": 0.0, "captured_not_slower": 0.99}
     cell = Cell("mooncake", 4, 16, 10, 5.0, 1.0, {}, summaries=[{**run(OURS, 1.0), **lost}, run("load", 2.0)])
     assert "| 50% | 4.0% / 1.0% / 0.0% | 0.10 |" in table(cell)
+    # captured is measured against the capacity bound, and the table shows both bounds
+    from e2e.bench.loadgen import RunSummary
+    from e2e.bench.routing.suite import summary_dict
+
+    measured = RunSummary(OURS, 10, 10, 5.0, 0.1, 0.2, 0.3, 0.1, 0.2, 2.0, 16.0, kv_hit_rate=0.4, load_cv=0.1)
+    d = summary_dict(measured, bound=0.8, cap_bound=0.5)
+    assert (d["captured"], d["captured_inf"]) == (0.8, 0.5)
+    capped = Cell("mooncake", 4, 16, 10, 5.0, 0.8, {}, summaries=[d], cap_bound=0.5)
+    assert "| 40.0% | 80.0% / 50.0% | 80% |" in table(capped)
+
     assert "| 50% (99%) |" in goals([cell])
     spec = WORKLOADS["no-reuse"]
     w, warmup = SimModel(time_scale=1.5).timed(spec.make(4, 0.3, 0), spec.warmup)
