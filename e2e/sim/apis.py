@@ -1,7 +1,7 @@
 """The simulator's other request APIs, served the way vLLM serves them: converted to a chat or completions request.
 
 - `/v1/messages` (Anthropic) and `/v1/responses` (OpenAI Responses): vLLM converts the body to chat messages (and
-  tools) and renders those; the conversion is the EPP's parser's, which tests/tokenization/test_token_parity.py
+  tools) and renders those; the conversion is the EPP's parser's, which tests/tokenization/test_chat.py
   checks against vLLM's own code. The answer is in the chat-completions shape (usage with cached tokens), which is
   all the routing tests read.
 - `/inference/v1/generate`: `token_ids` are the prompt (no tokenization), as vLLM's tokens-in API.

@@ -6,7 +6,7 @@ Qwen2-VL's smart_resize (min 3136, max 12845056 pixels). Each image's mm hash is
 digest (blake3) of `model_id=<--model>, image=<MediaWithBytes>`: the encoded bytes, with the io_config vLLM records
 when loading converted the image to RGB. The block hashes then carry `("mm", hash, offset in block)` extra keys and
 the BlockStored events `(hash, offset)`, as vLLM's. Written from vLLM's code independently of the EPP's
-(tests/tokenization/test_multimodal_parity.py checks both against vLLM's own).
+(tests/tokenization/test_multimodal.py checks both against vLLM's own).
 
 Images come as `data:` URLs or `http(s)://` URLs (fetched within 5 s and 32 MiB; no network here, so a refused or
 unreachable URL is a prompt 400). Audio and video parts are a 400 (this model takes images only).

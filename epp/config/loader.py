@@ -65,7 +65,7 @@ EXTENSION_KEYS: list[str] = [
 ]
 
 # pyepp's default, used when the file configures no plugins at all: config/pyepp-default.yaml (the file is the source;
-# tests/config/test_default_config.py keeps this copy equal to it). The precise producer's approximateFallback
+# tests/config/test_loader_default.py keeps this copy equal to it). The precise producer's approximateFallback
 # routes pods without KV events on the EPP's routing history, as GIE's approximate default would.
 DEFAULT_PLUGINS_YAML = """
 plugins:

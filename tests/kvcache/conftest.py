@@ -1,5 +1,5 @@
 """Fixtures for the KV-cache tests: vLLM's real publisher, a running event pool, cuttable TCP links, free ports,
-a real redis-server."""
+(vLLM's module and redis-server are in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,8 @@ from typing import Any
 import pytest
 import zmq
 
-from e2e.harness.redis import redis_server
-from e2e.vllm_interop import load_kv_events
 from epp.kvcache.config import PoolConfig
 from tests.kvcache.vllm_rig import MODEL, Rig, TcpLink, free_port
-
-
-@pytest.fixture(scope="session")
-def vllm_kv() -> types.ModuleType:
-    kv = load_kv_events()
-    # vllm.config.kv_events is only a name in the torch-free loader; the publisher builds one to report
-    # its own config, so give it a plain record type.
-    kv.KVEventsConfig = types.SimpleNamespace  # type: ignore[attr-defined]
-    return kv
 
 
 class Publishers:
@@ -96,9 +85,3 @@ async def links() -> AsyncIterator[list[TcpLink]]:
     yield out
     for link in out:
         await link.cut()
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    with redis_server() as url:
-        yield url

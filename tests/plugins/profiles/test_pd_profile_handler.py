@@ -1,0 +1,94 @@
+"""pd-profile-handler (the anchors' older P/D name) with the prefill-header-handler: the same routing as
+disagg-profile-handler, its threshold and primary port."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from epp.config import parse_config
+from epp.datalayer.datastore import Datastore
+from epp.datalayer.objectives import ObjectiveStore
+from epp.framework import (
+    PREFILL_HEADER,
+    Endpoint,
+    InferenceRequest,
+    Metrics,
+    PluginRegistry,
+)
+from epp.framework.keys import DATA_PARALLEL_HEADER
+from epp.plugins.deciders.prefix_based_pd_decider import PrefixBasedPDDecider
+from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
+from epp.plugins.profiles.pd_profile_handler import PdProfileHandler
+from epp.requestcontrol.director import SchedulingDirector
+from epp.wiring import plugin_context
+from epp.wiring.builder import build_pipeline
+
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
+
+
+ROLE = "llm-d.ai/role"
+
+
+LONG = "Summarize the following report in detail. " * 60  # ~600 tokens, uncached everywhere at first
+
+
+def pd_pool(roles: Sequence[str | None] = ("prefill", "prefill", "decode", "decode")) -> Datastore:
+    ds = Datastore()
+    eps = []
+    for i, role in enumerate(roles):
+        e = Endpoint(f"pod-{i}", f"10.0.0.{i + 1}", 8000, labels={ROLE: role} if role else {})
+        e.metrics = Metrics(update_time=time.monotonic())
+        eps.append(e)
+    ds.replace_all(eps)
+    return ds
+
+
+def director(ds: Datastore, text: str, registry: PluginRegistry | None = None) -> SchedulingDirector:
+    cfg = parse_config(text)
+    pipeline = build_pipeline(cfg, plugin_context(ds), registry)
+    return SchedulingDirector(ds, pipeline, ObjectiveStore(cfg.objectives))
+
+
+def sample(name: str) -> str:
+    return (CONFIG_DIR / name).read_text()
+
+
+def chat(text: str, rid: str = "r", headers: dict[str, str] | None = None, content: Any = None) -> InferenceRequest:
+    msgs = [{"role": "user", "content": content if content is not None else text}]
+    body = {"model": "m", "messages": msgs}
+    return InferenceRequest(rid, "/v1/chat/completions", "chat", "m", "m", body, headers=headers or {}, messages=msgs)
+
+
+async def test_deprecated_pd_profile_handler_with_prefill_header_handler() -> None:
+    ds = pd_pool()
+    d = director(ds, sample("llm-d-pd-deprecated.yaml"))
+    dec = await d.handle_request(chat(LONG, "d1"))
+    assert dec.headers[PREFILL_HEADER] in ("10.0.0.1:8000", "10.0.0.2:8000")
+    assert dec.endpoints[0].labels[ROLE] == "decode"
+
+
+async def test_pd_profile_handler_legacy_threshold_and_primary_port() -> None:
+    ds = pd_pool()
+    cfg = """
+plugins:
+- type: prefill-header-handler
+- type: prefill-filter
+- type: decode-filter
+- type: pd-profile-handler
+  parameters: {threshold: 10, hashBlockSize: 8, primaryPort: 9000}
+schedulingProfiles:
+- {name: prefill, plugins: [{pluginRef: prefill-filter}]}
+- {name: decode, plugins: [{pluginRef: decode-filter}]}
+"""
+    d = director(ds, cfg)
+    h = d.pipeline.scheduler.handler
+    assert isinstance(h, PdProfileHandler) and isinstance(h.decider, PrefixBasedPDDecider)
+    assert h.decider.non_cached_tokens == 10
+    approx = [p for p in d.pipeline.plugins.values() if isinstance(p, ApproxPrefixCacheProducer)]
+    assert len(approx) == 1 and approx[0].block_size_tokens == 8  # hashBlockSize reached the added producer
+    dec = await d.handle_request(chat(LONG, "t1"))
+    assert dec.endpoints[0].port == 9000 and dec.headers[PREFILL_HEADER].endswith(":8000")
+    assert dec.headers[DATA_PARALLEL_HEADER] in ("10.0.0.3:8000", "10.0.0.4:8000")

@@ -1,0 +1,55 @@
+"""endpoint-attribute-scorer: adaptive and fixed ranges."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from epp.framework import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    Metrics,
+    PluginConfigError,
+)
+from epp.plugins.scorers.endpoint_attribute_scorer import EndpointAttributeScorer
+from tests.helpers import build
+
+S = CycleState()
+
+
+def req(headers: dict[str, str] | None = None) -> InferenceRequest:
+    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {}, headers=headers or {})
+
+
+def ep(i: int, running: int = 0, waiting: int = 0, kv: float = 0.0, labels: dict[str, str] | None = None) -> Endpoint:
+    e = Endpoint(f"e{i}", f"10.0.0.{i}", 8000, labels=labels or {})
+    e.metrics = Metrics(waiting, running, kv, update_time=time.monotonic())
+    return e
+
+
+def test_endpoint_attribute_scorer_adaptive_and_fixed_ranges() -> None:
+    lower = build(
+        EndpointAttributeScorer,
+        {"attributeKey": "num_requests_waiting", "algorithm": {"type": "linear_lower_is_better"}},
+    )
+    e = [ep(1, waiting=0), ep(2, waiting=5), ep(3, waiting=10), Endpoint("e4", "10.0.0.4", 8000)]
+    assert lower.score(S, req(), e) == [1.0, 0.5, 0.0, 0.0]
+    assert lower.score(S, req(), [ep(1, waiting=4), ep(2, waiting=4)]) == [1.0, 1.0]
+    fixed = build(
+        EndpointAttributeScorer,
+        {
+            "attributeKey": "kv_cache_usage_perc",
+            "algorithm": {"type": "linear_higher_is_better", "normalization": {"fixedRange": {"min": 0.0, "max": 0.5}}},
+        },
+    )
+    assert fixed.score(S, req(), [ep(1, kv=0.25), ep(2, kv=0.9)]) == [0.5, 1.0]
+    with pytest.raises(PluginConfigError, match="greater than min"):
+        build(
+            EndpointAttributeScorer,
+            {
+                "attributeKey": "x",
+                "algorithm": {"type": "linear_lower_is_better", "normalization": {"fixedRange": {"min": 1, "max": 1}}},
+            },
+        )

@@ -1,0 +1,34 @@
+"""kv-cache-utilization-scorer and running-requests-size-scorer against their reference formulas (gie.md §4.2)."""
+
+from __future__ import annotations
+
+import time
+
+from epp.framework import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    Metrics,
+)
+from epp.plugins.scorers.kv_cache_utilization_scorer import KVCacheUtilizationScorer
+from epp.plugins.scorers.running_requests_size_scorer import RunningRequestsSizeScorer
+
+
+def ep(name: str, **metrics: object) -> Endpoint:
+    e = Endpoint(name, f"10.0.0.{abs(hash(name)) % 250 + 1}", 8000)
+    e.metrics = Metrics(update_time=time.monotonic(), **metrics)  # type: ignore[arg-type]
+    return e
+
+
+def req(model: str = "m", headers: dict[str, str] | None = None, rid: str = "r1") -> InferenceRequest:
+    return InferenceRequest(rid, "/v1/completions", "completions", model, model, {}, headers=headers or {})
+
+
+S = CycleState()
+
+
+def test_kv_and_running_scorers() -> None:
+    eps = [ep("a", kv_cache_usage_percent=0.25), ep("b", kv_cache_usage_percent=1.0)]
+    assert KVCacheUtilizationScorer("kv").score(S, req(), eps) == [0.75, 0.0]
+    eps = [ep("a", running_requests_size=2), ep("b", running_requests_size=6), ep("c", running_requests_size=4)]
+    assert RunningRequestsSizeScorer("r").score(S, req(), eps) == [1.0, 0.0, 0.5]

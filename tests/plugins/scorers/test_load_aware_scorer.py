@@ -1,0 +1,39 @@
+"""load-aware-scorer against its reference formula (llmd.md §7.2)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from epp.framework import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    Metrics,
+    PluginConfigError,
+)
+from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
+from tests.helpers import build
+
+
+def ep(name: str, **metrics: object) -> Endpoint:
+    e = Endpoint(name, f"10.0.0.{abs(hash(name)) % 250 + 1}", 8000)
+    e.metrics = Metrics(update_time=time.monotonic(), **metrics)  # type: ignore[arg-type]
+    return e
+
+
+def req(model: str = "m", headers: dict[str, str] | None = None, rid: str = "r1") -> InferenceRequest:
+    return InferenceRequest(rid, "/v1/completions", "completions", model, model, {}, headers=headers or {})
+
+
+S = CycleState()
+
+
+def test_load_aware_scorer() -> None:
+    eps = [ep(str(q), waiting_queue_size=q) for q in (0, 32, 64, 128, 500)]
+    assert LoadAwareScorer("l", threshold=128).score(S, req(), eps) == [0.5, 0.375, 0.25, 0.0, 0.0]
+    with pytest.raises(PluginConfigError, match="threshold"):
+        build(LoadAwareScorer, name="l", parameters={"threshold": 0})
+    with pytest.raises(PluginConfigError, match="expected an integer"):
+        build(LoadAwareScorer, name="l", parameters={"threshold": "many"})

@@ -1,0 +1,96 @@
+"""session-affinity-scorer: encoded and custom headers, the session-id strategy and the router's sessionIdConfig."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import pytest
+
+from epp.framework import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    Metrics,
+    PluginConfigError,
+    ProfileResult,
+    Response,
+    SchedulingResult,
+)
+from epp.framework.attributes import SESSION_ID
+from epp.plugins.scorers.session_affinity_scorer import SessionAffinityScorer
+from tests.helpers import build
+
+
+def ep(name: str, **metrics: object) -> Endpoint:
+    e = Endpoint(name, f"10.0.0.{abs(hash(name)) % 250 + 1}", 8000)
+    e.metrics = Metrics(update_time=time.monotonic(), **metrics)  # type: ignore[arg-type]
+    return e
+
+
+def req(model: str = "m", headers: dict[str, str] | None = None, rid: str = "r1") -> InferenceRequest:
+    return InferenceRequest(rid, "/v1/completions", "completions", model, model, {}, headers=headers or {})
+
+
+def result_for(target: Endpoint) -> SchedulingResult:
+    return SchedulingResult({"default": ProfileResult([target])}, "default")
+
+
+S = CycleState()
+
+
+def test_session_affinity_encoded_header() -> None:
+    a, b = ep("a"), ep("b")
+    token = base64.b64encode(b"default/b").decode()
+    s = build(SessionAffinityScorer, name="sa", parameters={})
+    assert s.score(S, req(headers={"x-session-token": token}), [a, b]) == [0.0, 1.0]
+    assert s.score(S, req(headers={"x-session-token": "%%%"}), [a, b]) == [0.0, 0.0]
+    response = Response(200)
+    s.response_received(req(), response, a)
+    assert base64.b64decode(response.set_headers["x-session-token"]) == b"default/a"
+
+
+def test_session_affinity_custom_header_round_trips() -> None:
+    """With `headerName`, the token goes back in that header, so the client's next request sticks."""
+    a, b = ep("a"), ep("b")
+    s = build(SessionAffinityScorer, {"headerName": "X-My-Session"})
+    response = Response(200)
+    s.response_received(req(), response, b)
+    assert set(response.set_headers) == {"x-my-session"}
+    again = req(headers={"x-my-session": response.set_headers["x-my-session"]})
+    assert s.score(S, again, [a, b]) == [0.0, 1.0]
+
+
+def test_session_affinity_session_id_binds_and_expires() -> None:
+    a, b = ep("a"), ep("b")
+    s = build(SessionAffinityScorer, name="sa", parameters={"strategy": "session_id", "ttl": "50ms"})
+    r = req(headers={"x-session-id": "s1"})
+    assert s.score(S, r, [a, b]) == [0.0, 0.0]
+    s.pre_request(r, result_for(b))
+    assert s.score(S, r, [a, b]) == [0.0, 1.0]
+    time.sleep(0.06)
+    assert s.score(S, r, [a, b]) == [0.0, 0.0]
+    with pytest.raises(PluginConfigError, match="strategy"):
+        build(SessionAffinityScorer, name="sa", parameters={"strategy": "sticky"})
+
+
+A, B, P = (Endpoint(n, f"10.0.0.{i}", 8000) for i, n in enumerate(("a", "b", "p"), 1))
+
+
+def result(primary: Endpoint, prefill: Endpoint | None = None) -> SchedulingResult:
+    prs = {"decode": ProfileResult([primary])}
+    if prefill is not None:
+        prs["prefill"] = ProfileResult([prefill])
+    return SchedulingResult(prs, "decode")
+
+
+def test_scorer_takes_the_routers_session_id_config() -> None:
+    s = build(
+        SessionAffinityScorer, {"strategy": "session_id", "sessionIdConfig": {"sources": [{"attribute": "SessionID"}]}}
+    )
+    r = req()
+    r.data.put(SESSION_ID, "conv-9")
+    s.pre_request(r, result(A))
+    r2 = req()
+    r2.data.put(SESSION_ID, "conv-9")
+    assert s.score(S, r2, [A, B]) == [1.0, 0.0]
