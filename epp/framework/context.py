@@ -62,6 +62,9 @@ class PluginRequirement:
     name: str
     parameters: dict[str, Any] = field(default_factory=dict)
     requested_by: str = ""
+    # The asker's own parameter these parameters came from (e.g. `indexerConfig.tokenizersPoolConfig`): a configured
+    # producer of `key` then leaves them unused, and the load says so.
+    source: str = ""
 
 
 @dataclass
@@ -84,10 +87,13 @@ class PluginContext:
         parameters: Mapping[str, Any] | None = None,
         *,
         requested_by: str = "",
+        source: str = "",
     ) -> None:
         """Ask for a producer of `key` (e.g. prefix-cache-scorer → approx-prefix-cache-producer)."""
         if all(r.key != key for r in self.requirements):
-            self.requirements.append(PluginRequirement(key, type_name, name, dict(parameters or {}), requested_by))
+            self.requirements.append(
+                PluginRequirement(key, type_name, name, dict(parameters or {}), requested_by, source)
+            )
 
     def run_in_background(self, task: BackgroundTask) -> None:
         """Run `task()` for the server's lifetime (e.g. an event subscription, a tokenizer preload)."""

@@ -61,6 +61,7 @@ class _Builder:
         self.registry = registry
         self.src = config.source if not config.default_plugins else "<default config>"
         self.built: dict[str, _Built] = {}
+        self.settled: set[int] = set()  # requirements already met (add_required_producers runs twice)
 
     def loc(self, line: int) -> str:
         return f"{self.src}:{line}" if line else self.src
@@ -107,7 +108,24 @@ class _Builder:
         while done < len(reqs):  # an added producer may require another
             req = reqs[done]
             done += 1
-            if self.producers_of(req.key):
+            if id(req) in self.settled:
+                continue
+            self.settled.add(id(req))
+            producers = self.producers_of(req.key)
+            if producers:
+                asker = self.built.get(req.requested_by)
+                if req.source and asker is not None:
+                    by = producers[0]
+                    log.warning(
+                        "%s (%s).parameters.%s is not used: %s %r (%s) produces %s; this plugin reads that",
+                        asker.where,
+                        asker.plugin.type_name,
+                        req.source,
+                        by.type_name,
+                        by.name,
+                        self.built[by.name].path,
+                        req.key.name,
+                    )
                 continue
             who = req.requested_by or "a plugin"
             existing = self.built.get(req.name)

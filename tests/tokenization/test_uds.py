@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -321,10 +322,15 @@ def precise(socket: str, token_producer: bool) -> dict[str, Any]:
     return build_pipeline(parse_config(text), plugin_context(Datastore())).plugins
 
 
-async def test_the_legacy_scorers_tokenizers_pool_config_is_the_sidecar_with_its_worker_count(sidecar: Sidecar) -> None:
+async def test_the_legacy_scorers_tokenizers_pool_config_is_the_sidecar_with_its_worker_count(
+    sidecar: Sidecar, caplog: pytest.LogCaptureFixture
+) -> None:
     """llm-d's precise-prefix-cache-scorer `indexerConfig.tokenizersPoolConfig` (modelName, workersCount, uds): the
-    token-producer added for it asks the sidecar, at most workersCount calls at once; a configured one wins."""
+    token-producer added for it asks the sidecar, at most workersCount calls at once; a configured one wins, and the
+    load says the pool is unused."""
+    caplog.set_level(logging.WARNING, logger="epp.wiring.builder")
     p = precise(sidecar.socket, token_producer=False)["token-producer"]
+    assert not [r for r in caplog.records if "is not used" in r.getMessage()]
     assert isinstance(p, TokenProducer) and p.tokenizer is not None
     backend = tok(p).backend
     assert isinstance(backend, UDSBackend) and (backend.model, backend.max_in_flight) == (MODEL, 2)
@@ -337,6 +343,12 @@ async def test_the_legacy_scorers_tokenizers_pool_config_is_the_sidecar_with_its
     configured = precise(sidecar.socket, token_producer=True)["token-producer"]
     assert isinstance(configured, TokenProducer) and configured.tokenizer is not None
     assert configured.tokenizer.backend.model == "other"  # type: ignore[attr-defined]
+    said = [r.getMessage() for r in caplog.records if "is not used" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith(
+        "<text>:3: plugins[1] (precise-prefix-cache-scorer).parameters.indexerConfig.tokenizersPoolConfig is not used: "
+        "token-producer 'token-producer' (plugins[0]) produces tokenized-prompt"
+    ), said
 
 
 def test_the_precise_producer_refuses_a_tokenizers_pool() -> None:

@@ -164,14 +164,18 @@ class PrecisePrefixCacheProducer(Plugin, RemovalListener):
         tokenizer = {k: params.raw[k] for k in TOKENIZER_KEYS if params.has(k)}
         indexer = params.section("indexerConfig")
         pool = indexer.section("tokenizersPoolConfig")
+        source = ""
         if indexer.has("tokenizersPoolConfig"):
             if not cls.legacy_tokenizer_pool:
                 raise indexer.fail(
                     "tokenizersPoolConfig", "is not supported; configure a token-producer plugin instead"
                 )
             from_pool = tokenizer_pool_params(pool)
-            tokenizer = tokenizer or from_pool
-        context.require_producer(TOKENIZED_PROMPT, TOKEN_PRODUCER, TOKEN_PRODUCER, tokenizer, requested_by=name)
+            if not tokenizer:
+                tokenizer, source = from_pool, "indexerConfig.tokenizersPoolConfig"
+        context.require_producer(
+            TOKENIZED_PROMPT, TOKEN_PRODUCER, TOKEN_PRODUCER, tokenizer, requested_by=name, source=source
+        )
         for k in tokenizer:
             params.get(k)
         fallback = None
