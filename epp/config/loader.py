@@ -125,6 +125,7 @@ class PluginSpec:
     type: str
     parameters: dict[str, Any]
     line: int = 0
+    type_line: int = 0  # the line of its `type:` (0: unknown; then `line`)
 
 
 @dataclass(slots=True)
@@ -340,7 +341,9 @@ def _plugins(ctx: _Ctx, raw: Mapping[str, Any]) -> list[PluginSpec]:
             raise ctx.err(m, "name" if "name" in m else "type", f"{path}.name", f"duplicate plugin name {name!r}")
         seen[name] = i
         # the parameters keep their line marks (MarkedDict) for the builder's error messages
-        out.append(PluginSpec(name=name, type=type_, parameters=params, line=line_of(items, i)))
+        out.append(
+            PluginSpec(name=name, type=type_, parameters=params, line=line_of(items, i), type_line=line_of(m, "type"))
+        )
     return out
 
 
@@ -665,15 +668,19 @@ def _duration_key(ctx: _Ctx, raw: Mapping[str, Any], key: str, default: float, p
     return d
 
 
-def parse_config(text: str, source: str = "<text>") -> EppConfig:
+def parse_config(text: str, source: str = "<text>", *, allow_empty: bool = True) -> EppConfig:
+    """The config in `text`; an empty one is the default config unless `allow_empty` is false (a file)."""
     ctx = _Ctx(source)
     try:
         raw = load_marked(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
-        raise ConfigError(f"{where}: invalid YAML: {getattr(e, 'problem', None) or e}") from None
+        what = "" if isinstance(e, yaml.constructor.ConstructorError) else "invalid YAML: "
+        raise ConfigError(f"{where}: {what}{getattr(e, 'problem', None) or e}") from None
     if raw is None:
+        if not allow_empty:
+            raise ConfigError(f"{source}:1: the config is empty (no EndpointPickerConfig in it)")
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: top level must be a mapping")
@@ -755,4 +762,4 @@ def load_config(path: str | Path) -> EppConfig:
         text = p.read_text()
     except OSError as e:
         raise ConfigError(f"{p}: cannot read config: {e.strerror}") from None
-    return parse_config(text, source=str(p))
+    return parse_config(text, source=str(p), allow_empty=False)

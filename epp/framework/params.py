@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +37,8 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a duration like '200ms', got {value!r}")
     if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ValueError(f"duration must be a finite number, got {value!r}")
         if value < 0:
             raise ValueError(f"duration must not be negative, got {value!r}")
         return float(value)
@@ -161,7 +164,12 @@ class Params:
         v = self.get(key, default)
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise self.fail(key, "expected a number")
-        v = float(v)
+        try:
+            v = float(v)
+        except OverflowError:
+            raise self.fail(key, "out of range") from None
+        if not math.isfinite(v):
+            raise self.fail(key, "expected a finite number")
         if min is not None and (v < min or (min_exclusive and v == min)):
             raise self.fail(key, f"must be {'>' if min_exclusive else '>='} {min}")
         if max is not None and v > max:

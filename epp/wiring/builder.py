@@ -6,6 +6,7 @@ Errors are ConfigErrors naming the plugin, the parameter key and its line in the
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,8 +72,13 @@ class _Builder:
         loc = self.loc(spec.line)
         factory = self.registry.factory(spec.type)
         if factory is None:
-            known = ", ".join(self.registry.known_types())
-            raise ConfigError(f"{loc}: {where}.type: unknown plugin type {spec.type!r} (known: {known})")
+            known = self.registry.known_types()
+            close = difflib.get_close_matches(spec.type, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(
+                f"{self.loc(spec.type_line or spec.line)}: {where}.type: unknown plugin type {spec.type!r} "
+                f"({hint}known: {', '.join(known)})"
+            )
         params = Params(spec.name, spec.parameters)
         try:
             plugin = factory(spec.name, params, self.context)

@@ -41,3 +41,13 @@ def test_a_section_asked_for_twice_is_one_section() -> None:
     p.section("indexerConfig").section("tokenizersPoolConfig")
     assert p.section("indexerConfig") is p.section("indexerConfig")
     assert p.unread() == ["indexerConfig.other"]
+
+
+def test_non_finite_numbers_are_rejected() -> None:
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(PluginConfigError, match="finite"):
+            Params("p", {"rate": bad}).float("rate", 1.0, min=1.0)
+        with pytest.raises(PluginConfigError, match="finite"):
+            Params("p", {"d": bad}).duration("d", 1.0)
+    with pytest.raises(PluginConfigError, match="out of range"):
+        Params("p", {"rate": 10**400}).float("rate", 1.0)

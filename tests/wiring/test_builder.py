@@ -216,3 +216,29 @@ def test_parser_registry_as_the_router_resolves_it() -> None:
               "  parsers:\n  - pluginRef: gen\n  - pluginRef: anthropic-parser\n")  # fmt: skip
     assert _parser_types(p) == ["sglanghttp-parser", "anthropic-parser"]
     assert p.parser_registry.resolve("/generate").name == "gen"
+
+
+def test_a_typo_in_a_plugin_type_is_reported_at_the_typo_with_a_suggestion() -> None:
+    text = """plugins:
+- name: load
+  parameters: {}
+  type: queue-scorrer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: load
+  - pluginRef: max-score-picker
+"""
+    with pytest.raises(
+        ConfigError,
+        match=r"^epp.yaml:4: plugins\[0\]\.type: unknown plugin type 'queue-scorrer' "
+        r"\(did you mean 'queue-scorer'\?",
+    ):
+        build(text)
+
+
+def test_nan_for_a_rate_does_not_reach_routing() -> None:
+    text = "plugins:\n- type: prefill-cost-scorer\n  parameters:\n    prefillTokensPerSecond: .nan\n"
+    with pytest.raises(ConfigError, match=r"^epp\.yaml:4: "):
+        build(text)
