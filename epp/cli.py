@@ -111,6 +111,8 @@ def _serve(opts: Options) -> int:
             config = parse_config(opts.config_text or "", source="--config-text")
         if opts.pool_name:
             config.pool_name = opts.pool_name
+        if opts.cross_replica_address:
+            config.share_state_through(opts.cross_replica_address)
         for name, attr in (("refresh-metrics-interval", "refresh_metrics_interval"),
                            ("refresh-prometheus-metrics-interval", "refresh_prometheus_metrics_interval"),
                            ("metrics-staleness-threshold", "metrics_staleness_threshold")):  # fmt: skip

@@ -184,6 +184,21 @@ class EppConfig:
     default_plugins: bool = False
     warnings: list[str] = field(default_factory=list)
 
+    def share_state_through(self, address: str) -> str:
+        """Share in-flight load and speculative prefix entries with the other replicas through the Redis/Valkey at
+        `address` (`--cross-replica-address`): a redis-cross-replica-syncer is added with that address alone, unless
+        the file names its own syncer (`dataLayer.crossReplicaSyncerPluginRef`), which is kept. Returns the syncer's
+        name."""
+        if self.cross_replica_syncer is not None:
+            return self.cross_replica_syncer
+        taken = {p.name for p in self.plugins}
+        name = next(
+            n for n in ("cross-replica-syncer", *(f"cross-replica-syncer-{i}" for i in range(1, 99))) if n not in taken
+        )
+        self.plugins.append(PluginSpec(name, "redis-cross-replica-syncer", {"address": address}))
+        self.cross_replica_syncer = name
+        return name
+
     def gate(self, name: str) -> bool:
         if name in self.gate_values:
             return self.gate_values[name]

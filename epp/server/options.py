@@ -149,6 +149,7 @@ class Options:
     gil_switch_interval: float = 0.0
     worker_index: int = -1
     kubeconfig: str = ""
+    cross_replica_address: str = ""
 
     changed: set[str] = field(default_factory=set)
     warnings: list[str] = field(default_factory=list)
@@ -377,6 +378,10 @@ FLAGS: tuple[Flag, ...] = (
          "(grpc's poller thread hands every message to the loop); 0 keeps Python's 5ms (pyepp)."),
     Flag("worker-index", "int", "internal: this worker's index", hidden=True),
     Flag("kubeconfig", "string", "kubeconfig file (default: $KUBECONFIG, in-cluster, else ~/.kube/config) (pyepp)."),
+    Flag("cross-replica-address", "string",
+         "redis://, rediss://, valkey:// or unix:// URL of the Redis/Valkey the EPP replicas share in-flight load and "
+         "speculative prefix entries through (a redis-cross-replica-syncer unless the config names its own; the Helm "
+         "chart sets it when replicas > 1) (pyepp)."),
 )  # fmt: skip
 
 

@@ -251,3 +251,29 @@ def test_raw_config_round_trips_through_yaml_and_json() -> None:
     cfg = parse_config("poolName: p\nendpoints:\n- {address: 10.0.0.1, port: 80, labels: {a: b}}\n")
     assert yaml.safe_load(yaml.safe_dump(cfg.raw)) == cfg.raw
     assert json.loads(json.dumps(cfg.raw)) == cfg.raw
+
+
+def test_a_cross_replica_address_alone_shares_the_default_chains_state() -> None:
+    """`--cross-replica-address`: the default config gets a syncer with that address and nothing else, and every
+    plugin of it with state to share (precise producer's speculative entries, prefill-cost bookings) is attached;
+    a file that names its own syncer keeps it."""
+    from epp.datalayer.datastore import Datastore
+    from epp.datalayer.plugins.redis_cross_replica_syncer import RedisCrossReplicaSyncer
+    from epp.server.options import parse_options
+    from epp.wiring import build_pipeline, plugin_context
+
+    opts = parse_options(["--cross-replica-address", "valkey://state:6379"])
+    config = parse_config("")
+    assert config.share_state_through(opts.cross_replica_address) == "cross-replica-syncer"
+    pipeline = build_pipeline(config, plugin_context(Datastore()))
+    syncer = pipeline.plugins["cross-replica-syncer"]
+    assert isinstance(syncer, RedisCrossReplicaSyncer) and syncer.address == "valkey://state:6379"
+    assert sorted(syncer.messengers) == [
+        "prefill-cost:prefill-cost-scorer",
+        "speculative:precise-prefix-cache-producer",
+    ]
+    own = parse_config(
+        "plugins: [{type: local-syncer, name: mine}, {type: queue-scorer}]\n"
+        "dataLayer: {crossReplicaSyncerPluginRef: mine}\n"
+    )
+    assert own.share_state_through("redis://x:1") == "mine" and len(own.plugins) == 2

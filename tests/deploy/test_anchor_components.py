@@ -323,6 +323,9 @@ def test_gke_preferred_backends() -> None:
     assert sts["spec"]["serviceName"] == "qwen-pool-epp" and sts["spec"]["podManagementPolicy"] == "Parallel"
     assert "--ha-enable-leader-election" not in container_args(docs)  # every pod serves its own Service
     services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
+    # both pods serve: they share their state through the Valkey the chart deploys
+    assert services.pop("qwen-pool-epp-state")["spec"]["selector"]["app.kubernetes.io/component"] == "shared-state"
+    assert "--cross-replica-address=redis://qwen-pool-epp-state.llm.svc:6379" in container_args(docs)
     assert {n: s["spec"]["selector"] for n, s in services.items()} == {
         "qwen-pool-epp": {"statefulset.kubernetes.io/pod-name": "qwen-pool-epp-0"},
         "qwen-pool-epp-backup": {"statefulset.kubernetes.io/pod-name": "qwen-pool-epp-1"},

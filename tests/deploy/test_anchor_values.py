@@ -377,7 +377,8 @@ def test_replicas_and_auth_follow_the_anchors() -> None:
     assert "--ha-enable-leader-election" in args and "--metrics-endpoint-auth=false" in args
     role = one(docs, "Role")
     assert any("leases" in r["resources"] for r in role["rules"])
-    assert one(docs, "Deployment")["spec"]["replicas"] == 3
+    (dep,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "qwen-pool-epp"]
+    assert dep["spec"]["replicas"] == 3 and any(a.startswith("--cross-replica-address=redis://") for a in args)
     docs = render(
         deep_merge(
             layered("llm-d-router__gateway__values.yaml", extra=base),

@@ -46,6 +46,12 @@ def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def state(docs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The EPP's objects, and the shared-state Valkey's (rendered when replicas > 1)."""
+    shared = [d for d in docs if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "shared-state"]
+    return [d for d in docs if d not in shared], shared
+
+
 def crd_schemas() -> dict[str, dict[str, Any]]:
     with helm_python.Chart.load(CHART) as chart:
         crds = [yaml.safe_load(c["data"]) for c in chart.crds]
@@ -113,9 +119,29 @@ def test_custom_resources_validate_against_the_crds() -> None:
 
 
 def test_deployment_args_ports_probes_and_security() -> None:
-    docs = render({**BASE, "inferenceExtension": {"replicas": 2, "flags": {"log-level": "debug"}}})
+    docs, shared = state(render({**BASE, "inferenceExtension": {"replicas": 2, "flags": {"log-level": "debug"}}}))
     dep = one(docs, "Deployment")
     assert dep["spec"]["replicas"] == 2
+    # two replicas share their state through the Valkey the chart deploys, with nothing but its address
+    valkey, valkey_svc = one(shared, "Deployment"), one(shared, "Service")
+    for d in shared:
+        kubernetes_validate.validate(d, KUBE_VERSION, strict=True)
+    assert valkey_svc["spec"]["selector"] == valkey["spec"]["template"]["metadata"]["labels"]
+    assert not valkey_svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        f"--cross-replica-address=redis://{valkey_svc['metadata']['name']}.llm.svc:6379"
+        in (dep["spec"]["template"]["spec"]["containers"][0]["args"])
+    )
+    own = render({**BASE, "inferenceExtension": {"replicas": 2, "crossReplica": {"address": "rediss://mine:6380"}}})
+    assert (
+        not state(own)[1]
+        and "--cross-replica-address=rediss://mine:6380"
+        in (one(own, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"])
+    )
+    single = render(BASE)
+    assert not state(single)[1] and not any(
+        "cross-replica" in a for a in one(single, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["args"][0] == "serve"
@@ -279,7 +305,8 @@ def test_grpc_model_servers_get_h2c() -> None:
 
 def test_sample_kv_events_values_render() -> None:
     values = yaml.safe_load((ROOT / "config" / "values-vllm-kv-events.yaml").read_text())
-    docs = render(values)
+    docs, shared = state(render(values))
+    assert one(shared, "Service")  # active-active: the replicas share their state
     for d in docs:
         if d["kind"] in {"Deployment", "ConfigMap", "Service"}:
             kubernetes_validate.validate(d, KUBE_VERSION, strict=True)

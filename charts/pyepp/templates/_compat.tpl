@@ -121,6 +121,25 @@ router.proxy.* fields. agentgateway talks plaintext gRPC to the EPP, so --secure
 {{- if and (gt (int $ie.replicas) 1) (ne (toString $ie.haMode) "active-active") (not (include "pyepp.preferredBackends" .)) }}true{{ end -}}
 {{- end -}}
 
+{{/* More than one EPP pod serves or stands by (replicas > 1, or GKE preferred backends): they share in-flight load
+and speculative prefix entries through a Redis/Valkey, crossReplica.address or the one the chart deploys. */}}
+{{- define "pyepp.sharedState" -}}
+{{- $ie := .Values.inferenceExtension -}}
+{{- $pbs := include "pyepp.preferredBackends" . | fromYamlArray -}}
+{{- if or (gt (int $ie.replicas) 1) (gt (len $pbs) 1) }}true{{ end -}}
+{{- end -}}
+
+{{- define "pyepp.stateName" -}}
+{{- printf "%s-state" (include "pyepp.eppName" . | trunc 57 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "pyepp.crossReplicaAddress" -}}
+{{- $cr := default dict .Values.inferenceExtension.crossReplica -}}
+{{- if $cr.address -}}{{ $cr.address }}
+{{- else -}}{{ printf "redis://%s.%s.svc:6379" (include "pyepp.stateName" .) .Release.Namespace }}
+{{- end -}}
+{{- end -}}
+
 {{- define "pyepp.metricsAuth" -}}
 {{- $p := .Values.monitoring.prometheus -}}
 {{- if or (not (hasKey $p "auth")) (and $p.auth $p.auth.enabled) }}true{{ end -}}
@@ -136,6 +155,9 @@ router.proxy.* fields. agentgateway talks plaintext gRPC to the EPP, so --secure
 {{- define "pyepp.anchorArgsPost" -}}
 {{- $ie := .Values.inferenceExtension -}}
 - --tracing={{ if and $ie.tracing $ie.tracing.enabled }}true{{ else }}false{{ end }}
+{{- if and (include "pyepp.sharedState" .) (not (hasKey $ie.flags "cross-replica-address")) }}
+- --cross-replica-address={{ include "pyepp.crossReplicaAddress" . }}
+{{- end }}
 {{- if not (include "pyepp.metricsAuth" .) }}
 - --metrics-endpoint-auth=false
 {{- end }}
