@@ -56,16 +56,45 @@ GOOD_MODULE = textwrap.dedent(
 
 BROKEN_MODULE = 'raise RuntimeError("this plugin module is broken at import")\n'
 
-MODULES = ("epp_test_good_plugins", "epp_test_broken_plugin")
+OTHER_MODULE = textwrap.dedent(
+    """
+    from epp.framework import Plugin
 
 
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A directory on sys.path standing for site-packages; the test modules are forgotten afterwards."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield tmp_path
+    class OtherScorer(Plugin):
+        type_name = "other-installed-scorer"
+    """
+)
+
+MODULES = ("epp_test_good_plugins", "epp_test_broken_plugin", "epp_test_other_plugin")
+
+
+@pytest.fixture(params=["alone", "beside another plugin"])
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A directory on sys.path standing for site-packages; the test modules are forgotten afterwards. The second
+    variant has another plugin distribution installed already (as a user's venv with the CONTRIBUTING example has):
+    the tests count only what their own distribution adds."""
+    if request.param != "alone":
+        other = tmp_path / "other-site"
+        install_distribution(
+            other, "epp-test-other-plugin", "1.0",
+            {"epp.plugins": {"other-installed-scorer": "epp_test_other_plugin:OtherScorer"}},
+            {"epp_test_other_plugin.py": OTHER_MODULE},
+        )  # fmt: skip
+        monkeypatch.syspath_prepend(str(other))
+    site = tmp_path / "site"
+    site.mkdir()  # before it is on sys.path: a missing directory's finder is cached as none
+    monkeypatch.syspath_prepend(str(site))
+    yield site
     for m in MODULES:
         sys.modules.pop(m, None)
+
+
+def installed_types() -> list[str]:
+    """The plugin types every installed distribution adds before a test installs its own."""
+    registry = PluginRegistry()
+    registry.load_entry_points()
+    return registry.known_types()
 
 
 def request() -> InferenceRequest:
@@ -73,6 +102,7 @@ def request() -> InferenceRequest:
 
 
 def test_an_entry_point_naming_a_plugin_class_builds_configured_instances(site: Path) -> None:
+    before = installed_types()
     install_distribution(
         site,
         "epp-test-good-plugins",
@@ -83,7 +113,7 @@ def test_an_entry_point_naming_a_plugin_class_builds_configured_instances(site: 
     registry = PluginRegistry()
     assert registry.factory("running-cap-scorer") is None
     registry.load_entry_points()
-    assert registry.known_types() == ["running-cap-scorer"]
+    assert registry.known_types() == sorted([*before, "running-cap-scorer"])
 
     factory = registry.factory("running-cap-scorer")
     assert factory is not None
@@ -102,6 +132,7 @@ def test_an_entry_point_naming_a_plugin_class_builds_configured_instances(site: 
 
 
 def test_broken_entry_points_are_logged_and_skipped(site: Path, caplog: pytest.LogCaptureFixture) -> None:
+    before = installed_types()
     install_distribution(
         site,
         "epp-test-mixed-plugins",
@@ -128,7 +159,8 @@ def test_broken_entry_points_are_logged_and_skipped(site: Path, caplog: pytest.L
         registry.load_entry_points()  # does not raise
 
     # The good ones load (a class and a factory function); the broken ones are absent; the built-in keeps its type.
-    assert registry.known_types() == ["constant-scorer", "queue-scorer", "running-cap-scorer"]
+    ours = ["constant-scorer", "queue-scorer", "running-cap-scorer"]
+    assert registry.known_types() == sorted({*before, *ours})
     assert registry.factory("queue-scorer") == queue_factory
     constant = registry.factory("constant-scorer")
     assert constant is not None
@@ -147,10 +179,11 @@ def test_broken_entry_points_are_logged_and_skipped(site: Path, caplog: pytest.L
         assert record.exc_info is not None and isinstance(record.exc_info[1], error)
     assert logged["plugin entry point not-a-factory is neither a plugin class nor a factory"].levelno == logging.ERROR
     assert logged["plugin entry point queue-scorer ignored: the type is already registered"].levelno == logging.WARNING
-    assert len(caplog.records) == 5
+    names = ("missing-module", "raises-on-import", "missing-attribute", "not-a-factory", "queue-scorer")
+    assert len([r for r in caplog.records if set(names) & set(r.getMessage().split())]) == 5
 
     # Entry points are read once per registry.
     caplog.clear()
     registry.load_entry_points()
     assert caplog.records == []
-    assert registry.known_types() == ["constant-scorer", "queue-scorer", "running-cap-scorer"]
+    assert registry.known_types() == sorted({*before, *ours})
