@@ -59,8 +59,16 @@ def stack(tmp_path: Path, sims: list[SimProcess]) -> Iterator[Stack]:
 
 
 def _served(r: Any) -> tuple[int, int]:
+    """The serving pod and the cached prompt tokens, read from each API's own usage shape."""
     assert r.status == 200, r.body
-    return int(r.headers["x-inference-port"]), int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+    usage = r.json()["usage"]
+    if "cache_read_input_tokens" in usage:  # Anthropic Messages
+        cached = usage["cache_read_input_tokens"]
+    elif "input_tokens_details" in usage:  # Responses
+        cached = usage["input_tokens_details"]["cached_tokens"]
+    else:
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+    return int(r.headers["x-inference-port"]), int(cached)
 
 
 def _conversation(stack: Stack, path: str, turn: Any) -> None:

@@ -14,13 +14,12 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from aiohttp import web
 
-from e2e.sim.apis import add_api_routes
 from e2e.sim.config import SimConfig
 from e2e.sim.encode import EncoderStage
 from e2e.sim.engine import Engine, EngineError, SimRequest
@@ -161,16 +160,21 @@ class Simulator:
             raise EngineError(400, "`cache_salt` must be a string.")
         return SimRequest(prompt_ids=ids, max_tokens=max_tokens, lora=lora, cache_salt=salt or None)
 
-    def maybe_fail(self) -> web.Response | None:
+    def failure(self) -> EngineError | None:
+        """Why this request must fail now (starting up, or an injected failure), or None."""
         if not self.ready:
-            return error_response(503, "The server is starting up.", "ServiceUnavailableError")
+            return EngineError(503, "The server is starting up.", "ServiceUnavailableError")
         if self.cfg.failure_rate > 0 and self.rng.random() < self.cfg.failure_rate:
             status = self.cfg.failure_status
             kind = {429: "RateLimitError", 400: "BadRequestError", 404: "NotFoundError"}.get(
                 status, "InternalServerError"
             )
-            return error_response(status, "Injected failure.", kind)
+            return EngineError(status, "Injected failure.", kind)
         return None
+
+    def maybe_fail(self) -> web.Response | None:
+        err = self.failure()
+        return None if err is None else error_response(err.status, err.message, err.err_type)
 
     def headers(self) -> dict[str, str]:
         return {"x-inference-pod": self.cfg.pod, "x-inference-port": str(self.cfg.port)}
@@ -233,14 +237,61 @@ async def _prompt(sim: Simulator, body: dict[str, Any], chat: bool) -> list[int]
     return prompts[0]
 
 
-async def _generate(request: web.Request, chat: bool, body: dict[str, Any] | None = None) -> web.StreamResponse:
-    """`body`: a request of another API already converted to a chat or completions body (e2e.sim.apis)."""
+@dataclass
+class Generation:
+    """One parsed request ready to run: every API's answer (chat, completions, Messages, Responses) is built from
+    its pieces and counts. The engine generates `max_tokens` tokens; when the client set that limit, reaching it is
+    a `length` finish (as vLLM's), else the answer ends there on its own (`stop`)."""
+
+    sim: Simulator
+    engine: Engine
+    req: SimRequest
+    model: str
+    limited: bool
+    transfer: bool = False
+    ec_params: dict[str, Any] | None = None
+    out: int = 0
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """The generated text, token by token (`out` counts them)."""
+        async with contextlib.aclosing(self.engine.generate(self.req)) as gen:
+            async for t in gen:
+                self.out += 1
+                yield self.sim.pieces[t.token_id]
+
+    async def text(self) -> str:
+        return "".join([p async for p in self.pieces()])
+
+    @property
+    def last(self) -> bool:
+        return self.out >= self.req.max_tokens
+
+    @property
+    def finish(self) -> str:
+        return "length" if self.limited else "stop"
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.req.prompt_ids)
+
+    @property
+    def cached(self) -> int | None:
+        """Cached prompt tokens, or None when the server does not report them (no --enable-prompt-tokens-details)."""
+        return self.req.cached_tokens if self.sim.cfg.prompt_tokens_details else None
+
+    def extras(self) -> dict[str, Any]:
+        """vLLM's extra response fields: P/D `kv_transfer_params`, E/P/D `ec_transfer_params`."""
+        out: dict[str, Any] = {}
+        if self.transfer and not self.sim.cfg.omit_kv_transfer_params:
+            out["kv_transfer_params"] = kv_transfer_response(self.sim, self.engine, self.req)
+        if self.ec_params:
+            out["ec_transfer_params"] = self.ec_params
+        return out
+
+
+async def prepare(request: web.Request, chat: bool, body: dict[str, Any]) -> Generation:
+    """Parse and tokenize a chat or completions body (another API's request already converted to one)."""
     sim = request.app[APP_KEY]
-    fail = sim.maybe_fail()
-    if fail is not None:
-        return fail
-    if body is None:
-        body = await _json(request)
     model = body.get("model", sim.cfg.model_name)
     if not isinstance(model, str):
         raise EngineError(400, "`model` must be a string.")
@@ -255,118 +306,119 @@ async def _generate(request: web.Request, chat: bool, body: dict[str, Any] | Non
         ids = await _prompt(sim, body, chat)
     req = sim.sim_request(body, ids, lora, chat)
     req.mm = mm
-    transfer = kv_transfer_request(body, req)
-    ec_params = await sim.encoder.run(body) if chat else None
+    limited = body.get("max_tokens") is not None or (chat and body.get("max_completion_tokens") is not None)
+    gen = Generation(sim, engine, req, model, limited=limited)
+    gen.transfer = kv_transfer_request(body, req)
+    gen.ec_params = await sim.encoder.run(body) if chat else None
+    return gen
+
+
+async def _generate(request: web.Request, chat: bool, body: dict[str, Any] | None = None) -> web.StreamResponse:
+    """`body`: a request of another API already converted to a chat or completions body (e2e.sim.apis)."""
+    sim = request.app[APP_KEY]
+    fail = sim.maybe_fail()
+    if fail is not None:
+        return fail
+    if body is None:
+        body = await _json(request)
+    gen = await prepare(request, chat, body)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     if body.get("stream"):
         opts = body.get("stream_options") or {}
         if not isinstance(opts, dict):
             raise EngineError(400, "`stream_options` must be an object.")
-        return await _stream(request, sim, engine, req, rid, created, model, chat, bool(opts.get("include_usage")))
-    out: list[int] = []
-    async with contextlib.aclosing(engine.generate(req)) as gen:
-        async for t in gen:
-            out.append(t.token_id)
-    text = "".join(sim.pieces[i] for i in out)
+        return await _stream(request, gen, rid, created, chat, bool(opts.get("include_usage")))
+    text = await gen.text()
     choice: dict[str, Any]
     if chat:
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text, "tool_calls": []},
             "logprobs": None,
-            "finish_reason": "length",
+            "finish_reason": gen.finish,
             "stop_reason": None,
         }
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": gen.finish, "stop_reason": None}
     resp = {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
-        "model": model,
+        "model": gen.model,
         "choices": [choice],
-        "usage": _usage(len(ids), len(out), req.cached_tokens if sim.cfg.prompt_tokens_details else None),
+        "usage": _usage(gen.prompt_tokens, gen.out, gen.cached),
+        **gen.extras(),
     }
-    if transfer and not sim.cfg.omit_kv_transfer_params:
-        resp["kv_transfer_params"] = kv_transfer_response(sim, engine, req)
-    if ec_params:
-        resp["ec_transfer_params"] = ec_params
     return web.json_response(resp, headers=sim.headers())
 
 
-async def _stream(
+def sse(data: dict[str, Any], event: str | None = None) -> bytes:
+    """One server-sent event (`event:` line as the Anthropic and Responses APIs send, none for chat/completions)."""
+    line = b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+    return b"event: " + event.encode() + b"\n" + line if event else line
+
+
+async def stream_events(
     request: web.Request,
-    sim: Simulator,
-    engine: Engine,
-    req: SimRequest,
-    rid: str,
-    created: int,
-    model: str,
-    chat: bool,
-    usage: bool,
+    gen: Generation,
+    head: Callable[[], list[bytes]],
+    piece: Callable[[str], list[bytes]],
+    tail: Callable[[], list[bytes]],
 ) -> web.StreamResponse:
+    """An SSE answer: `head` once the first token is out (errors before it are still JSON answers), `piece` per
+    token (`gen.last` tells the last one), `tail` after the last. A client that goes away cancels the request."""
     resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **sim.headers()}
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **gen.sim.headers()}
     )
-    obj = "chat.completion.chunk" if chat else "text_completion"
-
-    def chunk(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> bytes:
-        data = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **(extra or {})}
-        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
-
-    try:
-        return await _write_stream(request, resp, sim, engine, req, chunk, chat, usage)
-    except ConnectionResetError:
-        log.info("client went away mid-stream (%s); request cancelled", rid)
-        return resp
-
-
-async def _write_stream(
-    request: web.Request,
-    resp: web.StreamResponse,
-    sim: Simulator,
-    engine: Engine,
-    req: SimRequest,
-    chunk: Any,
-    chat: bool,
-    usage: bool,
-) -> web.StreamResponse:
-    n = 0
     prepared = False
-    async with contextlib.aclosing(engine.generate(req)) as gen:
-        async for t in gen:
+    try:
+        async for text in gen.pieces():
             if not prepared:
                 await resp.prepare(request)
                 prepared = True
-                if chat:
-                    await resp.write(
-                        chunk(
-                            [
-                                {
-                                    "index": 0,
-                                    "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None,
-                                    "finish_reason": None,
-                                }
-                            ]
-                        )
-                    )
-            n += 1
-            last = t.index == req.max_tokens - 1
-            piece = sim.pieces[t.token_id]
-            finish = "length" if last else None
-            if chat:
-                c = {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": finish}
-            else:
-                c = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish, "stop_reason": None}
-            await resp.write(chunk([c]))
-    if usage:
-        cached = req.cached_tokens if sim.cfg.prompt_tokens_details else None
-        await resp.write(chunk([], {"usage": _usage(len(req.prompt_ids), n, cached)}))
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
+                for b in head():
+                    await resp.write(b)
+            for b in piece(text):
+                await resp.write(b)
+        for b in tail():
+            await resp.write(b)
+        await resp.write_eof()
+    except ConnectionResetError:
+        log.info("client went away mid-stream (%s); request cancelled", request.path)
     return resp
+
+
+async def _stream(
+    request: web.Request, gen: Generation, rid: str, created: int, chat: bool, usage: bool
+) -> web.StreamResponse:
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> bytes:
+        return sse(
+            {"id": rid, "object": obj, "created": created, "model": gen.model, "choices": choices, **(extra or {})}
+        )
+
+    def head() -> list[bytes]:
+        if not chat:
+            return []
+        return [
+            chunk(
+                [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+            )
+        ]
+
+    def piece(text: str) -> list[bytes]:
+        finish = gen.finish if gen.last else None
+        if chat:
+            return [chunk([{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}])]
+        return [chunk([{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}])]
+
+    def tail() -> list[bytes]:
+        out = [chunk([], {"usage": _usage(gen.prompt_tokens, gen.out, gen.cached)})] if usage else []
+        return [*out, b"data: [DONE]\n\n"]
+
+    return await stream_events(request, gen, head, piece, tail)
 
 
 # --- P/D: vLLM's NIXL connector protocol (kv_transfer_params) -------------------------------------------
@@ -626,6 +678,8 @@ def build_app(sim: Simulator, manage_events: bool = True) -> web.Application:
     r = app.router
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/chat/completions", chat_completions)
+    from e2e.sim.apis import add_api_routes  # it builds on this module's generation
+
     add_api_routes(r)  # /v1/messages, /v1/responses, /inference/v1/generate (e2e.sim.apis)
     r.add_post("/v1/completions/render", render_completion)
     r.add_post("/v1/chat/completions/render", render_chat)
