@@ -30,7 +30,8 @@ def test_example_bootstrap_validates() -> None:
 
 @pytest.mark.parametrize("mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
 def test_generated_bootstrap_validates(tmp_path: Path, mode: str) -> None:
-    opts = EnvoyOptions(18080, 18081, 18082, request_body_mode=mode, subset_listeners={18083: ["10.0.0.1"]})
+    opts = EnvoyOptions(18080, 18081, 18082, request_body_mode=mode, subset_listeners={18083: ["10.0.0.1"]},
+                        pick_log=str(tmp_path / "picks.log"))  # fmt: skip
     r = validate(write_bootstrap(tmp_path / "envoy.json", opts))
     assert r.returncode == 0, r.stdout + r.stderr
 

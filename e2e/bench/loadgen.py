@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from e2e.harness.picklog import REPLAY_HEADER
 from e2e.workloads.base import Request
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -91,14 +92,17 @@ def summarize(label: str, results: Sequence[Result], duration: float, pods: Sequ
 
 
 async def _one(
-    session: aiohttp.ClientSession, base_url: str, req: Request, served_header: str, timeout: float
+    session: aiohttp.ClientSession, base_url: str, req: Request, served_header: str, timeout: float, index: int = -1
 ) -> Result:
+    """One request; `index` (its place in the workload) goes in the replay header, so pick logs of two runs of the
+    same workload match request by request."""
     t0 = time.perf_counter()
     ttft: float | None = None
     usage: dict[str, Any] = {}
+    headers = req.headers if index < 0 else {**req.headers, REPLAY_HEADER: str(index)}
     try:
         async with session.post(
-            base_url + PATHS[req.api], json=req.body, headers=req.headers, timeout=aiohttp.ClientTimeout(total=timeout)
+            base_url + PATHS[req.api], json=req.body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
         ) as resp:
             served = resp.headers.get(served_header, "")
             if resp.status != 200:
@@ -157,7 +161,7 @@ async def run(
             if delay > 0:
                 await asyncio.sleep(delay)
             async with sem:
-                results[i] = await _one(session, base_url, req, served_header, timeout)
+                results[i] = await _one(session, base_url, req, served_header, timeout, i)
             done += 1
             if progress:
                 progress(done, len(requests))

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import betterproto2
-from envoy_data_plane.envoy.config.accesslog.v3 import AccessLogFilter, ExtensionFilter
+from envoy_data_plane.envoy.config.accesslog.v3 import AccessLog, AccessLogFilter, ExtensionFilter
 from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources
 from envoy_data_plane.envoy.config.cluster.v3 import (
     CircuitBreakers,
@@ -54,6 +54,7 @@ from envoy_data_plane.envoy.config.endpoint.v3 import (
 )
 from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
 from envoy_data_plane.envoy.config.route.v3 import Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost
+from envoy_data_plane.envoy.extensions.access_loggers.file.v3 import FileAccessLog
 from envoy_data_plane.envoy.extensions.access_loggers.filters.cel.v3 import ExpressionFilter
 from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
     ExternalProcessor,
@@ -84,6 +85,8 @@ from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
 from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 from envoy_data_plane.google.protobuf import Any as PbAny
 from envoy_data_plane.google.protobuf import Struct
+
+from e2e.harness import picklog
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
@@ -122,6 +125,8 @@ class EnvoyOptions:
     # False: the ext_proc filter sends no response headers, body or trailers (routing only: the EPP reads no status,
     # TTFT or usage, and the request ends for it when Envoy closes the stream at the response's end)
     response_path: bool = True
+    # a file for one JSON line per request with the EPP's pick and scores (e2e.harness.picklog reads it)
+    pick_log: str | None = None
 
 
 def _addr(host: str, port: int) -> Address:
@@ -159,8 +164,10 @@ def ext_proc_filter(opts: EnvoyOptions) -> ExternalProcessor:
         # only fail later with a less telling error. Envoy answers 503 (JSON, see local_reply_config) instead of 500.
         failure_mode_allow=False,
         status_on_error=HttpStatus(code=StatusCode.ServiceUnavailable),
+        # envoy.lb is also received back: the EPP's pick and scores become dynamic metadata for the pick log
         metadata_options=MetadataOptions(
-            forwarding_namespaces=MetadataOptionsMetadataNamespaces(untyped=[SUBSET_NAMESPACE, "envoy.lb"])
+            forwarding_namespaces=MetadataOptionsMetadataNamespaces(untyped=[SUBSET_NAMESPACE, "envoy.lb"]),
+            receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=["envoy.lb"]),
         ),
     )
 
@@ -182,8 +189,14 @@ def _hcm(opts: EnvoyOptions, subset: list[str] | None, ext_proc: bool = True) ->
             idle_timeout=_duration(opts.route_timeout_s),
         ),
     )
+    access_log = []
+    if opts.pick_log is not None:
+        fmt = SubstitutionFormatString(json_format=Struct.from_dict(dict(picklog.ACCESS_LOG_FORMAT)))
+        file_log = FileAccessLog(path=opts.pick_log, log_format=fmt)
+        access_log.append(AccessLog(name="envoy.access_loggers.file", typed_config=_any(file_log)))
     return HttpConnectionManager(
         stat_prefix="inference_gateway",
+        access_log=access_log,
         local_reply_config=local_reply_config() if opts.json_local_replies else None,
         request_headers_timeout=_duration(10),
         route_config=RouteConfiguration(

@@ -143,12 +143,13 @@ class EppProcess(_Process):
                  extra_args: list[str] | None = None, kit_defaults: bool = True,
                  source_tree: Path | None = None, python: str | None = None) -> None:  # fmt: skip
         """`source_tree`: run the `epp` package of another checkout (benchmark A/Bs of two commits); `python`:
-        under another interpreter than this one (one with the project's dependencies installed)."""
+        under another interpreter than this one (one with the project's dependencies installed); `log_level` ""
+        leaves the level to `--v` in `extra_args`."""
         self.ports = ports or EppPorts(*free_ports(3))
         argv = [
             python or sys.executable, "-m", "epp", "serve", "--config", str(config_path), "--bind-address", "127.0.0.1",
             "--grpc-port", str(self.ports.grpc), "--grpc-health-port", str(self.ports.health),
-            "--metrics-port", str(self.ports.metrics), "--log-level", log_level,
+            "--metrics-port", str(self.ports.metrics), *(["--log-level", log_level] if log_level else []),
             # The anchors' defaults serve ext_proc over TLS and guard /metrics with Kubernetes RBAC; the kit's Envoy
             # talks plaintext, its scrapes carry no token and no trace collector runs, unless a test passes other flags
             # (later flags win).

@@ -92,6 +92,7 @@ def _start_stack(
     epp_args: list[str] | None = None,
     ready_timeout: float = 120.0,
     epp_source: Path | None = None,
+    epp_log_level: str = "info",
 ) -> Stack:
     """Start backends (unless given), the EPP and Envoy; everything is torn down if any part fails to start.
     `ready_timeout` bounds the EPP's readiness wait (it returns as soon as the EPP is SERVING; on a loaded 2-core box
@@ -119,7 +120,10 @@ def _start_stack(
         # All ports in one call, so none of them repeats before the children have bound theirs.
         picked = free_ports(3 + 2 + len(names))
         epp_ports, ports = picked[:3], picked[3:]
-        epp = EppProcess(cfg, workdir, ports=EppPorts(*epp_ports), extra_args=epp_args, source_tree=epp_source)
+        epp = EppProcess(
+            cfg, workdir, ports=EppPorts(*epp_ports), log_level=epp_log_level, extra_args=epp_args,
+            source_tree=epp_source,
+        )  # fmt: skip
         opts = EnvoyOptions(
             listener_port=ports[0],
             admin_port=ports[1],

@@ -9,12 +9,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from epp.framework import CycleState, Endpoint, Filter, InferenceRequest, Picker, ProfileResult, Scorer
+from epp.framework.verbosity import TRACE, V
 
 log = logging.getLogger(__name__)
 
-# The share of picks logged at DEBUG with every scorer's score per endpoint (the explain line). Sampled so that
-# DEBUG logging stays affordable under load; 1.0 logs every pick.
+# The share of picks logged at DEBUG (V(4)) with every scorer's score per endpoint (the explain line). Sampled so
+# that DEBUG logging stays affordable under load; at TRACE (V(5)) every pick is logged (pick parity replays).
 PICK_LOG_SAMPLE = 0.01
+EVERY_PICK = V(TRACE)
 
 # Called with (extension_point, plugin, seconds) when a cycle is sampled for per-plugin timing.
 PluginTimer = Callable[[str, object, float], None]
@@ -60,7 +62,7 @@ class SchedulerProfile:
         n = len(endpoints)
         totals = [0.0] * n
         explain: dict[str, Sequence[float]] | None = None
-        if log.isEnabledFor(logging.DEBUG) and random.random() < PICK_LOG_SAMPLE:
+        if log.isEnabledFor(logging.DEBUG) and (log.isEnabledFor(EVERY_PICK) or random.random() < PICK_LOG_SAMPLE):
             explain = {}
         for scorer, weight in self._pairs:
             if timer is None:

@@ -181,3 +181,32 @@ def test_plugin_timing_is_sampled() -> None:
         sched.schedule(R, eps(2))
     assert count() == 2
     assert metrics.PLUGIN_DURATION.labels("Scorer", "", "timed")._sum.get() >= before
+
+
+def test_every_pick_is_explained_at_trace_and_a_sample_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    """The explain line (each scorer's score per endpoint) for every pick at V(5), which pick-parity replays read
+    (e2e.harness.picklog), and only a sample at V(4)."""
+    import logging
+
+    from epp.framework.verbosity import V
+    from epp.scheduling import profile
+
+    e = eps(2)
+    prof = SchedulerProfile("default", [], [WeightedScorer(Fixed("a", {"e0": 0.25, "e1": 1.0}), 2.0)], Recorder())
+    old, profile.PICK_LOG_SAMPLE = profile.PICK_LOG_SAMPLE, 0.0
+    try:
+        caplog.set_level(logging.DEBUG, logger="epp.scheduling.profile")
+        for _ in range(5):
+            single(prof).schedule(R, e)
+        assert not [r for r in caplog.records if r.getMessage().startswith("pick request=")]
+        caplog.set_level(V(5), logger="epp.scheduling.profile")
+        for _ in range(5):
+            single(prof).schedule(R, e)
+    finally:
+        profile.PICK_LOG_SAMPLE = old
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pick request=")]
+    assert len(lines) == 5
+    assert lines[0] == (
+        "pick request=r profile=default picked=10.0.0.2:8000 scores={'10.0.0.1:8000': {'a*2': 0.25, 'total': 0.5}, "
+        "'10.0.0.2:8000': {'a*2': 1.0, 'total': 2.0}}"
+    )
