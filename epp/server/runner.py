@@ -179,11 +179,11 @@ class EppServer:
         self.tracing: Any = None
         if options.tracing:
             try:
-                from epp.server.tracing import Tracing
+                from epp.server.tracing import start_tracing
             except ImportError as e:  # a broken install must not take routing down with it
                 log.error("--tracing: OpenTelemetry cannot be imported (%s); serving without tracing", e)
             else:
-                self.tracing = Tracing()
+                self.tracing = start_tracing()
                 self.state.tracing = self.tracing
         self._servicer = ExtProcServicer(self.state)
         if options.enable_grpc_stream_metrics:

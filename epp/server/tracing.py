@@ -1,7 +1,12 @@
 """`--tracing` (default true, as the anchors): OpenTelemetry spans over OTLP/gRPC, set up as llm-d-router's
-InitTracing does it: OTEL_SERVICE_NAME defaults to `llm-d-epp`, OTEL_EXPORTER_OTLP_ENDPOINT to
-`http://localhost:4317`, and the sampler is parentbased_traceidratio with OTEL_TRACES_SAMPLER_ARG (default 0.1; another
-OTEL_TRACES_SAMPLER is logged and replaced, as there). W3C trace context and baggage propagate.
+InitTracing does it: OTEL_SERVICE_NAME defaults to `llm-d-epp`, and the sampler is parentbased_traceidratio with
+OTEL_TRACES_SAMPLER_ARG (default 0.1; another OTEL_TRACES_SAMPLER is logged and replaced, as there). W3C trace
+context and baggage propagate.
+
+Spans are exported only to a configured collector (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT,
+as the anchors' charts set when tracing is enabled): with neither set the EPP says so once and creates no spans,
+instead of logging a failed export to localhost:4317 every few seconds. A configured collector that cannot be
+reached costs one warning a minute, without a traceback.
 
 Per request: `gateway.request` (request headers to the end of the response, parented on the caller's traceparent),
 with `gateway.request_orchestration` around scheduling; the picked request carries the context upstream (traceparent
@@ -14,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -31,7 +37,55 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 log = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_NAME = "llm-d-epp"
-DEFAULT_ENDPOINT = "http://localhost:4317"
+ENDPOINT_ENV = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+# Where the OTel SDK logs failed exports (the exporter, the batch processor and its shared worker).
+EXPORT_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.sdk.trace.export",
+    "opentelemetry.sdk._shared_internal",
+)
+QUIET_SECONDS = 60.0
+
+
+def configured_endpoint() -> str | None:
+    """The collector the environment names, or None (then nothing is exported)."""
+    for key in ENDPOINT_ENV:
+        if os.environ.get(key):
+            return os.environ[key]
+    return None
+
+
+def start_tracing() -> Tracing | None:
+    """`--tracing`: spans to the configured collector, or None (said once) when there is none."""
+    endpoint = configured_endpoint()
+    if endpoint is None:
+        log.info("tracing: no collector configured (OTEL_EXPORTER_OTLP_ENDPOINT); no spans are exported")
+        return None
+    return Tracing(endpoint)
+
+
+class ExportFailures(logging.Filter):
+    """A failed export is one WARNING line (no traceback) per QUIET_SECONDS; the rest are dropped."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.clock = clock
+        self.last: float | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        now = self.clock()
+        if self.last is not None and now - self.last < QUIET_SECONDS:
+            return False
+        self.last = now
+        cause = record.exc_info[1] if record.exc_info and record.exc_info[1] is not None else None
+        record.msg = f"tracing: {record.getMessage()}" + (f" ({type(cause).__name__}: {cause})" if cause else "")
+        record.args = None
+        record.exc_info = None
+        record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
 
 
 def _sampler() -> ParentBased:
@@ -47,15 +101,16 @@ def _sampler() -> ParentBased:
 
 
 class Tracing:
-    def __init__(self) -> None:
+    def __init__(self, endpoint: str) -> None:
         os.environ.setdefault("OTEL_SERVICE_NAME", DEFAULT_SERVICE_NAME)
-        os.environ.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", DEFAULT_ENDPOINT)
-        endpoint = os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
         insecure = not endpoint.startswith("https://")
         self.provider = TracerProvider(
             sampler=_sampler(), resource=Resource.create({"service.name": os.environ["OTEL_SERVICE_NAME"]})
         )
         self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=insecure)))
+        failures = ExportFailures()
+        for name in EXPORT_LOGGERS:
+            logging.getLogger(name).addFilter(failures)
         self.tracer = self.provider.get_tracer("pyepp")
         self.propagator = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
         propagate.set_global_textmap(self.propagator)
