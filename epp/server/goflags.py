@@ -253,15 +253,61 @@ class FlagSet:
             short = f"-{f.shorthand}, " if f.shorthand else "    "
             kind = "" if f.kind == "bool" else f" {f.kind}"
             default = self.defaults.get(f.attr)
-            shown = f" (default {_go_repr(default)})" if default not in (None, "", [], False) else ""
+            shown = "" if _is_zero(default) else f" (default {_go_repr(default, f.kind)})"
             dep = f" (DEPRECATED: {f.deprecated})" if f.deprecated else ""
             lines.append(f"  {short}--{f.name}{kind}\n        {f.help}{shown}{dep}")
         return "\n".join(lines)
 
 
-def _go_repr(value: Any) -> str:
+def go_duration(seconds: float) -> str:
+    """Go's time.Duration.String(): `30s`, `1m0s`, `1h30m0s`, `1.5s`, `500ms`, `250µs`, `0s`."""
+    ns = round(seconds * 1e9)
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    if ns == 0:
+        return "0s"
+    if ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if ns >= size:
+                return sign + _go_fraction(ns, size) + unit
+    h, rest = divmod(ns, 3_600_000_000_000)
+    m, rest = divmod(rest, 60_000_000_000)
+    out = (f"{h}h" if h else "") + (f"{m}m" if h or m else "")
+    return sign + out + _go_fraction(rest, 1_000_000_000) + "s"
+
+
+def _go_fraction(value: int, size: int) -> str:
+    whole, frac = divmod(value, size)
+    digits = str(frac).rjust(len(str(size)) - 1, "0").rstrip("0") if frac else ""
+    return f"{whole}.{digits}" if digits else str(whole)
+
+
+def _go_float(value: float) -> str:
+    """Go's %v of a float64 for the values flags take: `1` for 1.0, `0.1`."""
+    return str(int(value)) if value.is_integer() and abs(value) < 1e21 else repr(value)
+
+
+def _go_repr(value: Any, kind: str = "") -> str:
+    """A default as pflag prints it (strings quoted, durations in Go syntax)."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if kind == "duration" and isinstance(value, int | float):
+        return go_duration(float(value))
+    if isinstance(value, float):
+        return _go_float(value)
     if isinstance(value, list):
         return "[" + ",".join(str(v) for v in value) + "]"
+    if kind == "string" and isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return str(value)
+
+
+def _is_zero(value: Any) -> bool:
+    """pflag leaves out a default that is its type's zero value (false, 0, 0s, "", [])."""
+    return (
+        value is None
+        or value is False
+        or value == ""
+        or value == []
+        or (isinstance(value, int | float) and not isinstance(value, bool) and value == 0)
+    )
