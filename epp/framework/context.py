@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
+from epp.framework.params import Params
 from epp.framework.services import NoServices, Services
 from epp.framework.state import DataKey
 from epp.framework.types import Endpoint
+
+T = TypeVar("T")
 
 # A long-running coroutine the server starts at startup and cancels at shutdown.
 BackgroundTask = Callable[[], Coroutine[Any, Any, None]]
@@ -67,6 +70,20 @@ class PluginRequirement:
     source: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Feed(Generic[T]):
+    """Data one plugin type produces for others (the contracts in `epp.plugins.contracts`): the per-producer key,
+    the parameter a consumer names its producer by, and the producer type it gets when it names none."""
+
+    key: DataKey[T]
+    parameter: str
+    default: str
+
+    def of(self, producer: str) -> DataKey[T]:
+        """The key as the producer named `producer` writes it."""
+        return self.key.of(producer)
+
+
 @dataclass
 class PluginContext:
     """Handed to every plugin factory."""
@@ -94,6 +111,27 @@ class PluginContext:
             self.requirements.append(
                 PluginRequirement(key, type_name, name, dict(parameters or {}), requested_by, source)
             )
+
+    def producer_for(
+        self,
+        feed: Feed[Any],
+        params: Params,
+        *,
+        requested_by: str,
+        parameters: Mapping[str, Any] | None = None,
+        add_default: bool = True,
+    ) -> str:
+        """The name of the producer that feeds a consumer: the one its `feed.parameter` names (the builder then
+        checks it is configured), else `feed.default`, added with `parameters` unless a configured plugin already
+        produces its key (`add_default=False` when the consumer can run without it)."""
+        name = params.str(feed.parameter, "")
+        if name:
+            return name
+        if add_default:
+            self.require_producer(
+                feed.of(feed.default), feed.default, feed.default, parameters, requested_by=requested_by
+            )
+        return feed.default
 
     def run_in_background(self, task: BackgroundTask) -> None:
         """Run `task()` for the server's lifetime (e.g. an event subscription, a tokenizer preload)."""

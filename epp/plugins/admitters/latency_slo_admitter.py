@@ -21,7 +21,7 @@ from epp.framework import (
     Plugin,
     PluginContext,
 )
-from epp.plugins.scorers.latency_scorer import DEFAULT_LATENCY_KEY, latency_info_key
+from epp.plugins.contracts.latency import DEFAULT_LATENCY_KEY, LATENCY
 
 DENY_REASON = "no valid endpoint available to serve the request"
 COLD_KV_USAGE = 0.02
@@ -36,7 +36,7 @@ class LatencySLOAdmitter(Plugin):
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        return cls(name, latency_key=latency_info_key(params, context, name))
+        return cls(name, latency_key=LATENCY.of(context.producer_for(LATENCY, params, requested_by=name)))
 
     def consumes(self) -> Collection[DataKey[Any]]:
         return (self.latency_key,)

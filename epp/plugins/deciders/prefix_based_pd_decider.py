@@ -28,10 +28,10 @@ from epp.framework import (
     PluginContext,
     PrefixCacheMatchInfo,
 )
+from epp.plugins.contracts.prefix import APPROX_PRODUCER, PREFIX_MATCH
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PRODUCER = "approx-prefix-cache-producer"
 CHARS_PER_TOKEN = 4
 _MATCH_PREFIX = PREFIX_CACHE_MATCH_INFO.name + "/"
 
@@ -87,7 +87,7 @@ class PrefixBasedPDDecider(Plugin):
             name,
             non_cached_tokens=params.int("nonCachedTokens", 0, min=0),
             prompt_tokens=params.int("promptTokens", 0, min=0),
-            producer=params.str("prefixMatchInfoProducerName", ""),
+            producer=params.str(PREFIX_MATCH.parameter, ""),
         )
         if decider.non_cached_tokens == 0:
             log.info("%s: prefix-based P/D disaggregation disabled (nonCachedTokens is 0)", name)
@@ -99,9 +99,9 @@ class PrefixBasedPDDecider(Plugin):
             p = plugins.get(self.producer)
             if p is None or self.key not in p.produces():
                 raise PluginConfigError(
-                    f"{self.name}: parameter 'prefixMatchInfoProducerName': no configured plugin named "
+                    f"{self.name}: parameter '{PREFIX_MATCH.parameter}': no configured plugin named "
                     f"{self.producer!r} produces prefix-cache match info",
-                    key="prefixMatchInfoProducerName",
+                    key=PREFIX_MATCH.parameter,
                 )
             return
         for p in plugins.values():
@@ -110,9 +110,9 @@ class PrefixBasedPDDecider(Plugin):
                     self.key = PREFIX_CACHE_MATCH_INFO.of(key.name[len(_MATCH_PREFIX) :])
                     return
         if self.non_cached_tokens > 0:
-            self.key = PREFIX_CACHE_MATCH_INFO.of(DEFAULT_PRODUCER)
+            self.key = PREFIX_MATCH.of(APPROX_PRODUCER)
             context.require_producer(
-                self.key, DEFAULT_PRODUCER, DEFAULT_PRODUCER, self._producer_params, requested_by=self.name
+                self.key, APPROX_PRODUCER, APPROX_PRODUCER, self._producer_params, requested_by=self.name
             )
 
     def disaggregate(self, state: CycleState, request: InferenceRequest, endpoint: Endpoint | None) -> bool:

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from epp.framework import CycleState, Endpoint, InferenceRequest, Plugin
-
-ROLE_LABEL = "llm-d.ai/role"
+from epp.plugins.contracts.disagg import ROLE_LABEL
 
 
 class RoleFilter(Plugin):

@@ -3,10 +3,11 @@ no role."""
 
 from __future__ import annotations
 
+from epp.plugins.contracts.disagg import DECODE_ROLES
 from epp.plugins.filters._role import RoleFilter
 
 
 class DecodeFilter(RoleFilter):
     type_name = "decode-filter"
-    roles = frozenset({"decode", "prefill-decode", "both", "encode-prefill-decode"})
+    roles = DECODE_ROLES
     keep_unlabeled = True

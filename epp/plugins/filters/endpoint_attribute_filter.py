@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Self
 
 from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext
-from epp.plugins.filters._attribute import attribute_reader
+from epp.plugins.contracts.attribute import attribute_reader
 
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "LessThan": operator.lt,

@@ -3,28 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Self
 
 from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginConfigError, PluginContext
+from epp.plugins.contracts.labels import Requirement
 
 _OPS = ("In", "NotIn", "Exists", "DoesNotExist")
-
-
-@dataclass(frozen=True, slots=True)
-class Requirement:
-    key: str
-    operator: str
-    values: frozenset[str]
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.operator == "In":
-            return labels.get(self.key) in self.values
-        if self.operator == "NotIn":
-            return labels.get(self.key) not in self.values
-        if self.operator == "Exists":
-            return self.key in labels
-        return self.key not in labels
 
 
 def parse_selector(name: str, p: Params) -> list[Requirement]:

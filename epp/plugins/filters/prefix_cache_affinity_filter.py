@@ -33,11 +33,10 @@ from epp.framework import (
     Plugin,
     PluginContext,
 )
-from epp.plugins.producers.inflight_load_producer import TYPE as INFLIGHT_PRODUCER
-from epp.plugins.producers.inflight_load_producer import inflight_producer_name
+from epp.plugins.contracts.latency import LATENCY, LATENCY_PRODUCER
+from epp.plugins.contracts.load import INFLIGHT, INFLIGHT_PRODUCER
+from epp.plugins.contracts.prefix import APPROX_PRODUCER, PREFIX_MATCH
 
-DEFAULT_PREFIX_PRODUCER = "approx-prefix-cache-producer"
-DEFAULT_LATENCY_PRODUCER = "predicted-latency-producer"
 SOURCE_THROUGHPUT = "prefillThroughput"
 SOURCE_PREDICTOR = "latencyPredictor"
 NO_PREDICTION = sys.float_info.max  # llm-d's math.MaxFloat64: an endpoint without a prediction is never fastest
@@ -55,8 +54,8 @@ class PrefixCacheAffinityFilter(Plugin):
         max_ttft_penalty_ms: float = 18000.0,
         ttft_source: str = SOURCE_THROUGHPUT,
         peak_prefill_throughput: float = 15928.0,
-        prefix_producer: str = DEFAULT_PREFIX_PRODUCER,
-        latency_producer: str = DEFAULT_LATENCY_PRODUCER,
+        prefix_producer: str = APPROX_PRODUCER,
+        latency_producer: str = LATENCY_PRODUCER,
         inflight_producer: str = INFLIGHT_PRODUCER,
         rng: Callable[[], float] = random.random,
     ) -> None:
@@ -81,24 +80,14 @@ class PrefixCacheAffinityFilter(Plugin):
         peak = params.float("peakPrefillThroughput", 15928.0, min=0.0)
         if source == SOURCE_THROUGHPUT and penalty > 0 and peak == 0:
             raise params.fail("peakPrefillThroughput", "must be > 0 when ttftSource is prefillThroughput")
-        prefix = params.str("prefixMatchInfoProducerName", "")
-        if not prefix:
-            prefix = DEFAULT_PREFIX_PRODUCER
-            context.require_producer(
-                PREFIX_CACHE_MATCH_INFO.of(prefix), DEFAULT_PREFIX_PRODUCER, DEFAULT_PREFIX_PRODUCER, requested_by=name
-            )
-        latency = params.str("latencyPredictionInfoProducerName", "")
-        if not latency:
-            latency = DEFAULT_LATENCY_PRODUCER
-            if penalty > 0 and source == SOURCE_PREDICTOR:
-                context.require_producer(
-                    LATENCY_PREDICTION_INFO.of(latency), DEFAULT_LATENCY_PRODUCER, DEFAULT_LATENCY_PRODUCER,
-                    requested_by=name,
-                )  # fmt: skip
-        if penalty > 0 and source == SOURCE_THROUGHPUT:
-            inflight = inflight_producer_name(params, context, name)
-        else:
-            inflight = params.str("inFlightLoadProducerName", "") or INFLIGHT_PRODUCER
+        prefix = context.producer_for(PREFIX_MATCH, params, requested_by=name)
+        gate = penalty > 0
+        latency = context.producer_for(
+            LATENCY, params, requested_by=name, add_default=gate and source == SOURCE_PREDICTOR
+        )
+        inflight = context.producer_for(
+            INFLIGHT, params, requested_by=name, add_default=gate and source == SOURCE_THROUGHPUT
+        )
         return cls(
             name,
             affinity_threshold=threshold,

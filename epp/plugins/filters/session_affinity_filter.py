@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Self
 
 from epp.framework import CycleState, Endpoint, InferenceRequest, Params, PluginContext
-from epp.plugins.scorers._session import SessionAffinityPlugin, SessionBinding
+from epp.plugins.contracts.session import SessionAffinityPlugin, SessionBinding
 
 
 class SessionAffinityFilter(SessionAffinityPlugin):

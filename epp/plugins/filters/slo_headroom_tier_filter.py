@@ -21,7 +21,7 @@ from epp.framework import (
     Plugin,
     PluginContext,
 )
-from epp.plugins.scorers.latency_scorer import DEFAULT_LATENCY_KEY, latency_info_key
+from epp.plugins.contracts.latency import DEFAULT_LATENCY_KEY, LATENCY
 
 
 class SLOHeadroomTierFilter(Plugin):
@@ -44,7 +44,7 @@ class SLOHeadroomTierFilter(Plugin):
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
         return cls(
             name,
-            latency_key=latency_info_key(params, context, name),
+            latency_key=LATENCY.of(context.producer_for(LATENCY, params, requested_by=name)),
             epsilon_explore_neg=params.float("epsilonExploreNeg", 0.01, min=0.0, max=1.0),
         )
 

@@ -13,7 +13,7 @@ from typing import Self
 from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext
 from epp.framework.attributes import Topology
 from epp.framework.state import DataKey
-from epp.plugins.filters._topology import LEVELS, common_level, peer_topology, topology_key
+from epp.plugins.contracts.topology import LEVELS, common_level, peer_topology, topology_key
 
 
 class TopologyAffinityFilter(Plugin):

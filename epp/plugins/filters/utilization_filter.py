@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, Self
 
 from epp.framework import INFLIGHT_LOAD, CycleState, DataKey, Endpoint, InferenceRequest, Params, Plugin, PluginContext
-from epp.plugins.producers.inflight_load_producer import inflight_producer_name
+from epp.plugins.contracts.load import INFLIGHT
 
 METRICS = ("active-requests", "running-requests", "waiting-queue", "kv-cache-utilization")
 
@@ -52,7 +52,7 @@ class UtilizationFilter(Plugin):
             if unknown is not None:
                 raise unknown
         uses_inflight = any(m == "active-requests" for m, _ in conditions)
-        producer = inflight_producer_name(params, context, name) if uses_inflight else "inflight-load-producer"
+        producer = context.producer_for(INFLIGHT, params, requested_by=name, add_default=uses_inflight)
         if not uses_inflight:
             params.ignore("inFlightLoadProducerName")
         return cls(name, conditions, params.bool("fallbackOnEmpty", False), producer)

@@ -8,7 +8,7 @@ import logging
 from typing import Self
 
 from epp.framework import InferenceRequest, Params, Plugin, PluginContext, SchedulingResult
-from epp.plugins.profiles._disagg import set_stage_headers
+from epp.plugins.contracts.disagg import set_stage_headers
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,6 @@ tuple mixer, 64-bit, C speed, and randomized per process — fine, because this 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -32,52 +31,13 @@ from epp.framework import (
     RemovalListener,
     SchedulingResult,
 )
+from epp.plugins.contracts.prompt import AVERAGE_CHARS_PER_TOKEN, request_text
 
-AVERAGE_CHARS_PER_TOKEN = 4
 PREFILL_PROFILE = "prefill"
 HASH_MEMO_SIZE = 64  # prompts whose block hashes are kept, each held with its text ...
 HASH_MEMO_CHARS = 65_536  # ... if that is at most this long (bounds the memo at a few MB)
 # The prompt's block hashes, from prepare() to PreRequest (one key per producer instance).
 BLOCK_HASHES = DataKey[list[int]]("approx-prefix-block-hashes")
-
-
-def request_text(request: InferenceRequest, limit: int | None = None) -> str:
-    """The text whose prefix the model server would cache, per API type (only compared within this process).
-    With `limit`, a chat or completions prompt is cut to its first `limit` characters (hashing needs no more), so a
-    huge one is not copied whole."""
-    body = request.body
-    if request.api == "chat" or request.messages is not None:
-        messages = request.messages if request.messages is not None else body.get("messages") or []
-        parts = []
-        size = 0
-        for m in messages:
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, str):
-                if limit is not None and len(content) > limit:
-                    content = content[:limit]
-                part = f"{m.get('role', '')}\x00{content}\x01"
-            else:
-                part = json.dumps(m, separators=(",", ":"), ensure_ascii=False, default=str)
-            if limit is not None and size + len(part) >= limit:
-                parts.append(part[: limit - size])
-                break
-            parts.append(part)
-            size += len(part)
-        return "".join(parts)
-    if request.api == "completions":
-        prompt = request.prompt if request.prompt is not None else body.get("prompt")
-        if isinstance(prompt, str):
-            return prompt if limit is None else prompt[:limit]
-        return json.dumps(prompt, separators=(",", ":"))
-    if request.api == "responses":
-        obj: Any = [body.get("instructions"), body.get("tools"), body.get("input")]
-    elif request.api == "conversations":
-        obj = body.get("items")
-    elif request.api == "embeddings":
-        obj = body.get("input")
-    else:
-        obj = request.prompt if request.prompt is not None else body.get("prompt", body.get("messages"))
-    return "" if obj is None else json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def block_hashes(text: str, block_chars: int, max_blocks: int, seed: int) -> list[int]:

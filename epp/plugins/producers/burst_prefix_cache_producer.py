@@ -35,7 +35,8 @@ from epp.framework import (
     PluginContext,
     PrefixCacheMatchInfo,
 )
-from epp.plugins.producers.approx_prefix_cache_producer import AVERAGE_CHARS_PER_TOKEN, block_hashes, request_text
+from epp.plugins.contracts.prompt import AVERAGE_CHARS_PER_TOKEN, request_text
+from epp.plugins.producers.approx_prefix_cache_producer import block_hashes
 
 UNLIMITED = -1
 DEFAULT_MAX_BLOCKS = 2048

@@ -51,13 +51,14 @@ from epp.framework import (
     SchedulingResult,
     Usage,
 )
-from epp.plugins.producers._tokens import input_tokens
+from epp.plugins.contracts.load import INFLIGHT_PRODUCER
+from epp.plugins.contracts.prefix import APPROX_PRODUCER, PREFIX_MATCH
+from epp.plugins.contracts.prompt import input_tokens
 
 log = logging.getLogger(__name__)
 
-TYPE = "inflight-load-producer"
+TYPE = INFLIGHT_PRODUCER
 MAX_RECENT = 4096  # bookings received from other replicas and not yet covered by a snapshot round
-DEFAULT_PREFIX_PRODUCER = "approx-prefix-cache-producer"
 DEFAULT_OUTPUT_RATIO = 1.5
 PREFILL_PROFILE = "prefill"
 STALE_AFTER_SECONDS = 300.0
@@ -147,7 +148,7 @@ class InFlightLoadProducer(Plugin):
         add_estimated_output_tokens: bool = False,
         output_ratio: float = DEFAULT_OUTPUT_RATIO,
         max_estimated_output_tokens: int | None = None,
-        prefix_producer: str = DEFAULT_PREFIX_PRODUCER,
+        prefix_producer: str = APPROX_PRODUCER,
         sync_cross_replica_state: bool = True,
         stale_after: float = STALE_AFTER_SECONDS,
         clock: Callable[[], float] = time.monotonic,
@@ -180,7 +181,7 @@ class InFlightLoadProducer(Plugin):
             add_estimated_output_tokens=params.bool("addEstimatedOutputTokens", False),
             output_ratio=params.float("outputRatio", DEFAULT_OUTPUT_RATIO, min=0.0),
             max_estimated_output_tokens=max_out,
-            prefix_producer=params.str("prefixMatchInfoProducerName", "") or DEFAULT_PREFIX_PRODUCER,
+            prefix_producer=context.producer_for(PREFIX_MATCH, params, requested_by=name, add_default=False),
             sync_cross_replica_state=params.bool("syncCrossReplicaState", True),
         )
         context.endpoints.subscribe(producer)
@@ -400,15 +401,6 @@ def _release_entry(e: _Entry, *, tokens: bool, requests: bool) -> None:
     if requests and e.requests:
         load.requests = max(0, load.requests - e.requests)
         e.requests = 0
-
-
-def inflight_producer_name(params: Params, context: PluginContext, requested_by: str) -> str:
-    """The producer a consumer reads (`inFlightLoadProducerName`); the default one is added when none is named."""
-    name = params.str("inFlightLoadProducerName", "")
-    if name:
-        return name
-    context.require_producer(INFLIGHT_LOAD.of(TYPE), TYPE, TYPE, requested_by=requested_by)
-    return TYPE
 
 
 def load_of(endpoint: Endpoint, key: DataKey[InFlightLoad]) -> InFlightLoad | None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Self
 
 from prometheus_client import Counter, Histogram
@@ -30,27 +29,13 @@ from epp.framework import (
     RemovalListener,
     SchedulingResult,
 )
+from epp.plugins.contracts.multimodal import MM_CACHE_MATCH, MM_PRODUCER, MMCacheMatch
 
-TYPE = "mm-embeddings-cache-producer"
+TYPE = MM_PRODUCER
 DEFAULT_CACHE_SIZE_MB = 4096
 BYTES_PER_ITEM = 2 * 1024 * 1024  # the router's assumed size of one tracked item
 _MODALITIES = frozenset({"image", "audio", "video"})
 
-
-@dataclass(slots=True)
-class MMCacheMatch:
-    """A request's distinct multimodal items and, per endpoint name, how many of them it likely caches."""
-
-    items: dict[str, str]  # mm hash -> modality
-    matched: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return len(self.items)
-
-
-# The router's EncoderCacheMatchInfo, per producer: `MM_CACHE_MATCH.of(<producer name>)`, in `request.data`.
-MM_CACHE_MATCH = DataKey[MMCacheMatch]("mm-encoder-cache-match-info")
 
 QUERIES = Counter(
     "llm_d_epp_encoder_cache_queries_total",

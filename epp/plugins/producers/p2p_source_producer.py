@@ -28,9 +28,8 @@ from epp.framework import (
     PrefixCacheMatchInfo,
     SchedulingResult,
 )
-from epp.plugins.profiles._disagg import upstream_headers
-
-DEFAULT_PRODUCER = "approx-prefix-cache-producer"
+from epp.plugins.contracts.disagg import upstream_headers
+from epp.plugins.contracts.prefix import APPROX_PRODUCER, PREFIX_MATCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +49,7 @@ class P2PSourceProducer(Plugin):
     type_name = "p2p-source-producer"
 
     def __init__(
-        self, name: str | None = None, producer: str = DEFAULT_PRODUCER, min_delta: int = 1, prefill: str = "prefill"
+        self, name: str | None = None, producer: str = APPROX_PRODUCER, min_delta: int = 1, prefill: str = "prefill"
     ) -> None:
         super().__init__(name)
         self.key = PREFIX_CACHE_MATCH_INFO.of(producer)
@@ -59,10 +58,7 @@ class P2PSourceProducer(Plugin):
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        producer = params.str("prefixMatchInfoProducerName", "")
-        if not producer:
-            producer = DEFAULT_PRODUCER
-            context.require_producer(PREFIX_CACHE_MATCH_INFO.of(producer), producer, producer, requested_by=name)
+        producer = context.producer_for(PREFIX_MATCH, params, requested_by=name)
         return cls(
             name, producer, params.int("minCachedTokenDelta", 1, min=1), params.str("prefillProfileName", "prefill")
         )

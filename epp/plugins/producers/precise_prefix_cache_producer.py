@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Self
 
 from epp.framework import (
@@ -57,6 +56,7 @@ from epp.framework import (
     SpeculationHold,
     Usage,
 )
+from epp.plugins.contracts.prefix import PRECISE_MATCH, PreciseMatch
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 
 log = logging.getLogger(__name__)
@@ -80,22 +80,6 @@ TOKENIZER_KEYS = (
 )
 
 
-@dataclass(slots=True)
-class PreciseMatch:
-    """Per endpoint hostport: consecutive cached blocks from block 0 and their tier-weighted sum."""
-
-    total_blocks: int
-    block_size: int
-    blocks: dict[str, int] = field(default_factory=dict)
-    weighted: dict[str, float] = field(default_factory=dict)
-    keys: list[int] = field(default_factory=list)
-    # Pods whose match rests on speculative entries (their deepest matched block is held only speculatively: a pick
-    # of this replica or another's): their delivered hits say nothing about the index's events.
-    speculated: set[str] = field(default_factory=set)
-
-
-# The full match (block keys included, for the speculative entries), one key per producer instance.
-PRECISE_MATCH = DataKey[PreciseMatch]("precise-prefix-match")
 # Endpoints (by name) this request was matched for from the approximate fallback's history, for PreRequest.
 FALLBACK_MATCHED = DataKey[frozenset[str]]("precise-prefix-fallback-endpoints")
 # The hold on this request's speculative entries (speculativeHold), ended when the response does.

@@ -47,6 +47,7 @@ from epp.framework import (
     Usage,
 )
 from epp.framework.labels import MODEL_LABELS
+from epp.plugins.contracts.prefix import APPROX_PRODUCER, PREFIX_MATCH
 from epp.plugins.producers._latency_model import LatencyModels, Vector
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,6 @@ TTFT_SLO_HEADER = "x-llm-d-slo-ttft-ms"
 TPOT_SLO_HEADER = "x-llm-d-slo-tpot-ms"
 OLD_TTFT_SLO_HEADER = "x-slo-ttft-ms"
 OLD_TPOT_SLO_HEADER = "x-slo-tpot-ms"
-DEFAULT_PREFIX_PRODUCER = "approx-prefix-cache-producer"
 TTFT_DIMS = 6
 TPOT_DIMS = 4
 _LATENCY_BUCKETS = (
@@ -198,7 +198,7 @@ class PredictedLatencyProducer(Plugin, RemovalListener):
         context_ttl: float = 300.0,
         endpoint_role_label: str = "",
         predict_in_produce: bool = True,
-        prefix_producer: str = DEFAULT_PREFIX_PRODUCER,
+        prefix_producer: str = APPROX_PRODUCER,
         window: int = 256,
         min_samples: int = 16,
         max_error: float = 0.5,
@@ -231,15 +231,7 @@ class PredictedLatencyProducer(Plugin, RemovalListener):
             raise params.fail(
                 "encoderCacheMatchInfoProducerName", "multimodal encoder-cache features are not supported"
             )
-        producer = params.str("prefixMatchInfoProducerName", "")
-        if not producer:
-            producer = DEFAULT_PREFIX_PRODUCER
-            context.require_producer(
-                PREFIX_CACHE_MATCH_INFO.of(producer),
-                DEFAULT_PREFIX_PRODUCER,
-                DEFAULT_PREFIX_PRODUCER,
-                requested_by=name,
-            )
+        producer = context.producer_for(PREFIX_MATCH, params, requested_by=name)
         plugin = cls(
             name,
             streaming_mode=params.bool("streamingMode", False),

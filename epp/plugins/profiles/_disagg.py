@@ -1,24 +1,16 @@
-"""What the disaggregation profile handlers and the headers handlers share: decision metrics, the headers the
-decode-side sidecar reads, and the decode-capable pods admission measures."""
+"""What the disaggregation profile handlers share: the decision metrics and the decision the PreRequest plugins
+read (the stage headers and decode-capable pods are in `epp.plugins.contracts.disagg`)."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 from prometheus_client import Counter
 
 from epp.framework import (
     DISAGG_DECISION,
-    ENCODER_HEADER,
-    PREFILL_HEADER,
-    UPSTREAM_HEADERS,
     DisaggDecision,
-    Endpoint,
     InferenceRequest,
     SchedulingResult,
 )
-from epp.plugins.filters._role import ROLE_LABEL
-from epp.plugins.filters.decode_filter import DecodeFilter
 
 DECODE_ONLY = "decode-only"
 PREFILL_DECODE = "prefill-decode"
@@ -60,31 +52,6 @@ def decision_type(encode_used: bool, prefill_used: bool) -> str:
     return PREFILL_DECODE if prefill_used else DECODE_ONLY
 
 
-def upstream_headers(request: InferenceRequest) -> dict[str, str]:
-    """The request's UPSTREAM_HEADERS, created on first use."""
-    headers = request.data.get(UPSTREAM_HEADERS)
-    if headers is None:
-        headers = {}
-        request.data.put(UPSTREAM_HEADERS, headers)
-    return headers
-
-
-def set_stage_headers(
-    request: InferenceRequest, result: SchedulingResult, prefill_profile: str, encode_profile: str
-) -> None:
-    """x-prefiller-host-port / x-encoder-hosts-ports from the prefill and encode picks; a stage that did not run
-    sends no header (and the server drops a client's)."""
-    headers = upstream_headers(request)
-    headers.pop(PREFILL_HEADER, None)
-    headers.pop(ENCODER_HEADER, None)
-    prefill = result.profile_results.get(prefill_profile)
-    if prefill is not None and prefill.targets:
-        headers[PREFILL_HEADER] = prefill.targets[0].hostport
-    encode = result.profile_results.get(encode_profile)
-    if encode is not None and encode.targets:
-        headers[ENCODER_HEADER] = ",".join(ep.hostport for ep in encode.targets)
-
-
 def record_decision(
     request: InferenceRequest, result: SchedulingResult, prefill_profile: str, encode_profile: str
 ) -> None:
@@ -104,9 +71,3 @@ def record_decision(
             encode_profile=encode_profile,
         ),
     )
-
-
-def decode_capable(endpoints: Sequence[Endpoint]) -> list[Endpoint]:
-    """Pods that can serve the decode stage (decode-filter's rule: a decode role or no role label)."""
-    roles = DecodeFilter.roles
-    return [ep for ep in endpoints if (r := ep.labels.get(ROLE_LABEL)) is None or r in roles]

@@ -21,7 +21,7 @@ from epp.framework import (
     ProfileResult,
     SchedulingResult,
 )
-from epp.plugins.profiles._disagg import upstream_headers
+from epp.plugins.contracts.disagg import upstream_headers
 
 log = logging.getLogger(__name__)
 

@@ -30,13 +30,12 @@ from epp.framework import (
     ProfileResult,
     SchedulingResult,
 )
+from epp.plugins.contracts.disagg import decode_capable, set_stage_headers
 from epp.plugins.profiles._disagg import (
     DISAGG_DECISIONS,
     decision_type,
-    decode_capable,
     model_label,
     record_decision,
-    set_stage_headers,
 )
 
 log = logging.getLogger(__name__)

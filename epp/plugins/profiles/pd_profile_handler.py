@@ -1,24 +1,24 @@
-"""pd-profile-handler (llm-d, deprecated since v0.7: use disagg-profile-handler): decode, then prefill when the
-decider says so. Pair it with prefill-header-handler, which sets `x-prefiller-host-port` (this handler sets none).
+"""pd-profile-handler (llm-d's older name; the anchors' P/D configs still use it): disagg-profile-handler's
+decode-first P/D with the older parameters and behaviour.
 
-Parameters as in llm-d: `decodeProfile`, `prefillProfile`, `deciderPluginName` (default
-prefix-based-pd-decider), `prefixPluginName`/`prefixPluginType` and `prefixMatchInfoProducerName` (which prefix
-producer the built-in threshold decider reads), `primaryPort` (decode targets get this port; the chosen pod's
-`ip:port` goes to `x-data-parallel-host-port`). The first releases' `threshold` (uncached tokens) and
-`hashBlockSize` still load: without a plugin named `deciderPluginName`, `threshold` builds the handler's own
-prefix-based decider (`nonCachedTokens: threshold`), and `hashBlockSize` is the block size of the
-approx-prefix-cache-producer added for it.
+It sets no stage headers (pair it with prefill-header-handler, which sets `x-prefiller-host-port`), counts
+`llm_d_epp_pd_decision_total`, and measures admission over all candidates, as llm-d's does. Parameters as in llm-d:
+`decodeProfile`, `prefillProfile`, `deciderPluginName` (default prefix-based-pd-decider), `prefixPluginName`/
+`prefixPluginType` and `prefixMatchInfoProducerName` (which prefix producer the threshold decider reads),
+`primaryPort` (decode targets get this port; the chosen pod's `ip:port` goes to `x-data-parallel-host-port`). The
+first releases' `threshold` (uncached tokens) and `hashBlockSize` still load: without a plugin named
+`deciderPluginName`, `threshold` builds the handler's own prefix-based decider (`nonCachedTokens: threshold`), and
+`hashBlockSize` is the block size of the approx-prefix-cache-producer added for it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any, Self
+from collections.abc import Mapping, Sequence
+from typing import Self
 
 from epp.framework import (
     DATA_PARALLEL_HEADER,
-    PREFIX_CACHE_MATCH_INFO,
     CycleState,
     DisaggDecider,
     Endpoint,
@@ -29,23 +29,19 @@ from epp.framework import (
     ProfileResult,
     SchedulingResult,
 )
+from epp.plugins.contracts.disagg import upstream_headers
+from epp.plugins.contracts.prefix import PREFIX_MATCH
 from epp.plugins.deciders.prefix_based_pd_decider import PrefixBasedPDDecider
-from epp.plugins.profiles._disagg import (
-    DECODE_ONLY,
-    PD_DECISIONS,
-    PREFILL_DECODE,
-    model_label,
-    record_decision,
-    upstream_headers,
-)
+from epp.plugins.profiles._disagg import DECODE_ONLY, PD_DECISIONS, PREFILL_DECODE, model_label
+from epp.plugins.profiles.disagg_profile_handler import DisaggProfileHandler
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DECIDER = "prefix-based-pd-decider"
-_MATCH_INFO = PREFIX_CACHE_MATCH_INFO.name + "/"
+_MATCH_INFO = PREFIX_MATCH.key.name + "/"
 
 
-class PdProfileHandler(Plugin):
+class PdProfileHandler(DisaggProfileHandler):
     type_name = "pd-profile-handler"
 
     def __init__(
@@ -54,13 +50,10 @@ class PdProfileHandler(Plugin):
         *,
         decode_profile: str = "decode",
         prefill_profile: str = "prefill",
-        decider: DisaggDecider | None = None,
         primary_port: int = 0,
     ) -> None:
-        super().__init__(name)
-        self.decode_profile = decode_profile
-        self.prefill_profile = prefill_profile
-        self.decider = decider
+        # no encode stage: pd-profile-handler is P/D only
+        super().__init__(name, decode_profile=decode_profile, prefill_profile=prefill_profile, encode_profile="")
         self.primary_port = primary_port
         self._params: Params | None = None
         self._decider_name = DEFAULT_DECIDER
@@ -68,6 +61,10 @@ class PdProfileHandler(Plugin):
         self._producer = ""
         self._threshold: int | None = None
         self._hash_block_size: int | None = None
+
+    @property
+    def decider(self) -> DisaggDecider | None:
+        return self.prefill_decider
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
@@ -83,7 +80,7 @@ class PdProfileHandler(Plugin):
         handler._params = params
         handler._decider_name = params.str("deciderPluginName", DEFAULT_DECIDER) or DEFAULT_DECIDER
         handler._prefix_plugin = params.str("prefixPluginName", "") or params.str("prefixPluginType", "")
-        handler._producer = params.str("prefixMatchInfoProducerName", "")
+        handler._producer = params.str(PREFIX_MATCH.parameter, "")
         if params.has("threshold"):
             handler._threshold = params.int("threshold", 0, min=0)
         if params.has("hashBlockSize"):
@@ -100,7 +97,7 @@ class PdProfileHandler(Plugin):
         if p is not None:
             if not isinstance(p, DisaggDecider):
                 raise params.fail("deciderPluginName", f"plugin {self._decider_name!r} is not a P/D decider")
-            self.decider = p
+            self.prefill_decider = p
             return
         if self._threshold is None:
             raise params.fail(
@@ -119,46 +116,27 @@ class PdProfileHandler(Plugin):
             decider.key = next((k for k in plugins[producer].produces() if k.name.startswith(_MATCH_INFO)), None)
         if decider.key is None:
             decider.resolve_plugins(plugins, context)
-        self.decider = decider
+        self.prefill_decider = decider
 
-    def pick_profiles(
-        self,
-        state: CycleState,
-        request: InferenceRequest,
-        profiles: Mapping[str, Any],
-        results: Mapping[str, ProfileResult | None],
-    ) -> list[str]:
-        if self.decode_profile not in results:
-            return [self.decode_profile] if self.decode_profile in profiles else []
-        decode = results[self.decode_profile]
-        if len(profiles) == len(results) or decode is None or not decode.targets:
-            return []
-        model = model_label(request.target_model)
-        if self.decider is not None and self.decider.disaggregate(state, request, decode.targets[0]):
-            PD_DECISIONS.labels(self.name, self.type_name, model, PREFILL_DECODE).inc()
-            return [self.prefill_profile] if self.prefill_profile in profiles else []
-        PD_DECISIONS.labels(self.name, self.type_name, model, DECODE_ONLY).inc()
-        return []
+    def _record(self, request: InferenceRequest, results: Mapping[str, ProfileResult | None]) -> None:
+        kind = PREFILL_DECODE if self.prefill_profile in results else DECODE_ONLY
+        PD_DECISIONS.labels(self.name, self.type_name, model_label(request.target_model), kind).inc()
 
     def process_results(
         self, state: CycleState, request: InferenceRequest, results: Mapping[str, ProfileResult | None]
     ) -> SchedulingResult:
         decode = results.get(self.decode_profile)
-        if decode is None or not decode.targets:
-            return SchedulingResult(profile_results={}, primary_profile=self.decode_profile)
-        if self.primary_port:
-            chosen = decode.targets[0]
-            upstream_headers(request)[DATA_PARALLEL_HEADER] = chosen.hostport
-            decode = ProfileResult(
-                targets=[_with_port(ep, self.primary_port) for ep in decode.targets], scores=decode.scores
-            )
-        out = {self.decode_profile: decode}
-        prefill = results.get(self.prefill_profile)
-        if prefill is not None and prefill.targets:
-            out[self.prefill_profile] = prefill
-        result = SchedulingResult(profile_results=out, primary_profile=self.decode_profile)
-        record_decision(request, result, self.prefill_profile, "")
-        return result
+        if self.primary_port and decode is not None and decode.targets:
+            upstream_headers(request)[DATA_PARALLEL_HEADER] = decode.targets[0].hostport
+            ported = ProfileResult([_with_port(ep, self.primary_port) for ep in decode.targets], scores=decode.scores)
+            results = {**results, self.decode_profile: ported}
+        return super().process_results(state, request, results)
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        """No stage headers: prefill-header-handler sets them."""
+
+    def admission_endpoints(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> list[Endpoint]:
+        return list(candidates)
 
 
 def _with_port(ep: Endpoint, port: int) -> Endpoint:

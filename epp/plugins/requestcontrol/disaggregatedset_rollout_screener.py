@@ -29,7 +29,7 @@ from epp.framework import (
     Response,
     ServiceUnavailable,
 )
-from epp.plugins.filters.label_selector_filter import Requirement
+from epp.plugins.contracts.labels import Requirement
 
 REVISION_LABEL = "disaggregatedset.x-k8s.io/revision"
 ROLE_LABEL = "disaggregatedset.x-k8s.io/role"

@@ -23,8 +23,7 @@ from epp.framework import (
     Plugin,
     PluginContext,
 )
-from epp.plugins.producers.inflight_load_producer import TYPE as PRODUCER
-from epp.plugins.producers.inflight_load_producer import inflight_producer_name
+from epp.plugins.contracts.load import INFLIGHT, INFLIGHT_PRODUCER
 
 MODES = ("requests", "tokens", "hybrid")
 _ZERO = InFlightLoad()
@@ -41,7 +40,7 @@ class ConcurrencyDetector(Plugin):
         max_concurrency: int = 100,
         max_token_concurrency: int = 1000000,
         headroom: float = 0.0,
-        producer: str = PRODUCER,
+        producer: str = INFLIGHT_PRODUCER,
     ) -> None:
         super().__init__(name)
         self.mode = mode
@@ -58,7 +57,7 @@ class ConcurrencyDetector(Plugin):
             max_concurrency=params.int("maxConcurrency", 100, min=1),
             max_token_concurrency=params.int("maxTokenConcurrency", 1000000, min=1),
             headroom=params.float("headroom", 0.0, min=0.0),
-            producer=inflight_producer_name(params, context, name),
+            producer=context.producer_for(INFLIGHT, params, requested_by=name),
         )
 
     def consumes(self) -> Collection[DataKey[Any]]:

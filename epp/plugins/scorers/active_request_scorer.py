@@ -22,8 +22,7 @@ from epp.framework import (
     Plugin,
     PluginContext,
 )
-from epp.plugins.producers.inflight_load_producer import TYPE as PRODUCER
-from epp.plugins.producers.inflight_load_producer import inflight_producer_name
+from epp.plugins.contracts.load import INFLIGHT, INFLIGHT_PRODUCER
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,11 @@ class ActiveRequestScorer(Plugin):
     type_name = "active-request-scorer"
 
     def __init__(
-        self, name: str | None = None, idle_threshold: int = 0, max_busy_score: float = 1.0, producer: str = PRODUCER
+        self,
+        name: str | None = None,
+        idle_threshold: int = 0,
+        max_busy_score: float = 1.0,
+        producer: str = INFLIGHT_PRODUCER,
     ) -> None:
         super().__init__(name)
         self.idle_threshold = max(0, idle_threshold)
@@ -51,7 +54,7 @@ class ActiveRequestScorer(Plugin):
         if not 0.0 <= busy <= 1.0:
             log.warning("%s: ignoring out-of-range maxBusyScore %s; using 1.0", name, busy)
             busy = 1.0
-        producer = inflight_producer_name(params, context, name)
+        producer = context.producer_for(INFLIGHT, params, requested_by=name)
         return cls(name, idle_threshold=params.int("idleThreshold", 0), max_busy_score=busy, producer=producer)
 
     def consumes(self) -> Collection[DataKey[Any]]:

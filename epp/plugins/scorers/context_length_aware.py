@@ -24,7 +24,7 @@ from epp.framework import (
     Plugin,
     PluginContext,
 )
-from epp.plugins.producers._tokens import input_tokens
+from epp.plugins.contracts.prompt import input_tokens
 
 log = logging.getLogger(__name__)
 

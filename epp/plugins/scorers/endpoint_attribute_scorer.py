@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Self
 
 from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext
-from epp.plugins.filters._attribute import attribute_reader
+from epp.plugins.contracts.attribute import attribute_reader
 
 
 class EndpointAttributeScorer(Plugin):

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from epp.framework import (
-    LATENCY_PREDICTION_INFO,
-    PREFIX_CACHE_MATCH_INFO,
     CycleState,
     DataKey,
     Endpoint,
@@ -29,11 +27,10 @@ from epp.framework import (
     Plugin,
     PluginContext,
 )
+from epp.plugins.contracts.latency import DEFAULT_LATENCY_KEY, LATENCY
+from epp.plugins.contracts.prefix import APPROX_PRODUCER, PREFIX_MATCH
 
-LATENCY_PRODUCER = "predicted-latency-producer"
-PREFIX_PRODUCER = "approx-prefix-cache-producer"
-DEFAULT_LATENCY_KEY: DataKey[Any] = LATENCY_PREDICTION_INFO.of(LATENCY_PRODUCER)
-DEFAULT_PREFIX_KEY: DataKey[Any] = PREFIX_CACHE_MATCH_INFO.of(PREFIX_PRODUCER)
+DEFAULT_PREFIX_KEY: DataKey[Any] = PREFIX_MATCH.of(APPROX_PRODUCER)
 _W_MAX = 100
 _EPS = 1e-9
 
@@ -42,17 +39,6 @@ _EPS = 1e-9
 class _Scored:
     index: int
     p: LatencyPrediction
-
-
-def latency_info_key(params: Params, context: PluginContext, name: str) -> DataKey[Any]:
-    """The producer's key (`latencyPredictionInfoProducerName`); without one, the default producer is added."""
-    producer = params.str("latencyPredictionInfoProducerName", "")
-    if not producer:
-        producer = LATENCY_PRODUCER
-        context.require_producer(
-            LATENCY_PREDICTION_INFO.of(producer), LATENCY_PRODUCER, LATENCY_PRODUCER, requested_by=name
-        )
-    return LATENCY_PREDICTION_INFO.of(producer)
 
 
 class LatencyScorer(Plugin):
@@ -83,17 +69,12 @@ class LatencyScorer(Plugin):
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        latency_key = latency_info_key(params, context, name)
-        prefix = params.str("prefixMatchInfoProducerName", "")
-        if not prefix:
-            prefix = PREFIX_PRODUCER
-            context.require_producer(
-                PREFIX_CACHE_MATCH_INFO.of(prefix), PREFIX_PRODUCER, PREFIX_PRODUCER, requested_by=name
-            )
+        latency_key = LATENCY.of(context.producer_for(LATENCY, params, requested_by=name))
+        prefix = context.producer_for(PREFIX_MATCH, params, requested_by=name)
         return cls(
             name,
             latency_key=latency_key,
-            prefix_key=PREFIX_CACHE_MATCH_INFO.of(prefix),
+            prefix_key=PREFIX_MATCH.of(prefix),
             ttft_weight=params.float("ttftWeight", 0.8, min=0.0),
             tpot_weight=params.float("tpotWeight", 0.2, min=0.0),
             strategy=params.str("headroomSelectionStrategy", "least", choices=("least", "most")),

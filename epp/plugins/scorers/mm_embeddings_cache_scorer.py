@@ -12,20 +12,19 @@ from collections.abc import Collection, Sequence
 from typing import Any, Self
 
 from epp.framework import CycleState, DataKey, Endpoint, InferenceRequest, Params, Plugin, PluginContext
-from epp.plugins.producers.mm_embeddings_cache_producer import MM_CACHE_MATCH
-from epp.plugins.producers.mm_embeddings_cache_producer import TYPE as PRODUCER
+from epp.plugins.contracts.multimodal import MM_CACHE_MATCH, MM_MATCH, MM_PRODUCER
 
 
 class MMEmbeddingsCacheScorer(Plugin):
     type_name = "mm-embeddings-cache-scorer"
 
-    def __init__(self, name: str | None = None, producer: str = PRODUCER) -> None:
+    def __init__(self, name: str | None = None, producer: str = MM_PRODUCER) -> None:
         super().__init__(name)
         self.key = MM_CACHE_MATCH.of(producer)
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        return cls(name, params.str("producerName", "") or PRODUCER)
+        return cls(name, context.producer_for(MM_MATCH, params, requested_by=name, add_default=False))
 
     def consumes(self) -> Collection[DataKey[Any]]:
         return (self.key,)

@@ -22,8 +22,8 @@ from epp.framework import (
     PluginContext,
     SchedulingResult,
 )
+from epp.plugins.contracts.prefix import APPROX_PRODUCER, PREFIX_MATCH
 
-DEFAULT_PRODUCER = "approx-prefix-cache-producer"
 # Set by score() for PreRequest: whether the request hit no endpoint's cache (one key per scorer instance).
 COLD = DataKey[bool]("no-hit-lru-cold")
 
@@ -32,7 +32,7 @@ class NoHitLRUScorer(Plugin):
     type_name = "no-hit-lru-scorer"
     records_only = True  # PreRequest writes only the LRU of cold picks: may run after the answer
 
-    def __init__(self, name: str | None = None, lru_size: int = 1024, producer: str = DEFAULT_PRODUCER) -> None:
+    def __init__(self, name: str | None = None, lru_size: int = 1024, producer: str = APPROX_PRODUCER) -> None:
         super().__init__(name)
         self.lru_size = lru_size
         self.key = PREFIX_CACHE_MATCH_INFO.of(producer)
@@ -41,12 +41,7 @@ class NoHitLRUScorer(Plugin):
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        producer = params.str("prefixMatchInfoProducerName", "")
-        if not producer:
-            producer = DEFAULT_PRODUCER
-            context.require_producer(
-                PREFIX_CACHE_MATCH_INFO.of(producer), DEFAULT_PRODUCER, DEFAULT_PRODUCER, requested_by=name
-            )
+        producer = context.producer_for(PREFIX_MATCH, params, requested_by=name)
         return cls(name, lru_size=params.int("lruSize", 1024, min=1), producer=producer)
 
     def consumes(self) -> Collection[DataKey[Any]]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from epp.framework import CycleState, Endpoint, InferenceRequest
-from epp.plugins.producers.precise_prefix_cache_producer import PreciseMatch, PrecisePrefixCacheProducer
+from epp.plugins.contracts.prefix import PreciseMatch
+from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
 
 
 def match_scores(info: PreciseMatch | None, endpoints: Sequence[Endpoint]) -> list[float]:

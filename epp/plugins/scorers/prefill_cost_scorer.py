@@ -117,11 +117,10 @@ from epp.framework import (
     SchedulingResult,
     Usage,
 )
-from epp.plugins.producers.precise_prefix_cache_producer import PRECISE_MATCH
+from epp.plugins.contracts.prefix import PRECISE_MATCH, PRECISE_PREFIX_MATCH, PRECISE_PRODUCER
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PRODUCER = "precise-prefix-cache-producer"
 MAX_SHARED_KEYS = 8192  # block keys per shared booking (a longer prompt shares its first ones)
 MAX_REMOTE_BOOKINGS = 1 << 16  # the other replicas' bookings held at most
 WORKING_SET_WINDOW = 30.0  # workingSetWindow's default (s); also how long a prompt may wait for its next turn
@@ -228,7 +227,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
     def __init__(
         self,
         name: str | None = None,
-        producer: str = DEFAULT_PRODUCER,
+        producer: str = PRECISE_PRODUCER,
         prefill_tokens_per_second: float = 15928.0,
         decode_weight: float = 0.5,
         uncached_weight: float = 2.0,
@@ -299,7 +298,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        producer = params.str("prefixMatchInfoProducerName", DEFAULT_PRODUCER)
+        producer = context.producer_for(PRECISE_PREFIX_MATCH, params, requested_by=name, add_default=False)
         # The block-key terms (dedupInFlightBlocks, workingSetWindow, nextTurnWeight) read the precise producer's
         # keys: turned on with another prefix producer they would never take effect, so the config is refused.
         dedup = params.bool("dedupInFlightBlocks", True)

@@ -19,8 +19,8 @@ from epp.framework import (
     Plugin,
     PluginContext,
 )
+from epp.plugins.contracts.prefix import APPROX_PRODUCER, PREFIX_MATCH
 
-DEFAULT_PRODUCER = "approx-prefix-cache-producer"
 _PRODUCER_KEYS = (
     "autoTune",
     "blockSize",
@@ -38,7 +38,7 @@ class PrefixCacheScorer(Plugin):
     def __init__(
         self,
         name: str | None = None,
-        producer: str = DEFAULT_PRODUCER,
+        producer: str = APPROX_PRODUCER,
         match_length_weight: float = 0.0,
         match_length_scale_tokens: int = 8192,
     ) -> None:
@@ -50,13 +50,8 @@ class PrefixCacheScorer(Plugin):
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        producer = params.str("prefixMatchInfoProducerName", "")
         forwarded = {k: params.get(k) for k in _PRODUCER_KEYS if params.has(k)}
-        if not producer:
-            producer = DEFAULT_PRODUCER
-            context.require_producer(
-                PREFIX_CACHE_MATCH_INFO.of(producer), DEFAULT_PRODUCER, DEFAULT_PRODUCER, forwarded, requested_by=name
-            )
+        producer = context.producer_for(PREFIX_MATCH, params, requested_by=name, parameters=forwarded)
         return cls(
             name,
             producer=producer,

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Self
 
 from epp.framework import CycleState, Endpoint, InferenceRequest, Params, PluginContext
-from epp.plugins.scorers._session import SessionAffinityPlugin, SessionBinding, encode_session_token
+from epp.plugins.contracts.session import SessionAffinityPlugin, SessionBinding, encode_session_token
 
 __all__ = ["SessionAffinityScorer", "encode_session_token"]
 

@@ -20,8 +20,7 @@ from epp.framework import (
     Plugin,
     PluginContext,
 )
-from epp.plugins.producers.inflight_load_producer import TYPE as PRODUCER
-from epp.plugins.producers.inflight_load_producer import inflight_producer_name
+from epp.plugins.contracts.load import INFLIGHT, INFLIGHT_PRODUCER
 
 DEFAULT_THRESHOLD = 4194304
 
@@ -29,7 +28,9 @@ DEFAULT_THRESHOLD = 4194304
 class TokenLoadScorer(Plugin):
     type_name = "token-load-scorer"
 
-    def __init__(self, name: str | None = None, threshold: int = DEFAULT_THRESHOLD, producer: str = PRODUCER) -> None:
+    def __init__(
+        self, name: str | None = None, threshold: int = DEFAULT_THRESHOLD, producer: str = INFLIGHT_PRODUCER
+    ) -> None:
         super().__init__(name)
         self.threshold = float(threshold if threshold > 0 else DEFAULT_THRESHOLD)
         self.load_key = INFLIGHT_LOAD.of(producer)
@@ -37,7 +38,7 @@ class TokenLoadScorer(Plugin):
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        producer = inflight_producer_name(params, context, name)
+        producer = context.producer_for(INFLIGHT, params, requested_by=name)
         return cls(name, threshold=params.int("queueThresholdTokens", DEFAULT_THRESHOLD), producer=producer)
 
     def consumes(self) -> Collection[DataKey[Any]]:

@@ -10,7 +10,7 @@ from typing import Self
 from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext
 from epp.framework.attributes import Topology
 from epp.framework.state import DataKey
-from epp.plugins.filters._topology import common_level, peer_topology, topology_key
+from epp.plugins.contracts.topology import common_level, peer_topology, topology_key
 
 LEVEL_SCORES = (1.0, 0.2, 0.05, 0.02)
 

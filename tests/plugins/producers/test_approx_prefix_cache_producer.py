@@ -14,11 +14,11 @@ from epp.framework import (
     ProfileResult,
     SchedulingResult,
 )
+from epp.plugins.contracts.prompt import request_text
 from epp.plugins.producers.approx_prefix_cache_producer import (
     ApproxPrefixCacheProducer,
     PrefixIndex,
     block_hashes,
-    request_text,
 )
 from epp.wiring import plugin_context
 from tests.helpers import build

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from epp.framework.types import InferenceRequest
-from epp.plugins.producers.approx_prefix_cache_producer import block_hashes, request_text
+from epp.plugins.contracts.prompt import request_text
+from epp.plugins.producers.approx_prefix_cache_producer import block_hashes
 
 
 def _chat(rng: random.Random) -> InferenceRequest:

@@ -21,7 +21,7 @@ from epp.framework import (
     TokenizedPrompt,
     Usage,
 )
-from epp.plugins.producers.precise_prefix_cache_producer import PRECISE_MATCH, PreciseMatch
+from epp.plugins.contracts.prefix import PRECISE_MATCH, PreciseMatch
 from epp.plugins.scorers.prefill_cost_scorer import PrefillCostScorer, _Queue
 from tests.helpers import build
 
