@@ -27,6 +27,9 @@ class PoolConfig:
     # 131,072-block batch with its token ids is ~9 MiB), and bytes of payloads queued for the workers at once.
     max_message_bytes: int = 64 * 1024 * 1024
     max_queued_bytes: int = 256 * 1024 * 1024
+    # pyepp's per-pod budgets on what its events may store (epp.kvcache.validation)
+    max_blocks_per_pod: int = 1 << 21
+    max_blocks_per_second: int = 65_536
 
     @classmethod
     def from_params(cls, p: Params) -> PoolConfig:
@@ -53,4 +56,6 @@ class PoolConfig:
             default_model=p.optional_str("modelName") or p.str("defaultModel", ""),
             max_message_bytes=p.int("maxMessageBytes", 64 * 1024 * 1024, min=1024),
             max_queued_bytes=p.int("maxQueuedBytes", 256 * 1024 * 1024, min=1024),
+            max_blocks_per_pod=p.int("maxBlocksPerPod", 1 << 21, min=1),
+            max_blocks_per_second=p.int("maxBlocksPerSecond", 65_536, min=1),
         )

@@ -16,6 +16,8 @@ from typing import Any
 import msgpack
 
 MASK64 = (1 << 64) - 1
+MAX_TS = 1e11  # seconds since the epoch (year 5138): a batch's `ts` beyond it, negative or NaN is not a time
+MAX_RANK = 1 << 16  # data-parallel ranks are small integers
 
 
 class DecodeError(ValueError):
@@ -280,8 +282,10 @@ def batch_from_raw(raw: Any) -> EventBatch:
         raise DecodeError(f"event batch must be an array or a map, got {type(raw).__name__}")
     if not isinstance(events, list):
         raise DecodeError("event batch 'events' must be a list")
-    if not isinstance(ts, int | float):
+    if isinstance(ts, bool) or not isinstance(ts, int | float):
         raise DecodeError("event batch 'ts' must be a number")
+    if not 0 <= ts <= MAX_TS:
+        raise DecodeError(f"event batch 'ts' {ts!r} is not a time (want 0 to {MAX_TS:.0f} seconds since the epoch)")
     out: list[Event] = []
     unknown = 0
     for raw_ev in events:
@@ -290,7 +294,10 @@ def batch_from_raw(raw: Any) -> EventBatch:
             unknown += 1
         else:
             out.append(ev)
-    return EventBatch(float(ts), out, _opt_int(rank, "data_parallel_rank"), unknown)
+    dp_rank = _opt_int(rank, "data_parallel_rank")
+    if dp_rank is not None and not 0 <= dp_rank < MAX_RANK:
+        raise DecodeError(f"event batch data_parallel_rank {dp_rank} out of range")
+    return EventBatch(float(ts), out, dp_rank, unknown)
 
 
 def parse_topic(topic: bytes) -> tuple[str, str]:

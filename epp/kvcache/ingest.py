@@ -19,6 +19,7 @@ from epp.framework.logthrottle import LogThrottle
 from epp.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from epp.kvcache.index import Index, tier_index
 from epp.kvcache.tokens import BlockSizes, TokenProcessor
+from epp.kvcache.validation import EventGuard
 
 log = logging.getLogger(__name__)
 _throttle = LogThrottle()
@@ -106,6 +107,11 @@ class ApplyStats:
     bad_events: int = 0  # events whose fields decoded but could not be applied (e.g. token ids out of range)
     unknown_removals: int = 0  # removals of engine keys we do not know
     tier_updates: int = 0
+    # stores refused by the EventGuard (epp.kvcache.validation), by reason
+    refused_block_size: int = 0
+    refused_hashes: int = 0
+    refused_budget: int = 0
+    refused_rate: int = 0
 
     def add(self, o: ApplyStats) -> None:
         for f in self.__slots__:
@@ -155,8 +161,16 @@ def realign_extra(engine_extra: Sequence[list[str] | None], n_canonical: int) ->
 class EventApplier:
     """Turns one pod's event batches into index writes. Shared by all pool workers (single event loop)."""
 
-    def __init__(self, index: Index, tokens: TokenProcessor, block_sizes: BlockSizes | None = None) -> None:
+    def __init__(
+        self,
+        index: Index,
+        tokens: TokenProcessor,
+        block_sizes: BlockSizes | None = None,
+        guard: EventGuard | None = None,
+    ) -> None:
         self.index = index
+        self.guard = guard or EventGuard()
+        self._model_pods: dict[str, set[str]] = {}  # model -> pods whose stores were keyed at its block size
         self.tokens = tokens
         self.block_sizes = block_sizes or BlockSizes(default=tokens.block_size)
         self._groups: dict[tuple[str, int], bool] = {}  # (pod, group) -> indexable
@@ -187,6 +201,9 @@ class EventApplier:
     def forget(self, pod: str) -> None:
         """The pod left the pool: its blocks go, and it counts as publishing again only once new events arrive."""
         self.clear_pod(pod)
+        self.guard.forget(pod)
+        for pods in self._model_pods.values():
+            pods.discard(pod)
         self.publishing.discard(pod)
         if self.on_forget is not None:
             self.on_forget(pod)
@@ -202,12 +219,14 @@ class EventApplier:
             unknown = self.index.evict(ev.block_hashes, pod, tier_index(ev.medium))
             st.unknown_removals += unknown
             st.removed_blocks += n - unknown
+            self.guard.removed(pod, n - unknown)
         elif isinstance(ev, AllBlocksCleared):
             self.clear_pod(pod)
             st.clears += 1
 
     def clear_pod(self, pod: str) -> None:
         self.index.clear_pod(pod)
+        self.guard.cleared(pod)
         for k in [k for k in self._groups if k[0] == pod]:
             del self._groups[k]
 
@@ -215,6 +234,10 @@ class EventApplier:
         tier = tier_index(ev.medium)
         hashes = ev.block_hashes
         tokens = ev.token_ids
+        refused = self.guard.check_store(pod, ev.group_idx, tier, ev.block_size, len(hashes), len(tokens))
+        if refused is not None:
+            self._refuse(pod, model, ev, refused, st)
+            return
         if ev.group_idx is not None:
             ok = ev.spec_kind is None or ev.spec_kind in FULL_ATTENTION_KINDS
             if ev.spec_kind is not None:
@@ -238,7 +261,7 @@ class EventApplier:
                 st.skipped_parent += 1
                 return
         eff_model = ev.lora_name or model
-        bs = self.block_sizes.learn(model, ev.block_size)
+        bs = self._block_size(pod, model, ev.block_size)
         if bs > ev.block_size and "bs" not in self._warned:
             self._warned.add("bs")
             log.warning(
@@ -256,3 +279,41 @@ class EventApplier:
         if keys:
             self.index.add(hashes, keys, pod, tier)
             st.stored_blocks += len(hashes)
+            self.guard.stored(pod, len(hashes))
+
+    def _block_size(self, pod: str, model: str, engine_bs: int) -> int:
+        """The model's canonical size, learned from this store if not yet known. A size the pod's scraped metrics
+        confirm replaces a provisional one learned from an earlier event: the pods keyed at that one are cleared."""
+        sizes = self.block_sizes
+        before, provisional = sizes.get(model), sizes.provisional(model)
+        bs = sizes.learn(model, engine_bs, confirmed=self.guard.confirmed(pod, engine_bs))
+        pods = self._model_pods.setdefault(model, set()) if len(self._model_pods) < 4096 else set()
+        if provisional and before is not None and bs != before:
+            log.warning(
+                "KV events: %s's engine block size %d (scraped) replaces %d, learned from an earlier event; "
+                "clearing the %d pod(s) keyed at %d",
+                pod, bs, before, len(pods), before,
+            )  # fmt: skip
+            for p in list(pods):
+                self.clear_pod(p)
+            pods.clear()
+        pods.add(pod)
+        return bs
+
+    _REFUSED = {
+        "block_size": "refused_block_size",
+        "too_many_hashes": "refused_hashes",
+        "pod_budget": "refused_budget",
+        "rate": "refused_rate",
+    }
+
+    def _refuse(self, pod: str, model: str, ev: BlockStored, reason: str, st: ApplyStats) -> None:
+        field_ = self._REFUSED[reason]
+        setattr(st, field_, getattr(st, field_) + 1)
+        _throttle.log(
+            log, logging.WARNING, "refused_" + reason,
+            "KV events: refusing a BlockStored from %s (%s): %s (block_size %d, %d hashes, %d tokens; the pod's "
+            "scraped block size %d, %d blocks indexed)",
+            pod, model, reason, ev.block_size, len(ev.block_hashes), len(ev.token_ids),
+            self.guard.scraped_block_size(pod), self.guard.blocks(pod),
+        )  # fmt: skip

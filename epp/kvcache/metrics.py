@@ -37,8 +37,10 @@ class PoolMetrics:
             self.blocks.labels(op)
         for result in ("ok", "timeout", "error"):
             self.replays.labels(result)
-        for reason in ("queue_full", "queue_bytes", "unknown_pod", "rewound"):
+        for reason in ("queue_full", "queue_bytes", "unknown_pod", "rewound", "too_many_models", "too_many_ranks"):
             self.dropped.labels(reason)
+        for reason in ("block_size", "too_many_hashes", "budget", "rate"):  # the EventGuard's refusals
+            self.skipped.labels(reason)
         self.config_errors.labels("bad_port_label")
 
 

@@ -18,6 +18,7 @@ from epp.kvcache.index import DEFAULT_ENGINE_RUN_SIZE, Index, MemoryIndex
 from epp.kvcache.ingest import EventApplier
 from epp.kvcache.pool import EventPool
 from epp.kvcache.tokens import BlockSizes, TokenProcessor, request_extra_keys
+from epp.kvcache.validation import Budgets, EventGuard
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,13 @@ class KVCacheService(RemovalListener):
                     settings.tier_weights, settings.max_keys, settings.max_pods_per_key, settings.engine_run_size
                 )
         self.index = index
-        self.applier = EventApplier(index, self.tokens, self.block_sizes)
+        pool = settings.pool
+        budgets = Budgets(
+            max_blocks_per_pod=pool.max_blocks_per_pod,
+            blocks_per_second=float(pool.max_blocks_per_second),
+            burst_blocks=max(pool.max_blocks_per_second * 8, 1 << 17),
+        )
+        self.applier = EventApplier(index, self.tokens, self.block_sizes, EventGuard(budgets))
         self.pool = EventPool(self.applier, settings.pool)
         self.feedback = DeliveredHits(settings.feedback, self.resync_pod, self.speculate)
         self.applier.on_forget = self._forget

@@ -129,6 +129,7 @@ class Subscriptions:
             self.workers.forget(pod)
             cur = None
         self.workers.set_replay_endpoint(pod, eps.replay)
+        self.workers.applier.guard.endpoints[pod] = ep  # its scraped facts (block size) check its events
         if not self.cfg.discover_pods or eps.pub is None or (cur is not None and cur[1] == eps.replay):
             return
         self._stop_sub(pod)

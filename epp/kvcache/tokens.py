@@ -100,10 +100,14 @@ MAX_LEARNED_MODELS = 1024
 
 
 class BlockSizes:
-    """The canonical block size per model: configured, else learned once (from events or scraped metrics)."""
+    """The canonical block size per model: configured, else learned once (from scraped metrics or events).
+
+    A size learned from an event is provisional: an event's word is not a fact. The first size confirmed by a
+    pod's scraped `cache_config_info` replaces a provisional one that differs (`learn` then reports the change)."""
 
     def __init__(self, configured: Mapping[str, int] | None = None, default: int | None = None) -> None:
         self._sizes: dict[str, int] = dict(configured or {})
+        self._provisional: set[str] = set()
         self._learned = 0
         self.default = default
 
@@ -117,13 +121,23 @@ class BlockSizes:
         sizes = set(self._sizes.values())
         return sizes.pop() if len(sizes) == 1 else None
 
-    def learn(self, model: str, size: int) -> int:
-        """Fix the size for `model` if not yet known; returns the size in force (learning never changes it)."""
+    def provisional(self, model: str) -> bool:
+        return model in self._provisional
+
+    def learn(self, model: str, size: int, confirmed: bool = True) -> int:
+        """Fix the size for `model` if not yet known (or only provisionally, and `size` is confirmed); returns the
+        size in force."""
         cur = self.get(model)
+        if cur is not None and size > 0 and confirmed and model in self._provisional:
+            self._provisional.discard(model)
+            self._sizes[model] = size
+            return size
         if cur is None and size > 0:
             if self._learned < MAX_LEARNED_MODELS:
                 self._sizes[model] = size
                 self._learned += 1
+                if not confirmed:
+                    self._provisional.add(model)
             return size
         return cur if cur is not None else DEFAULT_BLOCK_SIZE
 

@@ -36,6 +36,7 @@ from epp.kvcache.ingest import RELEASE_STEP, ApplyStats, EventApplier, long_list
 from epp.kvcache.metrics import PoolMetrics
 from epp.kvcache.replay import Checkpoint, Replayer
 from epp.kvcache.sequencing import SequenceTracker, Verdict
+from epp.kvcache.validation import MAX_MODELS_PER_POD, MAX_RANKS_PER_POD
 
 log = logging.getLogger(__name__)
 _throttle = LogThrottle()  # one line per kind of bad message every 5 s; the counters stay exact
@@ -109,6 +110,7 @@ class ShardedWorkers:
         self._queues = [asyncio.Queue[_Item](cfg.queue_size) for _ in range(cfg.concurrency)]
         self._shard_of: dict[str, int] = {}
         self._replay_eps: dict[str, str | None] = {}  # pod -> replay endpoint, for messages that name none
+        self._models: dict[str, set[str]] = {}  # pod -> the models its topics named (bounded per pod)
         # Central bind: the pods in the Datastore (set by the subscriptions); messages naming others are dropped.
         self.known_pods: set[str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -125,6 +127,7 @@ class ShardedWorkers:
     def forget(self, pod: str) -> None:
         """The pod left: drop its blocks, its sequence state and its replay endpoint."""
         self._replay_eps.pop(pod, None)
+        self._models.pop(pod, None)
         self._shard_of.pop(pod, None)
         self.applier.forget(pod)
         self.seq.forget_pod(pod)
@@ -201,6 +204,16 @@ class ShardedWorkers:
                 pod[:80],
             )  # fmt: skip
             return False
+        models = self._models.setdefault(pod, set())
+        if model not in models:
+            if len(models) >= MAX_MODELS_PER_POD:
+                m.dropped.labels("too_many_models").inc()
+                _throttle.log(
+                    log, logging.WARNING, "too_many_models", "dropping KV-event message for %s: its topics named "
+                    "%d models already, not %r", pod[:80], len(models), model[:80],
+                )  # fmt: skip
+                return False
+            models.add(model)
         if replay is None and source_pod is None:
             replay = self._replay_eps.get(pod)
         return self._put(pod, (pod, model or self.cfg.default_model, int.from_bytes(seqb, "big"), payload, replay))
@@ -261,6 +274,13 @@ class ShardedWorkers:
     async def _process(self, pod: str, model: str, seq: int, payload: bytes, replay: str | None) -> None:
         batch = await self.decode_sliced(pod, payload)
         rank = (batch.dp_rank or 0) if batch is not None else self._sole_rank(pod)
+        if self.seq.last(pod, rank) is None and len(self.seq.ranks(pod)) >= MAX_RANKS_PER_POD:
+            self.metrics.dropped.labels("too_many_ranks").inc()
+            _throttle.log(
+                log, logging.WARNING, "too_many_ranks", "KV events: dropping a batch from %s: rank %d beyond the "
+                "%d ranks it has", pod, rank, MAX_RANKS_PER_POD,
+            )  # fmt: skip
+            return
         v = self.seq.check(pod, rank, seq)
         self.metrics.sequence.labels(v.value).inc()
         if v is Verdict.DUPLICATE:
@@ -368,6 +388,10 @@ class ShardedWorkers:
             m.skipped.labels("group").inc(st.skipped_group)
         if st.bad_events:
             m.skipped.labels("bad_event").inc(st.bad_events)
+        for reason in ("block_size", "hashes", "budget", "rate"):
+            n = getattr(st, "refused_" + reason)
+            if n:
+                m.skipped.labels("too_many_hashes" if reason == "hashes" else reason).inc(n)
         if st.unknown_removals:
             m.skipped.labels("unknown_removal").inc(st.unknown_removals)
         if batch.unknown:
