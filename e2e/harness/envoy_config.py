@@ -36,12 +36,15 @@ from envoy_data_plane.envoy.config.cluster.v3 import (
     ClusterDiscoveryType,
     ClusterLbPolicy,
     ClusterOriginalDstLbConfig,
+    OutlierDetection,
 )
 from envoy_data_plane.envoy.config.core.v3 import (
     Address,
     GrpcService,
     GrpcServiceEnvoyGrpc,
     Http2ProtocolOptions,
+    RetryPolicy,
+    RetryPolicyRetryHostPredicate,
     SocketAddress,
     SubstitutionFormatString,
     TransportSocket,
@@ -73,6 +76,7 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
     LocalReplyConfig,
     ResponseMapper,
 )
+from envoy_data_plane.envoy.extensions.retry.host.previous_hosts.v3 import PreviousHostsPredicate
 from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
     CertificateValidationContext,
     CommonTlsContext,
@@ -141,6 +145,34 @@ def _duration(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+def ext_proc_retry_policy() -> RetryPolicy:
+    """A stream that could not reach an EPP replica (refused, reset before an answer: the replica died or is
+    restarting) is opened again on another replica; a stream the EPP answered is never retried."""
+    return RetryPolicy(
+        retry_on="connect-failure,refused-stream,reset-before-request,unavailable",
+        num_retries=2,
+        retry_host_predicate=[
+            RetryPolicyRetryHostPredicate(
+                name="envoy.retry_host_predicates.previous_hosts", typed_config=_any(PreviousHostsPredicate())
+            )
+        ],
+        host_selection_retry_max_attempts=3,
+    )
+
+
+def ext_proc_outlier_detection() -> OutlierDetection:
+    """An EPP replica that refuses connections is taken out of the ext_proc cluster for a while (active health
+    checks alone take seconds to notice), so new streams do not try it first; at most all but one replica."""
+    return OutlierDetection(
+        split_external_local_origin_errors=True,
+        consecutive_local_origin_failure=1,
+        enforcing_consecutive_local_origin_failure=100,
+        interval=_duration(1),
+        base_ejection_time=_duration(5),
+        max_ejection_percent=50,
+    )
+
+
 def ext_proc_filter(opts: EnvoyOptions) -> ExternalProcessor:
     req_mode = ProcessingModeBodySendMode[opts.request_body_mode]
     resp_mode = ProcessingModeBodySendMode[opts.response_body_mode or opts.request_body_mode]
@@ -149,7 +181,11 @@ def ext_proc_filter(opts: EnvoyOptions) -> ExternalProcessor:
     if not opts.response_path:
         resp_mode = ProcessingModeBodySendMode.NONE
     return ExternalProcessor(
-        grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER), timeout=_duration(10)),
+        grpc_service=GrpcService(
+            envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
+            timeout=_duration(10),
+            retry_policy=ext_proc_retry_policy(),
+        ),
         processing_mode=ProcessingMode(
             request_header_mode=send,
             response_header_mode=send if opts.response_path else skip,
@@ -278,6 +314,7 @@ def build_bootstrap(opts: EnvoyOptions) -> Bootstrap:
                 )
             ]
         ),
+        outlier_detection=ext_proc_outlier_detection(),
         load_assignment=ClusterLoadAssignment(
             cluster_name=EXT_PROC_CLUSTER,
             endpoints=[
