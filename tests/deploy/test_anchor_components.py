@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import helm_python
 import pytest
 import yaml
 
@@ -16,6 +15,7 @@ from epp.datalayer.datastore import Datastore
 from epp.server.options import parse_options
 from epp.wiring import plugin_context, register_builtins
 from epp.wiring.builder import build_pipeline
+from tests.deploy import helm
 from tests.deploy.test_anchor_values import (
     AGW,
     GIE_POOL,
@@ -174,10 +174,10 @@ BAD_PROXY = [
 
 @pytest.mark.parametrize(("extra", "message"), BAD_PROXY)
 def test_bad_proxy_values_fail_as_the_anchor(extra: dict[str, Any], message: str) -> None:
-    with pytest.raises(helm_python.HelmError, match=message):
+    with pytest.raises(helm.HelmError, match=message):
         render(layered(*ROUTER_SA, extra=deep_merge(sa(), extra)))
     # agentgateway needs the standalone (pool-less) mode, as there.
-    with pytest.raises(helm_python.HelmError, match="create=false is required"):
+    with pytest.raises(helm.HelmError, match="create=false is required"):
         render(layered(*ROUTER_SA, extra=deep_merge(ROUTER_LABELS, sets(("router.proxy.proxyType", "agentgateway")))))
 
 
@@ -196,9 +196,9 @@ def test_gie_sidecar_and_standalone_without_pool() -> None:
     docs = rendered("gie-standalone")
     assert one(docs, "InferencePool")["spec"]["selector"]["matchLabels"] == LABELS
     assert "envoy-sidecar" in containers(docs)
-    with pytest.raises(helm_python.HelmError, match=r"standalone mode .* needs the model servers' labels"):
+    with pytest.raises(helm.HelmError, match=r"standalone mode .* needs the model servers' labels"):
         render(layered(*ROUTER_SA, extra=NO_POOL))
-    with pytest.raises(helm_python.HelmError, match="inferenceObjectives can only be configured"):
+    with pytest.raises(helm.HelmError, match="inferenceObjectives can only be configured"):
         render(layered(*ROUTER_SA, extra=deep_merge(ROUTER_LABELS, deep_merge(NO_POOL, sets(
             ("router.inferenceObjectives", [{"name": "a", "priority": 1}]))))))  # fmt: skip
 
@@ -221,7 +221,7 @@ def test_tokenizer_sidecar() -> None:
     docs = render(layered(*ROUTER_GW, extra=deep_merge(ROUTER_LABELS, sets(
         ("router.tokenizer.enabled", True), ("router.tokenizer.modelName", "Qwen/Qwen3-8B")))))  # fmt: skip
     assert containers(docs)["vllm-render"]["args"] == ["Qwen/Qwen3-8B", "--port=8000"]
-    with pytest.raises(helm_python.HelmError, match=r"tokenizer\.modelName is required"):
+    with pytest.raises(helm.HelmError, match=r"tokenizer\.modelName is required"):
         render(layered(*ROUTER_GW, extra=deep_merge(ROUTER_LABELS, sets(("router.tokenizer.enabled", True)))))
 
 
@@ -346,7 +346,7 @@ def test_gke_preferred_backends() -> None:
     assert one(docs, "InferencePool")["spec"]["endpointPickerRef"]["name"] == "qwen-pool-epp"
     bad = gw(("provider.name", "gke"), ("provider.gke.preferredBackends.enabled", True),
              ("provider.gke.preferredBackends.defaultReplicas", -1))  # fmt: skip
-    with pytest.raises(helm_python.HelmError, match="defaultReplicas must be at least 1"):
+    with pytest.raises(helm.HelmError, match="defaultReplicas must be at least 1"):
         render(layered(*ROUTER_GW, extra=bad))
     # Off (the default): one Deployment, one Service, the pool's backend policy.
     docs = rendered("router-gw-gke")

@@ -9,7 +9,6 @@ import csv
 from pathlib import Path
 from typing import Any
 
-import helm_python
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -21,6 +20,7 @@ from epp.server.goflags import FlagError
 from epp.server.options import parse_options
 from epp.wiring import plugin_context, register_builtins
 from epp.wiring.builder import build_pipeline
+from tests.deploy import helm
 from tests.deploy.test_helm_chart import KUBE_VERSION, by_kind, crd_schemas, one, render
 
 VALUES = Path(__file__).parent / "anchor_values"
@@ -298,7 +298,7 @@ def test_every_values_file_is_used_and_sourced() -> None:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_anchor_values_render_and_validate(case: str) -> None:
     if case in RENDER_REFUSED:
-        with pytest.raises(helm_python.HelmError, match=RENDER_REFUSED[case]):
+        with pytest.raises(helm.HelmError, match=RENDER_REFUSED[case]):
             rendered(case)
         return
     docs = rendered(case)
