@@ -86,7 +86,7 @@ schedulingProfiles:
   - pluginRef: prefill-cost-scorer
   - pluginRef: max-score-picker
 """
-# GIE's built-in default (pkg/epp/config/loader/defaults.go), pyepp's default before issue 11.
+# GIE's built-in default (pkg/epp/config/loader/defaults.go).
 GIE_DEFAULT_PLUGINS_YAML = """
 plugins:
 - type: queue-scorer

@@ -8,10 +8,10 @@ Signals (written into `Endpoint.health`):
 
 An endpoint is not a candidate while (a) `max_scrape_failures` scrapes in a row failed (a dead pod refuses the
 connection: ~2 scrape intervals), (b) its last good scrape is older than `stale_after` (a hung pod, e.g.
-SIGSTOPped, accepts the connection and never answers: GIE's stale-metrics rule, here in candidate selection, as
-GIE #1497 asks), or (c) it was ejected for `ejection` seconds after `max_server_errors` 5xx in a row. One good
-scrape brings it back (a and b). Endpoints never scraped are not judged by (b). If every candidate is unhealthy the
-filter fails open and keeps them all: routing to a possibly-dead pod beats refusing every request.
+SIGSTOPped, accepts the connection and never answers: GIE's stale-metrics rule, applied in candidate selection
+rather than only in saturation), or (c) it was ejected for `ejection` seconds after `max_server_errors` 5xx in a
+row. One good scrape brings it back (a and b). Endpoints never scraped are not judged by (b). If every candidate is
+unhealthy the filter fails open and keeps them all: routing to a possibly-dead pod beats refusing every request.
 """
 
 from __future__ import annotations

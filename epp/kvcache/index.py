@@ -175,8 +175,8 @@ class EngineMap:
     are spilled into an immutable sorted pair of uint64 arrays (16 B per entry instead of ~70 B for a dict slot
     plus the engine-key int). Runs are merged size-tiered (`fanout` runs of one size become one run of the next)
     and a run more than half removed is compacted, both incrementally: at most `step` entries per slice, one
-    slice every `step_every` writes, so no single call does more than a few thousand entries of numpy work (the
-    old single-shot spill of 65,536 entries paused ~11 ms). Lookups check the dict, then the runs newest first;
+    slice every `step_every` writes, so no single call does more than a few thousand entries of numpy work (a
+    spill in one shot would pause the loop). Lookups check the dict, then the runs newest first;
     `get_many`/`delete_many` do a batch with one vectorized search per run. Tuples (1:many block sizes) stay
     in the dict."""
 

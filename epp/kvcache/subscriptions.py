@@ -164,8 +164,8 @@ class Subscriptions:
     async def _recv_loop(self, sock: zmq.asyncio.Socket, source_pod: str | None, replay: str | None) -> None:
         """Each wake-up of the socket's FD drains every message it holds, received without blocking on a plain
         shadow of the socket. zmq.asyncio's `recv_multipart` costs a future and a reader added and removed per
-        message: 193 µs of loop CPU per one-block batch against 142 here (`bench_kvcache.bench_receive`, issue #16),
-        and an engine publishes a batch for every request it serves."""
+        message, and an engine publishes a batch for every request it serves (the loop CPU per batch is measured by
+        `bench_kvcache.bench_receive`, docs/benchmarks.md)."""
         raw: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
         fd = int(raw.getsockopt(zmq.FD))
         loop = asyncio.get_running_loop()

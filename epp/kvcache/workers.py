@@ -61,8 +61,8 @@ async def crc32_sliced(payload: bytes) -> int:
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """The cyclic GC off while one large batch is decoded, applied and let go. Its lists (two million token ids in
-    one) are new objects, and the one collection that walks them meanwhile does so whole: 11-16 ms of CPU in one
-    piece in 2 of 5 batches of 131,072 blocks (measured), however finely the work itself is sliced. Refcounting
+    one) are new objects, and the one collection that walks them meanwhile does so whole: milliseconds of CPU in one
+    piece, however finely the work itself is sliced. Refcounting
     frees everything as usual; collections resume when the batch is done (seconds at most: the payload is bounded
     by maxMessageBytes). Not nested: a batch that starts while GC is off (another batch's pause, or the process's
     own choice) leaves it as it is, so GC is never held off longer than one batch."""

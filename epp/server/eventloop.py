@@ -1,11 +1,8 @@
 """The event loop `epp serve` runs on (`--event-loop`): `auto` (the default: uvloop when it is installed, as it is
 with the package, else asyncio's), asyncio's, or uvloop.
 
-uvloop is the default since 2026-12-04: measured through Envoy with the paths sent in a random order, the EPP's
-added latency over the Python floor at 1k tokens, 50 req/s was 1.14-1.34x on uvloop against 1.31-1.42x on asyncio
-in the same three runs (medians 1.20x and 1.37x), with 4-6% more picks/s and 4-7% less CPU per request
-(docs/benchmarks.md, issue #16). Earlier comparisons that found
-no win sent the variant always right after the EPP, which biased them. Everything the EPP runs on the loop
+uvloop is the default because the EPP adds less latency and spends less CPU per request on it (measured through
+Envoy with the variants in a random order: docs/benchmarks.md). Everything the EPP runs on the loop
 (grpc.aio, aiohttp, pyzmq sockets and the KV-event reader, the scrapers' protocol, signal handlers, executors)
 works on both.
 """

@@ -1,8 +1,8 @@
 """Give the heap's free pages back to the OS after large request bodies (glibc `malloc_trim`).
 
 A large body passes through many allocations below glibc's mmap threshold (the gRPC chunks it arrived in, the
-strings parsed out of it); once freed they stay in the process's heaps and arenas, counted in its RSS (issue 15:
-~57 MB stayed resident after one refused 150 MB body). `malloc_trim(0)` returns every free page of every arena.
+strings parsed out of it); once freed they stay in the process's heaps and arenas, counted in its RSS.
+`malloc_trim(0)` returns every free page of every arena.
 It runs on a worker thread (it can take milliseconds on a large heap), at most once per `delay` seconds and only
 after a stream that carried a large body ended. Without glibc (musl, macOS) this does nothing.
 """

@@ -170,7 +170,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     VertexAIParser,
     VLLMGRPCParser,
     PassthroughParser,
-    # llm-d-router catalog (issue 12): filters, scorers, data layer, GIE conformance
+    # llm-d-router catalog: filters, scorers, data layer, GIE conformance
     UtilizationFilter,
     EndpointAttributeFilter,
     EndpointAttributeScorer,
@@ -200,7 +200,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     DisaggregatedSetRolloutScreener,
     SheddableEvictionFilter,
     PriorityThenTimeEvictionOrderPolicy,
-    # multimodal encoder-cache affinity (issue 14)
+    # multimodal encoder-cache affinity
     MMEmbeddingsCacheProducer,
     MMEmbeddingsCacheScorer,
     # recognized only to be refused with a clear error

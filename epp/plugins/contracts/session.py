@@ -55,7 +55,7 @@ class SessionBinding:
         self._served: DataKey[Endpoint] = DataKey(f"session-affinity-target/{owner}")
 
     @classmethod
-    def from_params(cls, owner: str, params: Params, *, legacy: bool = False) -> SessionBinding:
+    def from_params(cls, owner: str, params: Params) -> SessionBinding:
         strategy = params.str("strategy", STRATEGIES[0], choices=STRATEGIES)
         profile = params.str("profileName", "")
         enc = params.section("encodedEndpointHeaderConfig")
@@ -73,15 +73,6 @@ class SessionBinding:
             sources.append(("header", h.lower()) if h else ("attribute", str(a)))
         ttl = sid.float("evictionTtlSeconds", 300.0, min=0.0, min_exclusive=True)
         sweep = sid.float("evictionSweepSeconds", 10.0, min=0.0, min_exclusive=True)
-        if legacy:  # pyepp's earlier spellings on the scorer: headerName, ttl
-            name = params.optional_str("headerName")
-            if name:
-                if strategy == "encoded_endpoint_header":
-                    header = name.lower()
-                else:
-                    sources = [("header", name.lower())]
-            if params.has("ttl"):
-                ttl = params.duration("ttl", ttl)
         return cls(owner, strategy, header, sources or None, ttl, sweep, profile)
 
     def session_id(self, request: InferenceRequest) -> str | None:

@@ -102,9 +102,9 @@ def _stdlib_decode(body: bytes, max_depth: int) -> Any:
 
 def _check_depth(root: dict[str, Any], max_depth: int) -> None:
     """Iterative (no recursion), a level at a time: the decoded body's containers nest at most `max_depth` deep.
-    Only containers are visited further, tested by exact type (decoded JSON has no subclasses below the root):
-    4x faster than a stack of (node, depth) pairs with isinstance on every value, which cost more than the
-    decode itself on a body of many small objects (200k content parts: 1.7 s)."""
+    Only containers are visited further, tested by exact type (decoded JSON has no subclasses below the root): a
+    stack of (node, depth) pairs with isinstance on every value costs more than the decode itself on a body of
+    many small objects."""
     level: list[Any] = [root]
     depth = 1
     while level:

@@ -47,15 +47,12 @@ from epp.framework import (
     Usage,
 )
 from epp.framework.labels import MODEL_LABELS
+from epp.plugins.contracts.latency import TPOT_SLO_HEADERS, TTFT_SLO_HEADERS
 from epp.plugins.contracts.prefix import APPROX_PRODUCER, PREFIX_MATCH
 from epp.plugins.producers._latency_model import LatencyModels, Vector
 
 log = logging.getLogger(__name__)
 
-TTFT_SLO_HEADER = "x-llm-d-slo-ttft-ms"
-TPOT_SLO_HEADER = "x-llm-d-slo-tpot-ms"
-OLD_TTFT_SLO_HEADER = "x-slo-ttft-ms"
-OLD_TPOT_SLO_HEADER = "x-slo-tpot-ms"
 TTFT_DIMS = 6
 TPOT_DIMS = 4
 _LATENCY_BUCKETS = (
@@ -172,15 +169,15 @@ _PENDING = DataKey[_Pending]("predicted-latency-pending")
 _FLIGHT = DataKey[_Flight]("predicted-latency-flight")
 
 
-def slo_header(headers: Mapping[str, str], name: str, old: str) -> float:
-    """An SLO in ms from the header (or its older alias); 0 when absent or not a positive finite number."""
-    raw = headers.get(name) or headers.get(old)
+def slo_header(headers: Mapping[str, str], names: tuple[str, ...]) -> float:
+    """An SLO in ms from the first of `names` present; 0 when absent or not a positive finite number."""
+    raw = next((h for n in names if (h := headers.get(n))), "")
     if not raw:
         return 0.0
     try:
         v = float(raw)
     except ValueError:
-        log.debug("ignoring %s: %r is not a number", name, raw[:64])
+        log.debug("ignoring %s: %r is not a number", names[0], raw[:64])
         return 0.0
     return v if math.isfinite(v) and v > 0 else 0.0
 
@@ -306,8 +303,8 @@ class PredictedLatencyProducer(Plugin, RemovalListener):
         if info is not None and info.matches:
             bs = max(info.block_size_tokens, 1)
             matched = {k: min(float(prompt), v * bs) for k, v in info.matches.items()}
-        ttft_slo = slo_header(request.headers, TTFT_SLO_HEADER, OLD_TTFT_SLO_HEADER)
-        tpot_slo = slo_header(request.headers, TPOT_SLO_HEADER, OLD_TPOT_SLO_HEADER)
+        ttft_slo = slo_header(request.headers, TTFT_SLO_HEADERS)
+        tpot_slo = slo_header(request.headers, TPOT_SLO_HEADERS)
         pending = _Pending(prompt, matched, ttft_slo, tpot_slo)
         request.data.put(self.pending_key, pending)
         out = LatencyPredictionInfo(has_slo=ttft_slo > 0 or tpot_slo > 0)

@@ -1,94 +1,18 @@
-"""prefill-cost-scorer (pyepp): score each endpoint by the work, in prompt tokens, that stands between this request
-and its first token there.
+"""prefill-cost-scorer (pyepp's default scorer): each endpoint costs the work, in prompt tokens, that stands between
+this request and its first token there, and the cheapest wins.
 
     cost(e) = (w(e) + evictionWeight x reuse x full(e) + saturationWeight x busy) x uncached(e)
-            + backlog(e)                        prefill tokens already routed to e and not yet processed
-            + decodeWeight x full(e) x active(e)   KV tokens the requests in flight on e hold
+            + backlog(e)                          prefill tokens already routed to e and not yet processed
+            + decodeWeight x full(e) x active(e)  KV tokens the requests in flight on e hold (shared blocks once)
             + overflowWeight x max(0, working set(e) - capacity(e))
 
-uncached(e) is the prompt tokens e does not hold (precise prefix match). full(e) is KV pressure against e's KV
-capacity (`vllm:cache_config_info` blocks x block size, scraped; 1 when unknown), capped at 1: e's working set, the
-distinct prompt blocks routed there within `workingSetWindow` (30 s; needs the precise producer's block keys), or
-with the window 0 (or without block keys) every token written there since start. Once the blocks a pod is being asked
-for exceed what it holds, every token computed there evicts one that will be asked for again with probability
-`reuse` (the share of recent prompts' tokens some pod held, a moving average): that expected recompute is charged to
-the tokens the request computes there, and a working set beyond the capacity is charged itself (the pod thrashes:
-its overflow is recomputed by someone). The tokens held by in-flight requests cost in proportion to the pressure.
-
-w(e), what a recomputed token costs, is `uncachedWeight` (2) on a busy endpoint: it delays the requests queued behind
-it too. On an idle endpoint (nothing in flight, no prefill queued) it falls to `idleUncachedWeight` (1: only this
-request waits for it) in proportion to how free that endpoint is: scaled back up by its KV pressure (a recompute into
-a full cache evicts) and by the requests of its own expected during the prefill (`trafficWindow`'s arrival rate x
-the prefill's time / 2: they would queue behind it), whichever is larger. So a burst of sub-agents or a new chat
-session spreads to pods that are idle and empty, while under `make demo`'s overload a group stays on its pod: the
-other pods, idle for a moment between their own groups' requests, get requests every few hundred ms.
-`coldArrivalWeight` (0: off) also charges an idle endpoint, for a request that holds little anywhere (best pod
-< `coldShare` of the prompt), the pool's cold arrivals expected during its prefill shared over the idle endpoints:
-they would find one fewer free (Mooncake's small prefixes at 8 pods; not the default, docs/plugins.md).
-`arrivalWeight` (0: off) charges every endpoint, busy ones too, the wait of its own arrivals behind this prefill
-(rate x prefill time x uncached / 2, uncapped) in place of the idle share's capped one: a prompt nobody holds goes
-where the traffic is lowest (not the default: it keeps bursts of sub-agents from spreading, docs/plugins.md).
-`decodingShare` (0; 1: off) discounts as idle an endpoint that holds part of this prompt and only decodes (requests
-in flight, no prefill queued), its share at least `decodingShare`: its running requests are slowed by the
-recompute's chunks, not queued behind it. `decodingEndsFirst` (on) limits that to an endpoint whose decodes are
-expected to end before this prefill there would (each booking's max_tokens at the decode rate learned from
-completions): Mooncake's 8-token answers do, so its conversations keep their cached prefixes at 8 pods; a chat's
-longer answers do not, so sessions sharing a system prompt are not piled onto decoding pods (what the discount alone
-cost at block 64, docs/plugins.md). A request that holds nothing on such an endpoint is charged the busy weight.
-
-`nextTurnWeight` (0: off) charges the turns still to come. A request that extends an earlier prompt (a chat's next
-turn, an agent's next step or sub-agent: the earlier prompt's last block key is among its matched blocks) tells the
-scorer, online, how many tokens a continuation adds (a running mean) and, per depth in the chain (turns before it),
-how often a prompt there is continued at all (continued vs. not within `workingSetWindow`, over a minute). A prompt
-at depth d is expected to bring F(d) = p_d x (growth + F(d + 1)) more tokens to the endpoint it is placed on (the
-deepest tracked depth memoryless, p x growth / (1 - p), p capped at 0.9; a depth not seen resolved yet, 0): a chain
-of known length expects fewer turns as it goes on, and no turn is expected before one like it has been seen. Every
-endpoint's projected footprint is its working set plus that future for each of its prompts still pending; the
-request is charged the part of its own future that pushes that projection past the endpoint's KV capacity
-(x nextTurnWeight), except on the endpoint that holds the prompt it continues (or the same prompt sent before),
-where its future is already counted. A continued prompt stays findable until it expires, so every continuation of
-it (a burst's sibling sub-agents, the agent's next step) keeps to its endpoint. So new sessions sharing a system
-prompt spread while the pods holding it still have room today but not for the sessions' later turns (multi-turn at
-8 pods piled 24 sessions on the 3 pods seeded in the first half second, docs/benchmarks.md). Needs the precise
-producer's block keys and the endpoints' KV capacity; prompts never continued (shared-prefix groups, single
-requests) make it 0. Off by default: level with the default over the matrix, it learns the sessions' future too
-late to undo the first second's pile (docs/benchmarks.md, "`nextTurnWeight`" and its passes).
-
-active(e) counts each KV block several in-flight requests share once (`dedupInFlightBlocks`, from the precise
-producer's block keys), as vLLM's prefix cache holds it once; blocks private to a request (a chat session's own
-history) count in full; a request without block keys counts its whole prompt. Counting every request's whole prompt
-(the earlier default) spread `make demo`'s groups over 3-4 pods under its sustained overload: each request of a
-group in flight on the pod caching the group's 1024-token prompt was charged that prompt again. Counting blocks
-once without the idle and working-set terms piled chat sessions sharing a system prompt onto few pods and kept
-bursts of sub-agents on one pod; with them, the suite's six workloads at 4 pods / block 16 are all at or below the
-best other strategy (docs/benchmarks.md, "Idle endpoints and the working set"). busy (`saturationWeight`, 0 by
-default) is the number of requests in flight on the least-loaded endpoint: the earlier way to keep a group sticky
-under overload, charging a recompute more as the whole pool fills.
-
-The backlog is an estimate on a per-endpoint clock: each pick appends its uncached tokens to e's FCFS prefill
-queue, which drains at `prefillTokensPerSecond` (the engine's prefill throughput, llm-d's
-`peakPrefillThroughput`); in-flight requests are counted from the pick to the end of the response, with a
-`requestTimeout` so a lost completion cannot pin an endpoint. It is Dynamo's cost function (prefill not covered by
-the cached prefix plus decode load) with the prefill charge decayed by the estimated prefill time rather than held
-until completion. `decodeWeight` counts the KV the running requests hold, 0.5 by default (Dynamo's 1 was ours until
-2026-12-03): with the idle discount, 1 moved requests off their cached prefix onto idle pods (`make demo`'s overload
-p90 1160 vs 170 ms, its multi-turn 797 vs 341 ms); before the idle discount much less piled sessions sharing a system
-prompt onto the pod that caches it (0.3 gave the suite's multi-turn p90 3.9 s, 1.0 1.7 s). `uncachedWeight` > 1
-charges a recompute more than a wait of the same length: the tokens a pod computes again delay every request queued
-behind them, not only this one (with 1 the pick is greedy for this request's TTFT and, under a burst, spreads a
-prefix over pods that all compute it). The score is min-max normalized and inverted (lowest cost = 1).
-
-With `evictionWeight` 0, `dedupInFlightBlocks` false and every capacity unknown this is the earlier cost (uncached,
-backlog, in-flight tokens).
-
-A request without a prefix match (no tokens, cold index) costs the same uncached tokens everywhere, so the
-choice falls to backlog and decode load: the scorer degrades to a token-load balancer.
-
-Several EPPs (replicas through a cross-replica syncer that carries messages, or `--workers` through their state
-process) share every booking as it is made ([id, endpoint, uncached, prompt and output tokens, block size, block
-keys]) and its release ([id, the decode rate learned]): each books the others' picks into its queues as its own, so
-a prefill another EPP just sent to a pod is in that pod's backlog here too (`syncCrossReplicaState: false` opts out).
-A booking whose release is lost goes after `requestTimeout`, and all of them when the link is lost.
+Why each term: a token e must compute again delays the requests queued behind it too (w(e) falls towards
+`idleUncachedWeight` on an idle pod, where only this request waits); a computed token evicts one that will be asked
+for again once e's working set outgrows its KV capacity (`full(e)`, `reuse`); the backlog and in-flight terms keep a
+cached prefix from pulling every request onto one pod. Without a prefix match every endpoint costs the same
+uncached tokens and the scorer balances backlog and decode load. Bookings and releases are shared with the other
+EPPs (replicas through the cross-replica syncer, or `--workers`) so each sees the others' picks in its backlogs.
+The terms, parameters and their defaults are in docs/plugins.md ("pyepp's default: prefill-cost-scorer").
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """session-affinity-scorer (llm-d): 1.0 for the endpoint bound to the request's session, 0 for the others (a soft
-preference other scorers can outweigh). Strategies and parameters: see `_session` (llm-d-router's
-`strategy`, `profileName`, `encodedEndpointHeaderConfig`, `sessionIdConfig`; pyepp's earlier `headerName`/`ttl`
-still work)."""
+preference other scorers can outweigh). Strategies and parameters (llm-d-router's `strategy`, `profileName`,
+`encodedEndpointHeaderConfig`, `sessionIdConfig`): `epp.plugins.contracts.session`."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ class SessionAffinityScorer(SessionAffinityPlugin):
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
-        return cls(name, SessionBinding.from_params(name, params, legacy=True))
+        return cls(name, SessionBinding.from_params(name, params))
 
     @property
     def strategy(self) -> str:

@@ -1,4 +1,5 @@
-"""kv-cache-utilization-scorer and running-requests-size-scorer against their reference formulas (gie.md §4.2)."""
+"""kv-cache-utilization-scorer and running-requests-size-scorer against their reference formulas (llm-d-router
+v0.10 pkg/epp/framework/plugins/scheduling/scorer/kvcacheutilization, runningrequests)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""load-aware-scorer against its reference formula (llmd.md §7.2)."""
+"""load-aware-scorer against its reference formula (llm-d-router v0.10
+pkg/epp/framework/plugins/scheduling/scorer/loadaware/load_aware.go)."""
 
 from __future__ import annotations
 

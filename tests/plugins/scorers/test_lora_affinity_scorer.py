@@ -1,4 +1,5 @@
-"""lora-affinity-scorer against its reference formula (gie.md §4.2)."""
+"""lora-affinity-scorer against its reference formula (llm-d-router v0.10
+pkg/epp/framework/plugins/scheduling/scorer/loraaffinity/lora_affinity.go)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""no-hit-lru-scorer against its reference formula (llmd.md §7.2)."""
+"""no-hit-lru-scorer against its reference formula (llm-d-router v0.10
+pkg/epp/framework/plugins/scheduling/scorer/nohitlru)."""
 
 from __future__ import annotations
 

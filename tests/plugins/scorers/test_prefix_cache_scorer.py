@@ -1,4 +1,5 @@
-"""prefix-cache-scorer against its reference formula (gie.md §4.2)."""
+"""prefix-cache-scorer against its reference formula (llm-d-router v0.10
+pkg/epp/framework/plugins/scheduling/scorer/prefix)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""queue-scorer against its reference formula (gie.md §4.2)."""
+"""queue-scorer against its reference formula (llm-d-router v0.10
+pkg/epp/framework/plugins/scheduling/scorer/queuedepth)."""
 
 from __future__ import annotations
 

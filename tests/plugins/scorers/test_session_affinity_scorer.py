@@ -51,9 +51,9 @@ def test_session_affinity_encoded_header() -> None:
 
 
 def test_session_affinity_custom_header_round_trips() -> None:
-    """With `headerName`, the token goes back in that header, so the client's next request sticks."""
+    """With `encodedEndpointHeaderConfig.header`, the token goes back in that header, so the next request sticks."""
     a, b = ep("a"), ep("b")
-    s = build(SessionAffinityScorer, {"headerName": "X-My-Session"})
+    s = build(SessionAffinityScorer, {"encodedEndpointHeaderConfig": {"header": "X-My-Session"}})
     response = Response(200)
     s.response_received(req(), response, b)
     assert set(response.set_headers) == {"x-my-session"}
@@ -63,7 +63,11 @@ def test_session_affinity_custom_header_round_trips() -> None:
 
 def test_session_affinity_session_id_binds_and_expires() -> None:
     a, b = ep("a"), ep("b")
-    s = build(SessionAffinityScorer, name="sa", parameters={"strategy": "session_id", "ttl": "50ms"})
+    s = build(
+        SessionAffinityScorer,
+        name="sa",
+        parameters={"strategy": "session_id", "sessionIdConfig": {"evictionTtlSeconds": 0.05}},
+    )
     r = req(headers={"x-session-id": "s1"})
     assert s.score(S, r, [a, b]) == [0.0, 0.0]
     s.pre_request(r, result_for(b))
