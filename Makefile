@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # vLLM's own KV-event structs and publisher are used for interop tests; installed without its deps (no torch).
 VLLM_VERSION ?= 0.34.0
 
-.PHONY: setup system-deps helm test unit e2e lint demo bench bench-routing inference-perf-venv image-python-venv clean image \
+.PHONY: setup system-deps helm test unit e2e lint demo stack bench bench-routing inference-perf-venv image-python-venv clean image \
 	image-check
 
 $(STAMP): pyproject.toml
@@ -58,6 +58,11 @@ e2e: setup
 
 demo: setup
 	$(PY) -m e2e.demo
+
+# A gateway to poke at: Envoy + EPP + simulated pods until Ctrl-C (STACK_ARGS: python -m e2e.stack up --help).
+STACK_ARGS ?=
+stack: setup
+	$(PY) -m e2e.stack up $(STACK_ARGS)
 
 # The container image without a Docker engine: debootstrap (bookworm + Python 3.11) and buildah, as root
 # (scripts/image.sh; IMAGE_TAG=... to name it). `image-check` runs it: `epp serve` from the image as uid 10001,

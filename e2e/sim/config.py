@@ -102,7 +102,8 @@ class SimConfig:
         return out
 
 
-def parse_args(argv: list[str] | None = None) -> SimConfig:
+def build_parser() -> argparse.ArgumentParser:
+    """The simulator's flags (also listed by `python -m e2e.sim.launch --help`)."""
     d = SimConfig()
     p = argparse.ArgumentParser(prog="python -m e2e.sim", description="vLLM-compatible model-server simulator")
     a = p.add_argument
@@ -171,6 +172,11 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         help="usage without prompt_tokens_details.cached_tokens (vLLM without --enable-prompt-tokens-details)",
     )  # fmt: skip
     a("--seed", type=int, default=d.seed)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> SimConfig:
+    p = build_parser()
     ns = p.parse_args(argv)
     cfg = SimConfig(**{k: v for k, v in vars(ns).items()})
     if cfg.time_factor_under_load < 1.0:

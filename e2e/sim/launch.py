@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -383,18 +384,36 @@ def start_in_thread(
 Sim = SimProcess | ThreadSim
 
 
+USAGE = """usage: python -m e2e.sim.launch N [simulator flags...]
+
+Start N simulated vLLM servers (subprocesses of `python -m e2e.sim`) on free ports, KV events and replay on;
+print one JSON line per server ({"url", "events", "replay", "topic"}) once all are healthy, and run until Ctrl-C
+or SIGTERM, which stop them all. The flags are the simulator's, for every server:
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m e2e.sim.launch N [simulator flags...]`: start N simulators, print one JSON line each, wait."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["-h"], ["--help"]):
+        from e2e.sim.config import build_parser
+
+        print(USAGE + "\n" + build_parser().format_help().split("\n\n", 1)[-1])
+        return 0
     if not args or not args[0].isdigit():
-        print("usage: python -m e2e.sim.launch N [simulator flags...]", file=sys.stderr)
+        print(USAGE.split("\n\n")[0] + "\n(--help: what it does and the simulator flags)", file=sys.stderr)
         return 2
-    with start_simulators(int(args[0]), base_args=args[1:]) as sims:
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, interrupt)  # stop the servers as Ctrl-C does (the `with` below)
+    with contextlib.suppress(KeyboardInterrupt), start_simulators(int(args[0]), base_args=args[1:]) as sims:
         for s in sims:
             info = {"url": s.url, "events": s.event_endpoint, "replay": s.replay_endpoint, "topic": s.topic}
             print(json.dumps(info), flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            threading.Event().wait()
+        while True:
+            time.sleep(3600)
     return 0
 
 
