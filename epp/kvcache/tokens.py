@@ -26,7 +26,7 @@ def _extra_bytes(extra: Sequence[str]) -> bytes:
     """Length-prefixed so ("ab",) and ("a", "b") differ."""
     out = bytearray()
     for s in extra:
-        b = s.encode()
+        b = s.encode("utf-8", "surrogatepass")
         out += len(b).to_bytes(4, "little")
         out += b
     return bytes(out)
@@ -56,7 +56,7 @@ class TokenProcessor:
         """The parent of block 0 for `model` (a LoRA adapter name when the request used one)."""
         r = self._roots.get(model)
         if r is None:
-            r = _xxh(b"model" + _SEP + model.encode(), self._seed)
+            r = _xxh(b"model" + _SEP + model.encode("utf-8", "surrogatepass"), self._seed)
             if len(self._roots) < 4096:
                 self._roots[model] = r
         return r

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from epp.framework.errors import TokenizationError
 from epp.framework.types import MultiModalFeature, TokenizedPrompt
@@ -599,11 +599,16 @@ class PromptTokenizer(_HTTPClient):
             key = self._key(model, "chat", [msgs, kw, tool_list])
             got = self._get(key)
             if got is None:
-                got = await self.backend.chat(model, msgs, kw, tool_list)
+                try:
+                    got = await self.backend.chat(model, msgs, kw, tool_list)
+                except (TypeError, UnicodeError) as e:
+                    _surrogate_error([msgs, kw, tool_list], e)
                 self._put(key, got)
             return got
         if isinstance(prompt, list):
             if all(type(t) is int for t in prompt):
+                if not all(0 <= t <= 0xFFFFFFFF for t in prompt):
+                    raise TokenizationError("token ids must be in [0, 2**32)")
                 return list(prompt)  # already token ids
             if len(prompt) == 1 and isinstance(prompt[0], str):
                 prompt = prompt[0]
@@ -614,14 +619,17 @@ class PromptTokenizer(_HTTPClient):
         key = self._key(model, "completion", prompt)
         got = self._get(key)
         if got is None:
-            got = await self.backend.completion(model, prompt)
+            try:
+                got = await self.backend.completion(model, prompt)
+            except (TypeError, UnicodeError) as e:
+                _surrogate_error(prompt, e)
             self._put(key, got)
         return got
 
     @staticmethod
     def _key(model: str, kind: str, content: Any) -> bytes:
         h = hashlib.blake2b(digest_size=16)
-        h.update(model.encode() + b"\0" + kind.encode() + b"\0")
+        h.update(model.encode("utf-8", "surrogatepass") + b"\0" + kind.encode() + b"\0")
         _digest_into(h, content)
         return h.digest()
 
@@ -638,6 +646,30 @@ class PromptTokenizer(_HTTPClient):
         self._cache[key] = v
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
+
+
+def _has_surrogate(obj: Any, depth: int = 0) -> bool:
+    if isinstance(obj, str):
+        try:
+            obj.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
+    if depth > 64:
+        return False
+    if isinstance(obj, dict):
+        return any(_has_surrogate(k, depth + 1) or _has_surrogate(v, depth + 1) for k, v in obj.items())
+    if isinstance(obj, list | tuple):
+        return any(_has_surrogate(v, depth + 1) for v in obj)
+    return False
+
+
+def _surrogate_error(content: Any, e: Exception) -> NoReturn:
+    """A tokenizer's TypeError/UnicodeError on text with a lone surrogate (a `\\ud800` escape a client sent) is
+    the client's input, not our failure: a TokenizationError (no prefix score, one line); anything else re-raises."""
+    if _has_surrogate(content):
+        raise TokenizationError("the prompt holds a lone surrogate (an unpaired \\ud800-\\udfff escape)") from None
+    raise e
 
 
 def _chat_args(

@@ -189,6 +189,26 @@ def token_id_list(value: Any, field: str) -> list[int]:
     return value
 
 
+def check_token_ids(value: Any, field: str) -> None:
+    """A prompt given as token ids (a list of ints, or a list of such lists) must hold uint32 ids: vLLM answers
+    others with a 400, and the prefix hash cannot pack them (`OverflowError` on `2**70` or `-1`)."""
+    if not isinstance(value, list) or not value:
+        return
+    try:  # the usual list of ids at C speed
+        if min(value) >= 0 and max(value) <= 0xFFFFFFFF:
+            return
+    except TypeError:  # strings, nested lists or mixed items: item by item
+        pass
+    for i, t in enumerate(value):
+        if type(t) is int:
+            if not 0 <= t <= 0xFFFFFFFF:
+                raise BadRequest(f"{field}[{i}]: invalid token id {str(t)[:40]}")
+        elif isinstance(t, list):
+            for j, u in enumerate(t):
+                if type(u) is int and not 0 <= u <= 0xFFFFFFFF:
+                    raise BadRequest(f"{field}[{i}][{j}]: invalid token id {str(u)[:40]}")
+
+
 def cache_salt(body: Mapping[str, Any], key: str = "cache_salt") -> str | None:
     salt = body.get(key)
     if salt is None:

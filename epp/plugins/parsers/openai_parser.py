@@ -15,6 +15,7 @@ from epp.framework.parsing import ParsedRequest, match_path_suffix, request_path
 from epp.plugins.parsers._common import (
     ParserPlugin,
     cache_salt,
+    check_token_ids,
     decode_json_object,
     first_int,
     json_model_rewriter,
@@ -100,6 +101,7 @@ def parse_openai(api: str, body: bytes) -> ParsedRequest:
             raise BadRequest("prompt not found in request body")
         if not isinstance(prompt, str | list):
             raise BadRequest("prompt must be a string or a list")
+        check_token_ids(prompt, "prompt")
         out.prompt = prompt
         out.max_tokens = first_int(parsed, "max_tokens")
     elif api == "responses":
@@ -112,6 +114,7 @@ def parse_openai(api: str, body: bytes) -> ParsedRequest:
     elif api == "embeddings":
         if _empty(parsed.get("input")):
             raise BadRequest("input not found in request body")
+        check_token_ids(parsed["input"], "input")
         out.prompt = parsed["input"]
     elif api == "conversations":
         if _empty(parsed.get("items")) or not isinstance(parsed["items"], list):

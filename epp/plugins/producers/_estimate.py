@@ -257,7 +257,7 @@ def image_dimensions_from_url(url: str) -> tuple[int, int] | None:
 def _go_json(value: Any) -> bytes:
     """Go's json.Marshal of decoded JSON: compact, keys sorted, <>& escaped."""
     s = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False, default=str)
-    return s.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
+    return s.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode("utf-8", "surrogatepass")
 
 
 def _align(out: bytearray) -> None:
@@ -282,12 +282,12 @@ class _Stream:
 
     def text(self, s: Any) -> None:
         if isinstance(s, str) and s:
-            self.out += s.encode()
+            self.out += s.encode("utf-8", "surrogatepass")
 
     def asset(self, modality: str, content: str, count: int) -> None:
         _align(self.out)
         offset = len(self.out) // BYTES_PER_TOKEN
-        digest = xxhash.xxh64_intdigest(content.encode())
+        digest = xxhash.xxh64_intdigest(content.encode("utf-8", "surrogatepass"))
         self.out += (digest & 0xFFFFFFFF).to_bytes(4, "little") * count
         self.features.append(MultiModalFeature(modality, format(digest, "x"), offset, count))
 
@@ -373,7 +373,7 @@ class EstimateBackend:
             elif kind in ("input_audio", "audio_url"):
                 audio = _dict(b.get("input_audio"))
                 data = str(audio.get("data") or "") + str(audio.get("format") or "")
-                s.asset("audio", data, max(1, -(-len(data.encode()) // BYTES_PER_TOKEN)))
+                s.asset("audio", data, max(1, -(-len(data.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN)))
 
         self._messages(s, messages if messages is not None else body.get("messages"), block)
         return s
@@ -405,7 +405,9 @@ class EstimateBackend:
                 s.text(b.get("id"))
                 s.text(b.get("name"))
                 if "input" in b:
-                    s.out += json.dumps(b["input"], separators=(",", ":"), ensure_ascii=False).encode()
+                    s.out += json.dumps(b["input"], separators=(",", ":"), ensure_ascii=False).encode(
+                        "utf-8", "surrogatepass"
+                    )
             elif kind == "tool_result":
                 self._tool_result(s, b.get("content"))
 
@@ -454,7 +456,7 @@ def _is_token_ids(v: Any) -> bool:
 def _completion_tokens(prompt: Any) -> list[int]:
     """A string is packed; token ids pass through; several prompts are packed one after the other."""
     if isinstance(prompt, str):
-        return pack(prompt.encode())
+        return pack(prompt.encode("utf-8", "surrogatepass"))
     if _is_token_ids(prompt):
         return list(prompt)
     if isinstance(prompt, list):

@@ -40,7 +40,7 @@ class _Peer:
 
 def fnv1a32(s: str) -> int:
     h = 0x811C9DC5
-    for b in s.encode():
+    for b in s.encode("utf-8", "surrogatepass"):
         h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
     return h
 

@@ -92,6 +92,11 @@ def test_chat_fields_and_max_completion_tokens() -> None:
         ("/v1/chat/completions", b'{"model": "m", "prompt": "x"}', "at least one message"),
         ("/v1/embeddings", b'{"model": "m"}', "input not found"),
         ("/v1/completions", b'{"model": "\xc3"}', "UTF-8"),
+        # token ids the prefix hash cannot pack (was an OverflowError traceback on the precise path)
+        ("/v1/completions", b'{"model": "m", "prompt": [1, 1180591620717411303424]}', "prompt[1]: invalid token id"),
+        ("/v1/completions", b'{"model": "m", "prompt": [-1]}', "prompt[0]: invalid token id -1"),
+        ("/v1/completions", b'{"model": "m", "prompt": [[5, 6], [7, 4294967296]]}', "prompt[1][1]: invalid token"),
+        ("/v1/embeddings", b'{"model": "m", "input": [3, -2]}', "input[1]: invalid token id"),
     ],
 )
 def test_bad_requests(path: str, body: bytes, fragment: str) -> None:
@@ -99,6 +104,12 @@ def test_bad_requests(path: str, body: bytes, fragment: str) -> None:
         parse_request(hdrs(path), body)
     assert fragment in e.value.message
     assert json.loads(e.value.body())["error"]["code"] == 400
+
+
+def test_good_token_ids_and_string_lists_pass() -> None:
+    for prompt in ([0, 4294967295], [[1, 2], [3]], ["a", "b"], [1.5]):
+        req, _ = parse_request(hdrs(), json.dumps({"model": "m", "prompt": prompt}).encode())
+        assert req.prompt == prompt
 
 
 def test_unicode_and_huge_json() -> None:

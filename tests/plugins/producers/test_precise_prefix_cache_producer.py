@@ -477,3 +477,23 @@ async def test_delivered_hits_windows_go_when_the_endpoint_leaves(events: bool) 
     assert ep.hostport in svc.feedback.pods and ep.hostport in svc.feedback.counter_pods
     rig.ds.remove("m0")
     assert ep.hostport not in svc.feedback.pods and ep.hostport not in svc.feedback.counter_pods
+
+
+async def test_lone_surrogates_are_no_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """A `\\ud800` escape in a prompt, in chat messages or in the model name: not tokenized (no prefix score), one
+    line without a stack dump; was `TypeError: TextInputSequence must be str` / `UnicodeEncodeError` tracebacks."""
+    plugin, rig = make()
+    reqs = [
+        InferenceRequest("c", "/v1/completions", "completions", QWEN25_MODEL, QWEN25_MODEL, body={}, prompt="x\ud800y"),
+        chat_request("hello \udc00 there", rid="chat"),
+        InferenceRequest("m", "/v1/completions", "completions", "a\ud800", "a\ud800", body={}, prompt="x"),
+    ]
+    for req in reqs:
+        await rig.prepare(req, EPS)  # raises nothing
+    assert TOKENIZED_PROMPT not in reqs[0].data and TOKENIZED_PROMPT not in reqs[1].data
+    assert plugin.score(CycleState(), reqs[2], EPS) == [0.0, 0.0, 0.0]
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+    ok = chat_request(LONG, rid="ok")
+    await rig.prepare(ok, EPS)
+    assert tokens(ok)
+    assert PromptTokenizer._key("a\ud800", "completion", "x")
