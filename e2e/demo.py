@@ -21,6 +21,7 @@ workload) and one `<workload>.png` per workload (TTFT p50/p90/p99 per strategy).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -33,7 +34,7 @@ from typing import Any
 from e2e.bench.loadgen import Result
 from e2e.bench.routing import report, suite
 from e2e.bench.routing.suite import SERVED_HEADER, reset_caches, warm_up
-from e2e.strategies import LLMD, OURS, available_strategies
+from e2e.strategies import EXTERNAL, LLMD, OURS, available_strategies
 
 __all__ = ["SERVED_HEADER", "main", "reset_caches", "warm_up"]  # the last three are used by other benchmarks
 # Every strategy of the suite but round-robin and load: under the demo's overload the cache-blind strategies take
@@ -66,6 +67,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--out", default="e2e/out/demo", help="directory for the JSON and PNGs")
     a("--variants", default="", help='JSON {"name": {params}}: adds strategies pyepp-default/<name> (tuning)')
     a("--draws", type=int, default=1, help="run each workload's draws 0..N-1 (other seeds) and table the medians")
+    a("--external", default="", help="comma list of name=spec.yaml: adds strategy <name>, another EPP run from the "
+      "spec's command line (e2e/external/; see docs/benchmarks.md)")  # fmt: skip
     ns = p.parse_args(argv)
     if ns.draws < 1:
         p.error("--draws must be at least 1")
@@ -81,7 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     workloads = [w.strip() for w in ns.workloads.split(",") if w.strip()]
     if ns.variants:
         suite.VARIANTS.update(json.loads(ns.variants))
-    known = available_strategies() + [f"{OURS}/{v}" for v in suite.VARIANTS]
+    try:
+        suite.add_external(ns.external)
+    except (ValueError, RuntimeError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    known = available_strategies() + [f"{OURS}/{v}" for v in suite.VARIANTS] + list(EXTERNAL)
     bad = [s for s in strategies if s not in known] + [w for w in workloads if w not in WORKLOADS]
     if bad:
         print(f"unknown strategy or workload: {', '.join(bad)}", file=sys.stderr)
@@ -93,8 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = suite.SimModel()
     with (
         tempfile.TemporaryDirectory(prefix="pyepp-demo-") as tmp,
+        contextlib.ExitStack() as render,
         suite.start_sims(model, ns.pods, ns.block_size, max(WORKLOADS[w].kv_tokens for w in workloads)) as sims,
     ):
+        if suite.needs_render(strategies):
+            render.enter_context(suite.render_server(model, ns.block_size))
         # one set of stacks for every workload: the next workload's first EPP starts during this one's last run
         stacks = suite.Stacks(sims, ns.block_size, Path(tmp), model)
         try:

@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from e2e.harness.simconfig import sim_endpoints_yaml
+from e2e.harness.external import ExternalEpp
+from e2e.harness.simconfig import Pod, sim_endpoints_yaml
 from e2e.sim.launch import SimProcess
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
@@ -90,6 +91,9 @@ schedulingProfiles: [{{name: default, plugins: [{{pluginRef: random-picker}}]}}]
 }
 
 
+# Other EPPs run from their command lines (--external name=spec.yaml; e2e.harness.external), by strategy name.
+EXTERNAL: dict[str, ExternalEpp] = {}
+
 # The order strategies are listed in (tables, plots); files-based ones are appended by `available_strategies`.
 ORDER = ["random", "round-robin", "load", "approximate", "precise", LLMD, OURS]
 
@@ -114,7 +118,7 @@ def _ours(block_size: int, prefill_tps: float, overrides: dict[str, Any] | None 
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def endpoints_yaml(sims: Sequence[SimProcess]) -> str:
+def endpoints_yaml(sims: Sequence[SimProcess] | Sequence[Pod]) -> str:
     return sim_endpoints_yaml(sims, by_port=True)
 
 

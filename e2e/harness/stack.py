@@ -21,6 +21,7 @@ from typing import Any
 
 from e2e.harness.backends import Backend, BackendPool
 from e2e.harness.envoy_config import EnvoyOptions
+from e2e.harness.external import ExternalEpp, ExternalEppProcess
 from e2e.harness.ports import free_ports
 from e2e.harness.procs import EnvoyProcess, EppPorts, EppProcess, StartError
 
@@ -44,7 +45,7 @@ def endpoints_yaml(backends: list[Backend]) -> str:
 @dataclass
 class Stack:
     envoy: EnvoyProcess
-    epp: EppProcess
+    epp: EppProcess  # ours, or an ExternalEppProcess
     backends: list[Backend]
     pool: BackendPool | None
     subset_urls: dict[str, str] = field(default_factory=dict)
@@ -93,11 +94,14 @@ def _start_stack(
     ready_timeout: float = 120.0,
     epp_source: Path | None = None,
     epp_log_level: str = "info",
+    external: ExternalEpp | None = None,
+    external_values: dict[str, object] | None = None,
 ) -> Stack:
     """Start backends (unless given), the EPP and Envoy; everything is torn down if any part fails to start.
     `ready_timeout` bounds the EPP's readiness wait (it returns as soon as the EPP is SERVING; on a loaded 2-core box
     an EPP start took 22-30 s here, so 30 s left the P/D and E/P/D fixtures no margin);
-    `epp_source` runs the EPP of another checkout (A/B benchmarks)."""
+    `epp_source` runs the EPP of another checkout (A/B benchmarks); `external` runs another EPP from its command
+    line instead of ours (`config` is then its config file, `external_values` fill its command's placeholders)."""
     pool: BackendPool | None = None
     if isinstance(backends, int):
         pool = BackendPool()
@@ -120,10 +124,13 @@ def _start_stack(
         # All ports in one call, so none of them repeats before the children have bound theirs.
         picked = free_ports(3 + 2 + len(names))
         epp_ports, ports = picked[:3], picked[3:]
-        epp = EppProcess(
-            cfg, workdir, ports=EppPorts(*epp_ports), log_level=epp_log_level, extra_args=epp_args,
-            source_tree=epp_source,
-        )  # fmt: skip
+        if external is not None:
+            epp = ExternalEppProcess(external, cfg, workdir, EppPorts(*epp_ports), external_values or {})
+        else:
+            epp = EppProcess(
+                cfg, workdir, ports=EppPorts(*epp_ports), log_level=epp_log_level, extra_args=epp_args,
+                source_tree=epp_source,
+            )  # fmt: skip
         opts = EnvoyOptions(
             listener_port=ports[0],
             admin_port=ports[1],

@@ -15,6 +15,9 @@ from typing import Any
 import msgpack
 
 MEDIUM_GPU = "GPU"
+# vLLM annotates every BlockStored of a KV-cache group with its spec kind (KVCacheManager.take_events); llm-d's
+# pool skips a grouped store without one as not prefix-indexable.
+FULL_ATTENTION = "full_attention"
 BlockHash = int | bytes
 
 

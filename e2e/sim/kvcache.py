@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from e2e.sim.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from e2e.sim.events import FULL_ATTENTION, MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from e2e.sim.hashing import hash_block_tokens, none_hash, to_external
 
 
@@ -253,6 +253,7 @@ class KVCache:
                         for i in new
                     ],
                     group_idx=0,
+                    kv_cache_spec_kind=FULL_ATTENTION,
                 )
             ]
         )

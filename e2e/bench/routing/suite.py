@@ -35,7 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,11 +43,13 @@ from typing import Any
 
 from e2e.bench import loadgen
 from e2e.bench.routing.affinity_trace import lost_reuse
+from e2e.harness.external import ExternalEpp, check_spec, file_discovery_yaml, parse_external
 from e2e.harness.http import post_json
+from e2e.harness.simconfig import pod_name
 from e2e.harness.stack import Stack, start_stack
-from e2e.sim.launch import SimProcess, start_simulators
+from e2e.sim.launch import SimProcess, loopback_hosts, start_simulator, start_simulators
 from e2e.sim.tokenizer import shared_tokenizer
-from e2e.strategies import OURS, available_strategies, config_text
+from e2e.strategies import EXTERNAL, OURS, available_strategies, config_text, endpoints_yaml
 from e2e.workloads.agentic import agentic, no_reuse
 from e2e.workloads.base import Workload
 from e2e.workloads.mooncake import mooncake_conversations
@@ -58,6 +60,7 @@ from e2e.workloads.shared_prefix import shared_prefix
 TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
 REPO_TRACE = Path(__file__).resolve().parents[2] / "workloads" / "data" / "conversation_trace.jsonl"
 SERVED_HEADER = "x-inference-pod"
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 
 
 @dataclass(frozen=True)
@@ -270,9 +273,18 @@ def reset_caches(sims: Sequence[SimProcess]) -> None:
         _post_ok(s.url + "/reset_prefix_cache", {}, timeout=10)
 
 
-def warm_up(url: str, model: str) -> None:
-    """One request through the whole path, so one-time costs (tokenizer load, connections) are not measured."""
-    _post_ok(url + "/v1/completions", {"model": model, "prompt": "warm up", "max_tokens": 1}, timeout=60)
+def warm_up(url: str, model: str, within: float = 60.0) -> None:
+    """One request through the whole path, so one-time costs (tokenizer load, connections) are not measured; retried
+    for `within` seconds while it is not answered 200 (an external EPP may listen before it has found its pods)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            _post_ok(url + "/v1/completions", {"model": model, "prompt": "warm up", "max_tokens": 1}, timeout=60)
+            return
+        except (RuntimeError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 class Progress:
@@ -347,6 +359,8 @@ class Stacks:
     def _start(self, strategy: str) -> Stack:
         strategy_config, _, source = strategy.partition("@")
         base, _, variant = strategy_config.partition("/")
+        if base in EXTERNAL:
+            return self._start_external(EXTERNAL[base], strategy)
         text = config_text(
             base, self.sims, block_size=self.block_size, prefill_tps=self.model.effective_prefill_tps,
             ours_overrides={**OURS_OVERRIDES, **VARIANTS.get(variant, {})},
@@ -359,6 +373,14 @@ class Stacks:
         return start_stack(
             d, backends=[], config=text, epp_args=args, ready_timeout=180.0, epp_source=SOURCES.get(source)
         )
+
+    def _start_external(self, spec: ExternalEpp, strategy: str) -> Stack:
+        """Another EPP from its command line, over the same pods: its config's placeholders filled from them."""
+        d = self.workdir / f"{strategy.replace('/', '_')}-{time.monotonic_ns()}"
+        d.mkdir(parents=True, exist_ok=True)
+        values = external_values(self.sims, d, self.block_size, self.model.effective_prefill_tps)
+        return start_stack(d, backends=[], config=spec.config_text(values), external=spec, external_values=values,
+                           ready_timeout=180.0)  # fmt: skip
 
     def prestart(self, strategy: str) -> Future[Stack]:
         started = self._starter.submit(self._start, strategy)
@@ -395,6 +417,26 @@ class Stacks:
         self._stopper.shutdown(wait=True)
 
 
+def external_values(
+    sims: Sequence[SimProcess], workdir: Path, block_size: int, prefill_tps: float
+) -> dict[str, object]:
+    """What an external EPP's placeholders stand for over `sims` (see e2e.harness.external.CONFIG_KEYS)."""
+    endpoints_file = workdir / "endpoints.yaml"
+    endpoints_file.write_text(file_discovery_yaml([(pod_name(s), s.host, s.http_port) for s in sims]))
+    ports = {s.event_port for s in sims}
+    events_port = next(iter(ports)) if len(ports) == 1 else None
+    kv_events = (
+        f'{{topicFilter: "kv@", concurrency: 8, discoverPods: true, podDiscoveryConfig: {{socketPort: {events_port}}}}}'
+        if events_port is not None
+        else '{topicFilter: "kv@", discoverPods: false}'
+    )
+    return {
+        "endpoints_file": endpoints_file, "endpoints": endpoints_yaml(sims), "block_size": block_size,
+        "prefill_tps": prefill_tps, "model": MODEL, "render_url": RENDER_URL or sims[0].url, "kv_events": kv_events,
+        "events_port": events_port if events_port is not None else "", "events_endpoint": "",
+    }  # fmt: skip
+
+
 def run_strategy(
     strategy: str, stack: Stack, sims: Sequence[SimProcess], workload: Workload
 ) -> tuple[list[loadgen.Result], float]:
@@ -421,17 +463,39 @@ def summary_dict(s: loadgen.RunSummary, bound: float, cap_bound: float) -> dict[
 def start_sims(
     model: SimModel, pods: int, block_size: int, kv_tokens: int
 ) -> contextlib.AbstractContextManager[list[SimProcess]]:
+    hosts = loopback_hosts(pods)
     return start_simulators(
         pods,
         base_args=model.args(block_size, kv_tokens),
-        per_sim_args=lambda i: ["--seed", str(i)],
+        per_sim_args=lambda i: (
+            ["--seed", str(i)] + (["--pod-name", "sim-" + hosts[i].replace(".", "-")] if DISTINCT_HOSTS else [])
+        ),
         timeout=180.0,  # a loaded 2-core machine can take a minute to load the tokenizers
         events=SIM_EVENTS,
+        distinct_hosts=DISTINCT_HOSTS,
     )
+
+
+@contextlib.contextmanager
+def render_server(model: SimModel, block_size: int) -> Iterator[str]:
+    """One more simulator, outside the pool, for the EPPs that tokenize through vLLM's render API (llm-d's
+    token-producer with `vllm.url`, as its precise-prefix guide's standalone render Service): sets RENDER_URL."""
+    global RENDER_URL
+    sim = start_simulator(model.args(block_size, 8192), events=False, replay=False, timeout=180.0)
+    RENDER_URL = sim.url
+    try:
+        yield sim.url
+    finally:
+        RENDER_URL = ""
+        sim.stop()
 
 
 # --no-kv-events: the pods publish no KV events (the precise strategies find no publisher at their event port)
 SIM_EVENTS = True
+# Every pod on its own loopback address, all on the same ports, as pods in a cluster: an external EPP that finds the
+# pods' KV events by pod discovery (llm-d: tcp://<pod ip>:<socketPort>) needs it. On when --external is given.
+DISTINCT_HOSTS = False
+RENDER_URL = ""  # render_server's, while it runs
 
 
 def run_cell(
@@ -491,7 +555,7 @@ def run_cell(
             sims = stack.enter_context(start_sims(model, pods, block_size, spec.kv_tokens))
         for sim in sims:  # this workload's KV capacity (the simulators may have run another workload before)
             _post_ok(sim.url + "/admin/config", {"num_gpu_blocks": spec.pod_blocks(block_size)}, timeout=10)
-        pod_names = [f"sim-{s.http_port}" for s in sims]
+        pod_names = [pod_name(s) for s in sims]
         if stacks is None:
             stacks = Stacks(sims, block_size, workdir, model)
             stack.callback(stacks.close)
@@ -701,6 +765,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--variants", default="", help='JSON {"name": {params}}: adds strategies pyepp-default/<name> (tuning)')
     a("--sources", default="", help="comma list of name@checkout: adds strategies pyepp-default@<name> (and "
       "pyepp-default/<variant>@<name>) running that checkout's EPP, an A/B of code in one run")  # fmt: skip
+    a("--external", default="", help="comma list of name=spec.yaml: adds strategy <name>, another EPP run from the "
+      "spec's command line and config (e2e/external/; docs/benchmarks.md says how)")  # fmt: skip
     a("--plots", default="", help="directory for the per-workload PNGs (default: --out)")
     a("--repeats", type=int, default=1, help="runs of every strategy per cell (the tables show medians)")
     a("--draws", action="store_true", help="repeat r runs the workload drawn with seed + r (Mooncake: another "
@@ -725,6 +791,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(goals(done))
         return 0
     known = available_strategies()
+    try:
+        add_external(ns.external)
+    except (ValueError, RuntimeError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    known += list(EXTERNAL)
     if ns.variants:
         VARIANTS.update(json.loads(ns.variants))
         known += [f"{OURS}/{v}" for v in VARIANTS]
@@ -763,7 +835,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw: dict[str, Any] = {}
     command = "python -m e2e.bench.routing.suite " + " ".join(sys.argv[1:] if argv is None else argv)
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="pyepp-bench-routing-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pyepp-bench-routing-") as tmp, contextlib.ExitStack() as render:
+        if needs_render(strategies):
+            render.enter_context(render_server(model, grid[0][1]))
         for pods, bs in grid:
             # one set of simulators per cell of the grid (starting them is slow on a loaded machine); each workload
             # sets its KV capacity through /admin/config
@@ -792,6 +866,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if failed:
         print(f"{failed} requests failed", file=sys.stderr)
     return 0 if failed == 0 else 1
+
+
+def needs_render(strategies: Sequence[str]) -> bool:
+    """Some external strategy tokenizes through a render server (its config names {render_url})."""
+    return any("{render_url}" in EXTERNAL[s].config for s in strategies if s in EXTERNAL)
+
+
+def add_external(items: str) -> None:
+    """--external: registers each spec as a strategy and puts the pods on their own addresses (pod discovery)."""
+    global DISTINCT_HOSTS
+    specs = parse_external(items)
+    for spec in specs.values():
+        check_spec(spec)
+    EXTERNAL.update(specs)
+    DISTINCT_HOSTS = DISTINCT_HOSTS or bool(specs)
 
 
 def _write(out: Path, cells: Sequence[Cell], raw: dict[str, Any], command: str, model: SimModel) -> None:

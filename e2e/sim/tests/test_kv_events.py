@@ -54,6 +54,7 @@ def test_block_stored_fields_with_vllm_structs(thread_sim_factory: Any, tok: Any
         assert ev.token_ids == ids[: n * 16]
         assert ev.lora_id is None and ev.lora_name is None and ev.medium == "GPU"
         assert ev.extra_keys == [None] * n and ev.group_idx == 0
+        assert ev.kv_cache_spec_kind == "full_attention"  # as vLLM annotates a group's stores (llm-d skips others)
         # engine hashes: vLLM's sha256_cbor chain, low 64 bits
         parent = none_hash()
         expect = []
