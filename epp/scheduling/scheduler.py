@@ -32,13 +32,13 @@ class Scheduler:
         self.handler = handler
         # Per-plugin latency is sampled on one cycle in N: timing every plugin of every cycle costs more than the
         # plugins themselves (prometheus_client observe() takes a lock); 0 disables it.
-        self._timing_every = plugin_timing_every
+        self.plugin_timing_every = plugin_timing_every
         self._cycles = 0
 
     def schedule(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> SchedulingResult:
         t0 = time.perf_counter()
         self._cycles += 1
-        timer = _observe if self._timing_every and self._cycles % self._timing_every == 0 else None
+        timer = _observe if self.plugin_timing_every and self._cycles % self.plugin_timing_every == 0 else None
         state = CycleState()
         results: dict[str, ProfileResult | None] = {}
         for _ in range(_MAX_ROUNDS):

@@ -137,7 +137,7 @@ def pct(xs: list[float], q: float) -> float:
 async def measure(variant: str, n_endpoints: int, prompts: list[str], iterations: int) -> dict[str, list[float]]:
     ds = pool(n_endpoints)
     pipeline = build_pipeline(parse_config(VARIANTS[variant]), plugin_context(ds))
-    pipeline.scheduler._timing_every = TIMING_EVERY.get(variant, 16)
+    pipeline.scheduler.plugin_timing_every = TIMING_EVERY.get(variant, 16)
     director = SchedulingDirector(ds, pipeline)
     producers = pipeline.producers
     scheduler = pipeline.scheduler

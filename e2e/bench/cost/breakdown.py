@@ -170,10 +170,10 @@ def _runtime(chain: str, timers: Timers) -> ServerState:
     director: Any = rt.director
     director.handle_request = timers.wrap_async("director (total)", director.handle_request)
     director.scheduler.schedule = timers.wrap_sync("  scheduling", director.scheduler.schedule)
-    for p in director._producers:
+    for p in director.pipeline.producers:
         label = "  producer " + p.name + (" (tokenization)" if "token" in p.name and "prefix" not in p.name else "")
         p.prepare = timers.wrap_async(label, p.prepare)
-    for h in (*director._pre_request, *director._records):
+    for h in director.pipeline.pre_request:
         h.pre_request = timers.wrap_sync("  pre-request " + h.name, h.pre_request)
     director.handle_response_complete = timers.wrap_sync("response complete hooks", director.handle_response_complete)
     state = ServerState(rt.director, rt.datastore, RequestMetrics(CollectorRegistry()))

@@ -28,7 +28,6 @@ from prometheus_client import CollectorRegistry
 from e2e.harness.directors import RoundRobinDirector
 from epp.datalayer.datastore import Datastore
 from epp.framework.types import Endpoint
-from epp.protocol.usage import SSEUsageReader
 from epp.server.extproc import RequestStream, ServerState
 from epp.server.metrics import RequestMetrics
 
@@ -166,9 +165,17 @@ def main() -> None:
         r.response_body.response.body_mutation.streamed_response.body = body
         r.SerializeToString()
 
+    # a routed request whose response is an event stream, as the servicer sees it
     stream = RequestStream(state)
-    loop.run_until_complete(stream.handle(pb.ProcessingRequest.FromString(wire_messages(chat_body(1024))[0])))
-    stream._sse = SSEUsageReader()
+    for m in wire_messages(chat_body(1024)):
+        loop.run_until_complete(stream.handle(pb.ProcessingRequest.FromString(m)))
+    sse_headers = [(":status", b"200"), ("content-type", b"text/event-stream")]
+    response_headers = pb.ProcessingRequest(
+        response_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v) for k, v in sse_headers])
+        )
+    )
+    loop.run_until_complete(stream.handle(response_headers))
 
     async def pyepp_chunks(n: int) -> None:
         for _ in range(n):

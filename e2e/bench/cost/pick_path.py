@@ -104,10 +104,10 @@ def instrument(state: ServerState, acc: dict[str, float]) -> None:
     """Thread CPU per director phase (a producer's time includes what it awaits on this thread)."""
     d: Any = state.director
     d.handle_request = _timed(acc, "director (total)", d.handle_request)
-    for p in d._producers:
+    for p in d.pipeline.producers:
         p.prepare = _timed(acc, f"  producer {p.name}", p.prepare)
     d.scheduler.schedule = _timed(acc, "  scheduling", d.scheduler.schedule)
-    for h in (*d._pre_request, *d._records):
+    for h in d.pipeline.pre_request:
         h.pre_request = _timed(acc, f"  pre-request {h.name}", h.pre_request)
     d.handle_response_complete = _timed(acc, "response-complete hooks", d.handle_response_complete)
 
