@@ -67,6 +67,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--out", default="e2e/out/demo", help="directory for the JSON and PNGs")
     a("--variants", default="", help='JSON {"name": {params}}: adds strategies pyepp-default/<name> (tuning)')
     a("--draws", type=int, default=1, help="run each workload's draws 0..N-1 (other seeds) and table the medians")
+    a("--engine", default="", help="spec.yaml: the pods run another vLLM-compatible server (e2e/external/)")
     a("--external", default="", help="comma list of name=spec.yaml: adds strategy <name>, another EPP run from the "
       "spec's command line (e2e/external/; see docs/benchmarks.md)")  # fmt: skip
     ns = p.parse_args(argv)
@@ -86,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         suite.VARIANTS.update(json.loads(ns.variants))
     try:
         suite.add_external(ns.external)
+        suite.set_engine(ns.engine)
     except (ValueError, RuntimeError) as e:
         print(e, file=sys.stderr)
         return 2

@@ -49,6 +49,7 @@ class Stack:
     backends: list[Backend]
     pool: BackendPool | None
     subset_urls: dict[str, str] = field(default_factory=dict)
+    events_endpoint: str = ""  # where the pods send their KV events to this EPP when they dial it (engine pools)
 
     @property
     def url(self) -> str:

@@ -81,3 +81,23 @@ def test_shipped_specs_fill_to_valid_yaml(monkeypatch: pytest.MonkeyPatch) -> No
 def test_file_discovery_yaml_quotes_address_and_port() -> None:
     doc = yaml.safe_load(file_discovery_yaml([("sim-a", "127.0.0.2", 8000)]))
     assert doc == {"endpoints": [{"name": "sim-a", "address": "127.0.0.2", "port": "8000"}]}
+
+
+def test_engine_spec_loads_and_fills(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from e2e.harness.engines import ENGINE_KEYS, load_engine
+
+    monkeypatch.setenv("LLMD_SIM", "/bin/sim")
+    spec = load_engine(REPO_ROOT / "e2e/external/llm-d-inference-sim.yaml")
+    assert (spec.tokenizer, spec.cached_tokens, spec.events) == ("own", True, "connect")
+    values = {k: 1 for k in ENGINE_KEYS} | {"events_endpoint": "tcp://127.0.0.1:9", "model": "m"}
+    argv = fill(expand_env(spec.command), values, ENGINE_KEYS).split()
+    assert (
+        argv[0] == "/bin/sim"
+        and "--zmq-endpoint" in argv
+        and argv[argv.index("--zmq-endpoint") + 1] == ("tcp://127.0.0.1:9")
+    )
+    assert fill(spec.env["POD_NAME"], {"name": "p-0"}, ENGINE_KEYS) == "p-0"
+    bad = tmp_path / "e.yaml"
+    bad.write_text("command: x\ntokenizer: hf\n")
+    with pytest.raises(ValueError, match="tokenizer must be own or qwen"):
+        load_engine(bad)

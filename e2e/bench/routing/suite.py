@@ -39,19 +39,23 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import yaml
 
 from e2e.bench import loadgen
 from e2e.bench.routing.affinity_trace import lost_reuse
+from e2e.harness.engines import EnginePool, EngineSpec, load_engine, render_ids
 from e2e.harness.external import ExternalEpp, check_spec, file_discovery_yaml, parse_external
 from e2e.harness.http import post_json
+from e2e.harness.ports import free_ports
 from e2e.harness.simconfig import pod_name
 from e2e.harness.stack import Stack, start_stack
 from e2e.sim.launch import SimProcess, loopback_hosts, start_simulator, start_simulators
 from e2e.sim.tokenizer import shared_tokenizer
 from e2e.strategies import EXTERNAL, OURS, available_strategies, config_text, endpoints_yaml
 from e2e.workloads.agentic import agentic, no_reuse
-from e2e.workloads.base import Workload
+from e2e.workloads.base import Request, Workload
 from e2e.workloads.mooncake import mooncake_conversations
 from e2e.workloads.multiturn import multi_turn_chat
 from e2e.workloads.reuse import capacity_bound, prompt_ids, reuse_bound
@@ -365,22 +369,35 @@ class Stacks:
             base, self.sims, block_size=self.block_size, prefill_tps=self.model.effective_prefill_tps,
             ours_overrides={**OURS_OVERRIDES, **VARIANTS.get(variant, {})},
         )  # fmt: skip
+        events = ""
+        if isinstance(self.sims, EnginePool):
+            events = self._events_endpoint()
+            text = for_engine(text, events if ENGINE and ENGINE.events == "connect" else "", self.sims.render_url)
         d = self.workdir / f"{strategy.replace('/', '_').replace('@', '_')}-{time.monotonic_ns()}"
         d.mkdir(parents=True, exist_ok=True)
         # Pod health from scrapes is off: the simulated pods never die, but on this loaded 2-core machine their
         # /metrics answers can take over a second, and a pod dropped as "hung" would measure the machine, not routing.
         args = ["--log-level", "warning", "--endpoint-stale-after", "0", "--endpoint-max-scrape-failures", "0"]
-        return start_stack(
+        stack = start_stack(
             d, backends=[], config=text, epp_args=args, ready_timeout=180.0, epp_source=SOURCES.get(source)
         )
+        stack.events_endpoint = events
+        return stack
+
+    def _events_endpoint(self) -> str:
+        """Where an engine pool's pods send their KV events during this stack's run (its EPP binds it)."""
+        return f"tcp://127.0.0.1:{free_ports(1)[0]}"
 
     def _start_external(self, spec: ExternalEpp, strategy: str) -> Stack:
         """Another EPP from its command line, over the same pods: its config's placeholders filled from them."""
         d = self.workdir / f"{strategy.replace('/', '_')}-{time.monotonic_ns()}"
         d.mkdir(parents=True, exist_ok=True)
-        values = external_values(self.sims, d, self.block_size, self.model.effective_prefill_tps)
-        return start_stack(d, backends=[], config=spec.config_text(values), external=spec, external_values=values,
-                           ready_timeout=180.0)  # fmt: skip
+        events = self._events_endpoint() if isinstance(self.sims, EnginePool) else ""
+        values = external_values(self.sims, d, self.block_size, self.model.effective_prefill_tps, events)
+        stack = start_stack(d, backends=[], config=spec.config_text(values), external=spec, external_values=values,
+                            ready_timeout=180.0)  # fmt: skip
+        stack.events_endpoint = events
+        return stack
 
     def prestart(self, strategy: str) -> Future[Stack]:
         started = self._starter.submit(self._start, strategy)
@@ -418,31 +435,65 @@ class Stacks:
 
 
 def external_values(
-    sims: Sequence[SimProcess], workdir: Path, block_size: int, prefill_tps: float
+    sims: Sequence[SimProcess], workdir: Path, block_size: int, prefill_tps: float, events_endpoint: str = ""
 ) -> dict[str, object]:
-    """What an external EPP's placeholders stand for over `sims` (see e2e.harness.external.CONFIG_KEYS)."""
+    """What an external EPP's placeholders stand for over `sims` (see e2e.harness.external.CONFIG_KEYS):
+    `events_endpoint` is where the pods send their events when they dial the EPP (an engine pool), else the EPP
+    finds each pod's by pod discovery."""
     endpoints_file = workdir / "endpoints.yaml"
     endpoints_file.write_text(file_discovery_yaml([(pod_name(s), s.host, s.http_port) for s in sims]))
     ports = {s.event_port for s in sims}
-    events_port = next(iter(ports)) if len(ports) == 1 else None
-    kv_events = (
-        f'{{topicFilter: "kv@", concurrency: 8, discoverPods: true, podDiscoveryConfig: {{socketPort: {events_port}}}}}'
-        if events_port is not None
-        else '{topicFilter: "kv@", discoverPods: false}'
-    )
+    events_port: int | None = next(iter(ports)) if len(ports) == 1 else None
+    if events_endpoint:
+        events_port = int(events_endpoint.rpartition(":")[2])
+        kv_events = f'{{topicFilter: "kv@", concurrency: 8, discoverPods: false, zmqEndpoint: "{events_endpoint}"}}'
+    elif events_port is not None:
+        discovery = f"podDiscoveryConfig: {{socketPort: {events_port}}}"
+        kv_events = f'{{topicFilter: "kv@", concurrency: 8, discoverPods: true, {discovery}}}'
+    else:
+        kv_events = '{topicFilter: "kv@", discoverPods: false}'
+    render = sims.render_url if isinstance(sims, EnginePool) else RENDER_URL
     return {
         "endpoints_file": endpoints_file, "endpoints": endpoints_yaml(sims), "block_size": block_size,
-        "prefill_tps": prefill_tps, "model": MODEL, "render_url": RENDER_URL or sims[0].url, "kv_events": kv_events,
-        "events_port": events_port if events_port is not None else "", "events_endpoint": "",
+        "prefill_tps": prefill_tps, "model": MODEL, "render_url": render or sims[0].url, "kv_events": kv_events,
+        "events_port": events_port if events_port is not None else "", "events_endpoint": events_endpoint,
     }  # fmt: skip
+
+
+def engine_ids(req: Request, pool: EnginePool) -> list[int]:
+    """A prompt's token ids as the pool's engine counts them: its render API when it has its own tokenizer."""
+    return render_ids(pool.render_url, req.body, req.api) if pool.render_url else prompt_ids(req, shared_tokenizer())
+
+
+PRECISE_TYPES = ("precise-prefix-cache-producer", "precise-prefix-cache-scorer")
+
+
+def for_engine(text: str, events_endpoint: str, render_url: str) -> str:
+    """One of our strategies' configs over an engine pool: its precise plugins bind the SUB the pods dial
+    (`kvEventsConfig.zmqEndpoint`) and tokenize through the engine's render API when it has its own tokenizer."""
+    doc = yaml.safe_load(text)
+    for p in doc.get("plugins") or []:
+        params = p.setdefault("parameters", {}) if p.get("type") in (*PRECISE_TYPES, "token-producer") else None
+        if params is None:
+            continue
+        if p["type"] in PRECISE_TYPES and events_endpoint:
+            params.setdefault("kvEventsConfig", {})["zmqEndpoint"] = events_endpoint
+        if render_url:
+            params["vllm"] = {"url": render_url}
+    return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 def run_strategy(
     strategy: str, stack: Stack, sims: Sequence[SimProcess], workload: Workload
 ) -> tuple[list[loadgen.Result], float]:
-    """The workload through `stack` (this strategy's EPP and Envoy), from caches reset on every pod."""
-    warm_up(stack.url, str(workload.requests[0].body["model"]))
-    reset_caches(sims)
+    """The workload through `stack` (this strategy's EPP and Envoy), from caches reset on every pod (an engine
+    pool's pods restarted, sending their events where this EPP listens)."""
+    if isinstance(sims, EnginePool):
+        sims.restart(stack.events_endpoint)
+        warm_up(stack.url, str(workload.requests[0].body["model"]))
+    else:
+        warm_up(stack.url, str(workload.requests[0].body["model"]))
+        reset_caches(sims)
     time.sleep(1.0)  # the EPP sees the caches cleared (events) and fresh metrics before traffic
     return asyncio.run(
         loadgen.run(stack.url, workload.requests, served_header=SERVED_HEADER,
@@ -463,6 +514,8 @@ def summary_dict(s: loadgen.RunSummary, bound: float, cap_bound: float) -> dict[
 def start_sims(
     model: SimModel, pods: int, block_size: int, kv_tokens: int
 ) -> contextlib.AbstractContextManager[list[SimProcess]]:
+    if ENGINE is not None:
+        return engine_pool(ENGINE, model, pods, block_size, kv_tokens)
     hosts = loopback_hosts(pods)
     return start_simulators(
         pods,
@@ -474,6 +527,34 @@ def start_sims(
         events=SIM_EVENTS,
         distinct_hosts=DISTINCT_HOSTS,
     )
+
+
+def engine_values(model: SimModel, block_size: int, kv_tokens: int) -> dict[str, object]:
+    """An engine's placeholders (e2e.harness.engines.ENGINE_KEYS) from the simulated pod's model: the same prefill
+    rate, overhead, inter-token latency and batch size, at the same time scale."""
+    ms = model.time_scale * 1000
+    return {
+        "model": MODEL, "block_size": block_size, "kv_blocks": max(8, kv_tokens // block_size),
+        "max_num_seqs": model.max_num_seqs, "prefill_us_per_token": round(1e6 / model.effective_prefill_tps),
+        "prefill_tps": round(model.effective_prefill_tps, 3),
+        "prefill_overhead_ms": round(model.prefill_overhead * ms),
+        "time_factor_under_load": model.time_factor_under_load,
+        "inter_token_latency_ms": round(model.inter_token_latency * ms),
+    }  # fmt: skip
+
+
+@contextlib.contextmanager
+def engine_pool(
+    spec: EngineSpec, model: SimModel, pods: int, block_size: int, kv_tokens: int
+) -> Iterator[list[SimProcess]]:
+    """`pods` pods of another engine (--engine), restarted before every run (EnginePool.restart)."""
+    with tempfile.TemporaryDirectory(prefix="pyepp-engine-") as d:
+        pool = EnginePool(spec, pods, engine_values(model, block_size, kv_tokens), Path(d))
+        try:
+            pool.restart()
+            yield cast(list[SimProcess], pool)  # the surface of a simulator the suite uses (e2e.harness.simconfig.Pod)
+        finally:
+            pool.close()
 
 
 @contextlib.contextmanager
@@ -496,6 +577,7 @@ SIM_EVENTS = True
 # pods' KV events by pod discovery (llm-d: tcp://<pod ip>:<socketPort>) needs it. On when --external is given.
 DISTINCT_HOSTS = False
 RENDER_URL = ""  # render_server's, while it runs
+ENGINE: EngineSpec | None = None  # --engine: the pods run this engine instead of e2e.sim
 
 
 def run_cell(
@@ -530,7 +612,7 @@ def run_cell(
     draw_ids: list[list[list[int]]] = []
     avg_prompt = 0.0
     for w, warmup in reversed(drawn):  # draw 0 last: its prompt length is the one printed
-        ids = [prompt_ids(r, tok) for r in w.requests]
+        ids = [engine_ids(r, sims) if isinstance(sims, EnginePool) else prompt_ids(r, tok) for r in w.requests]
         draw_ids.insert(0, ids)
         bounds.insert(0, reuse_bound(w.requests, block_size, ids=ids, count_after=warmup).share)
         capacity = pods * spec.pod_blocks(block_size)
@@ -553,7 +635,10 @@ def run_cell(
     with contextlib.ExitStack() as stack:
         if sims is None:
             sims = stack.enter_context(start_sims(model, pods, block_size, spec.kv_tokens))
-        for sim in sims:  # this workload's KV capacity (the simulators may have run another workload before)
+        if isinstance(sims, EnginePool):  # applied at each run's restart
+            sims.kv_blocks = spec.pod_blocks(block_size)
+        for sim in [] if isinstance(sims, EnginePool) else sims:  # this workload's KV capacity (the simulators
+            # may have run another workload before)
             _post_ok(sim.url + "/admin/config", {"num_gpu_blocks": spec.pod_blocks(block_size)}, timeout=10)
         pod_names = [pod_name(s) for s in sims]
         if stacks is None:
@@ -586,6 +671,8 @@ def run_cell(
                 workload.requests, results, draw_ids[rep % len(drawn)], block_size, model.effective_prefill_tps, warmup
             )
             runs[rep][strategy].update(lost.shares())
+            if ENGINE is not None and not ENGINE.cached_tokens:  # the engine reports no per-request hit: n/a
+                runs[rep][strategy].update({k: float("nan") for k in NO_HIT_FIELDS})
             runs[rep][strategy]["wall_s"] = time.monotonic() - t0
             raw_out[f"{spec.name}/{pods}/{block_size}/{strategy}" + (f"/{rep}" if rep else "")] = [
                 (r.ttft, r.status, r.cached_tokens, r.prompt_tokens, r.served_by) for r in results
@@ -597,6 +684,9 @@ def run_cell(
     return cell
 
 
+# What a pool whose engine reports no per-request cached tokens cannot measure (the report says n/a)
+NO_HIT_FIELDS = ("kv_hit_rate", "captured", "captured_inf", "lost_engine", "lost_slower", "lost_miss",
+                 "captured_not_slower")  # fmt: skip
 MEDIAN_FIELDS = ("ttft_p50", "ttft_p90", "ttft_p99", "ttft_mean", "e2e_p50", "throughput_rps", "output_tok_s",
                  "kv_hit_rate", "load_cv", "captured", "captured_inf", "wall_s", "lost_engine", "lost_slower",
                  "lost_miss", "captured_not_slower")  # fmt: skip
@@ -627,23 +717,29 @@ def table(cell: Cell) -> str:
         best = min(others, default=float("nan"))
         row = [
             s["label"], f"{s['ok']}/{s['n']}", _ms(s["ttft_p50"]), _ms(s["ttft_p90"]), _ms(s["ttft_p99"]),
-            f"{s['throughput_rps']:.1f}", f"{s['kv_hit_rate']:.1%}", f"{s['bound']:.1%} / {_pct(s.get('cap_bound'))}",
-            f"{s['captured']:.0%}" if s["captured"] == s["captured"] else "-", _lost(s), f"{s['load_cv']:.2f}",
+            f"{s['throughput_rps']:.1f}", _pct(s["kv_hit_rate"], "n/a"),
+            f"{s['bound']:.1%} / {_pct(s.get('cap_bound'))}",
+            f"{s['captured']:.0%}" if s["captured"] == s["captured"] else _na(s), _lost(s), f"{s['load_cv']:.2f}",
             f"{s['ttft_p90'] / best:.2f}x" if best and best == best else "-",
         ]  # fmt: skip
         out.append("| " + " | ".join(row) + " |")
     return "\n".join(out)
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None or x != x else f"{x:.1%}"
+def _pct(x: float | None, missing: str = "-") -> str:
+    return missing if x is None or x != x else f"{x:.1%}"
+
+
+def _na(s: dict[str, Any]) -> str:
+    """A share the pool could not measure (no per-request cached tokens) reads n/a; one with nothing to share, -."""
+    return "n/a" if s.get("kv_hit_rate") != s.get("kv_hit_rate") else "-"
 
 
 def _lost(s: dict[str, Any]) -> str:
     """The bound's tokens not delivered, as shares of it, by why (affinity_trace.lost_reuse); '-' without reuse."""
     if s.get("bound", 0) <= 0 or "lost_miss" not in s:
         return "-"
-    return " / ".join(f"{s[k]:.1%}" for k in ("lost_slower", "lost_miss", "lost_engine"))
+    return " / ".join(_pct(s[k], "n/a") for k in ("lost_slower", "lost_miss", "lost_engine"))
 
 
 def plot(path: Path, workload: str, cells: Sequence[Cell]) -> None:
@@ -767,6 +863,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
       "pyepp-default/<variant>@<name>) running that checkout's EPP, an A/B of code in one run")  # fmt: skip
     a("--external", default="", help="comma list of name=spec.yaml: adds strategy <name>, another EPP run from the "
       "spec's command line and config (e2e/external/; docs/benchmarks.md says how)")  # fmt: skip
+    a("--engine", default="", help="spec.yaml: the pods run another vLLM-compatible server from its command line "
+      "instead of e2e.sim (e2e/external/llm-d-inference-sim.yaml)")  # fmt: skip
     a("--plots", default="", help="directory for the per-workload PNGs (default: --out)")
     a("--repeats", type=int, default=1, help="runs of every strategy per cell (the tables show medians)")
     a("--draws", action="store_true", help="repeat r runs the workload drawn with seed + r (Mooncake: another "
@@ -793,6 +891,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     known = available_strategies()
     try:
         add_external(ns.external)
+        set_engine(ns.engine)
     except (ValueError, RuntimeError) as e:
         print(e, file=sys.stderr)
         return 2
@@ -868,8 +967,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if failed == 0 else 1
 
 
+def set_engine(path: str) -> None:
+    """--engine: the pods of every cell run this engine (e2e.harness.engines)."""
+    global ENGINE
+    if path:
+        ENGINE = load_engine(Path(path))
+
+
 def needs_render(strategies: Sequence[str]) -> bool:
-    """Some external strategy tokenizes through a render server (its config names {render_url})."""
+    """Some external strategy tokenizes through a render server (its config names {render_url}) that the pool does
+    not bring (an engine pool with its own tokenizer renders on a pod of its own)."""
+    if ENGINE is not None:
+        return False
     return any("{render_url}" in EXTERNAL[s].config for s in strategies if s in EXTERNAL)
 
 
