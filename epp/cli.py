@@ -29,26 +29,27 @@ def main(argv: list[str] | None = None) -> int:
         description="Endpoint Picker for LLM inference (Envoy ext_proc). `epp serve --help` lists the serve flags.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("validate", help="check a config file and exit")
+    v = sub.add_parser("validate", help="check a config file as `epp serve` would, and exit")
     v.add_argument("file")
+    v.add_argument("--allow-experimental-plugins", action="store_true", help="as the serve flag: Alpha plugins load")
     sub.add_parser("serve", help="run the ext_proc server (with gRPC health and /metrics); flags as the Go EPP's")
     ns = parser.parse_args(args)
     if ns.command == "validate":
         from epp.config import ConfigError, load_config
-        from epp.datalayer.datastore import Datastore
-        from epp.wiring import build_pipeline, plugin_context, register_builtins
+        from epp.wiring import build_runtime
 
-        register_builtins()
         try:
             config = load_config(ns.file)
-            pipeline = build_pipeline(config, plugin_context(Datastore(), config.pool_name))
-        except ConfigError as e:
+            runtime = build_runtime(config)
+            check_plugin_stability(runtime, ns.allow_experimental_plugins)
+        except (ConfigError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
         for w in config.warnings:
             print(f"warning: {w}", file=sys.stderr)
-        profiles = ", ".join(pipeline.scheduler.profiles)
-        print(f"{ns.file}: ok ({len(pipeline.plugins)} plugins; profiles: {profiles})")
+        assert runtime.pipeline is not None
+        profiles = ", ".join(runtime.pipeline.scheduler.profiles)
+        print(f"{ns.file}: ok ({len(runtime.pipeline.plugins)} plugins; profiles: {profiles})")
         return 0
     return 2
 
@@ -119,7 +120,7 @@ def _serve(opts: Options) -> int:
             if opts.given(name):
                 setattr(config, attr, getattr(opts, attr))
         runtime = build_runtime(config)
-        _check_plugin_stability(runtime, opts)
+        check_plugin_stability(runtime, opts.allow_experimental_plugins)
         _apply_scrape_flags(runtime, opts)
         k8s = kubernetes_source_from_args(_discovery_args(opts), objectives=runtime.objectives)
         options = ServeOptions.from_flags(opts, kubernetes=k8s is not None)
@@ -150,11 +151,11 @@ def _serve(opts: Options) -> int:
     return 0
 
 
-def _check_plugin_stability(runtime: Runtime, opts: Options) -> None:
+def check_plugin_stability(runtime: Runtime, allow_experimental: bool) -> None:
     """llm-d-router's ValidatePluginStability: an Alpha plugin needs --allow-experimental-plugins."""
     from epp.server.options import ALPHA_PLUGIN_TYPES
 
-    if opts.allow_experimental_plugins or runtime.pipeline is None:
+    if allow_experimental or runtime.pipeline is None:
         return
     for name in sorted(runtime.pipeline.plugins):
         plugin = runtime.pipeline.plugins[name]

@@ -46,6 +46,9 @@ from epp.wiring.builtins import DEFAULT_PARSERS, register_builtins
 
 log = logging.getLogger(__name__)
 
+# Types the anchors renamed and no longer register (a config naming one is refused, as by them): the new name.
+RENAMED = {"kv-cache-scorer": "kv-cache-utilization-scorer"}
+
 
 @dataclass(slots=True)
 class _Built:
@@ -73,7 +76,7 @@ class _Builder:
         factory = self.registry.factory(spec.type)
         if factory is None:
             known = self.registry.known_types()
-            close = difflib.get_close_matches(spec.type, known, n=1)
+            close = [RENAMED[spec.type]] if spec.type in RENAMED else difflib.get_close_matches(spec.type, known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigError(
                 f"{self.loc(spec.type_line or spec.line)}: {where}.type: unknown plugin type {spec.type!r} "

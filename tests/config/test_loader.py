@@ -42,7 +42,8 @@ def test_sample_configs_parse_and_build(name: str) -> None:
     cfg = load_config(CONFIG_DIR / name)
     p = build_pipeline(cfg, plugin_context(Datastore()))
     assert p.scheduler.profiles and cfg.warnings == []
-    assert main(["validate", str(CONFIG_DIR / name)]) == 0
+    flag = "--allow-experimental-plugins"  # the sample says to run with it
+    assert main(["validate", str(CONFIG_DIR / name), *([flag] if flag in (CONFIG_DIR / name).read_text() else [])]) == 0
 
 
 def test_precise_sample_uses_the_kv_producer_not_the_approximate_one() -> None:
@@ -241,6 +242,13 @@ def test_validate_cli_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert f"{bad}:3: plugins[1].type: unknown plugin type 'nope-scorer'" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "missing.yaml")]) == 1
     assert "cannot read config" in capsys.readouterr().err
+    # what `epp serve` refuses, validate refuses: an Alpha plugin without --allow-experimental-plugins
+    alpha = tmp_path / "alpha.yaml"
+    alpha.write_text("plugins:\n- type: session-affinity-scorer\n")
+    assert main(["validate", str(alpha)]) == 1
+    assert "has Alpha stability level" in capsys.readouterr().err
+    assert main(["validate", str(alpha), "--allow-experimental-plugins"]) == 0
+    assert "ok (" in capsys.readouterr().out
 
 
 def test_raw_config_round_trips_through_yaml_and_json() -> None:

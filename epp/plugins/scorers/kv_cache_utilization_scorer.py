@@ -1,4 +1,5 @@
-"""kv-cache-utilization-scorer: 1 - KV cache usage (GIE; formerly kv-cache-scorer)."""
+"""kv-cache-utilization-scorer: 1 - KV cache usage (GIE). Its old name `kv-cache-scorer` is refused, as by
+llm-d-router v0.10 and GIE v1.5, which register only this one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from epp.framework import CycleState, Endpoint, InferenceRequest, Plugin
 
 class KVCacheUtilizationScorer(Plugin):
     type_name = "kv-cache-utilization-scorer"
-    aliases = ("kv-cache-scorer",)
 
     def score(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         return [1.0 - ep.metrics.kv_cache_usage_percent for ep in endpoints]
