@@ -9,20 +9,48 @@ no events — can score.
 
 Layout (prefix `pyepp:kv:` by default): `<p>r:<request key>` HASH with fields `<pod>|<tier>`;
 `<p>p:<pod>` SET of the request keys the pod holds (so clearing a pod needs no SCAN).
+
+Outages: the shared map degrades to the in-process copy, which this replica keeps anyway. A circuit breaker opens
+on the first lookup or flush that fails or takes longer than its budget (`LOOKUP_TIMEOUT`, far below the
+producers' 400 ms); while it is open lookups are answered by the local copy, changes are kept in order (up to
+`MAX_PENDING`; past it only a full rebuild can repair the shared map) and a background probe asks Redis for its
+`run_id` every `PROBE_INTERVAL`. When Redis answers again, the kept changes are replayed if it is the same server
+process; after a restart (another `run_id`, e.g. an empty Redis) or an overflow the shared map is rebuilt from the
+local copy: the replica's pods cleared there, then every entry pushed. One log line and a metric per state change.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from prometheus_client import Counter, Gauge
 
 from epp.framework.services import SpeculationHold
 from epp.framework.types import PrefixMatch
 from epp.kvcache.index import TIER_GPU, TIER_NAMES, MemoryIndex
 
 log = logging.getLogger(__name__)
+
+LOOKUP_TIMEOUT = 0.05  # one lookup's budget before the local copy answers (and the breaker opens)
+FLUSH_TIMEOUT = 1.0  # one flush's budget
+PROBE_INTERVAL = 0.5  # between two health probes (run_id) of Redis
+MAX_PENDING = 1_000_000  # changes kept while Redis is down; past it the shared map is rebuilt on reconnect
+REBUILD_CHUNK = 3_000  # entries per script call when rebuilding
+
+UP = Gauge("kv_cache_index_redis_up", "1 while the Redis/Valkey KV index answers, 0 while the local copy does")
+STATE_CHANGES = Counter("kv_cache_index_redis_state_changes", "Redis KV index up/down transitions", ["to"])
+FALLBACK_LOOKUPS = Counter(
+    "kv_cache_index_redis_fallback_lookups", "Lookups answered by the local copy (Redis down, slow or failing)"
+)
+PENDING = Gauge("kv_cache_index_redis_pending_changes", "Index changes waiting for Redis to come back")
+RESYNCS = Counter(
+    "kv_cache_index_redis_resyncs", "Reconnections by what was pushed: the kept changes or a full rebuild", ["kind"]
+)
 
 # KEYS[1] = hash; ARGV = fields. Delete the fields; delete the hash when it is empty.
 _PRUNE = """
@@ -126,6 +154,16 @@ class RedisIndex:
         self._lookup = self.redis.register_script(_LOOKUP)
         self._score = self.redis.register_script(_SCORE)
         self.flush_errors = 0
+        self.lookup_timeout = LOOKUP_TIMEOUT
+        self.probe_interval = PROBE_INTERVAL
+        self.up = True  # the breaker is closed
+        self.rebuilds = 0
+        self._pending: list[tuple[str, int, str, int]] = []  # changes not yet in Redis, in order
+        self._overflowed = False
+        self._run_id: str | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # one writer to Redis at a time (flushes and the resync)
+        UP.set(1)
 
     # ------------------------------------------------------------ writes (local, journaled)
     def add(self, engine_keys: Sequence[int] | None, request_keys: Sequence[int], pod: str, tier: int) -> None:
@@ -163,29 +201,131 @@ class RedisIndex:
         return f"{self.prefix}p:{pod}"
 
     async def flush(self) -> None:
-        """Push the journaled changes in order: one script call per run of adds/removes, clears between."""
+        """Push the journaled changes in order: one script call per run of adds/removes, clears between. While
+        Redis is down they are kept (bounded) for the resync."""
+        if self._probe is None:
+            self._start_probe()
         j = self.local.journal
-        if not j:
+        if j:
+            self.local.journal = []
+            self._keep(j)
+        if not self.up or not self._pending:
             return
-        self.local.journal = []
-        try:
-            args: list[Any] = [self.prefix]
-            for op, r, pod, tier in j:
-                if op == "clear":
-                    if len(args) > 1:
-                        await self._apply(keys=[], args=args)
-                        args = [self.prefix]
-                    await self._clear_remote(pod)
-                    continue
-                args += (op, r, f"{pod}|{TIER_NAMES[tier]}")
-                if len(args) > 30_000:
+        async with self._lock:
+            batch, self._pending = self._pending, []
+            PENDING.set(0)
+            try:
+                async with asyncio.timeout(FLUSH_TIMEOUT):
+                    await self._push(batch)
+            except Exception as e:  # the local copy stays right; the shared map is repaired on reconnect
+                self.flush_errors += 1
+                self._pending = batch + self._pending
+                self._trim()
+                self._down(f"flush of {len(batch)} changes failed: {e or type(e).__name__}")
+
+    def _keep(self, changes: list[tuple[str, int, str, int]]) -> None:
+        self._pending.extend(changes)
+        self._trim()
+
+    def _trim(self) -> None:
+        if len(self._pending) > MAX_PENDING:
+            self._pending = []
+            self._overflowed = True
+        PENDING.set(len(self._pending))
+
+    async def _push(self, changes: list[tuple[str, int, str, int]]) -> None:
+        args: list[Any] = [self.prefix]
+        for op, r, pod, tier in changes:
+            if op == "clear":
+                if len(args) > 1:
                     await self._apply(keys=[], args=args)
                     args = [self.prefix]
-            if len(args) > 1:
+                await self._clear_remote(pod)
+                continue
+            args += (op, r, f"{pod}|{TIER_NAMES[tier]}")
+            if len(args) > 30_000:
                 await self._apply(keys=[], args=args)
-        except Exception as e:  # the local bookkeeping stays right; the shared map is repaired by later events
-            self.flush_errors += 1
-            log.warning("redis index: flush of %d changes failed: %s", len(j), e)
+                args = [self.prefix]
+        if len(args) > 1:
+            await self._apply(keys=[], args=args)
+
+    # ------------------------------------------------------------ the breaker
+    def _down(self, why: str) -> None:
+        if self.up:
+            self.up = False
+            UP.set(0)
+            STATE_CHANGES.labels("down").inc()
+            log.warning(
+                "redis index %s unavailable (%s): lookups use this replica's local copy, changes are kept for "
+                "when it is back",
+                self.url,
+                why,
+            )
+        self._start_probe()
+
+    def _start_probe(self) -> None:
+        if self._probe is None or self._probe.done():
+            with contextlib.suppress(RuntimeError):  # no running loop: the next flush or lookup starts it
+                self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
+
+    async def _server_run_id(self) -> str:
+        async with asyncio.timeout(max(self.lookup_timeout * 4, 0.2)):
+            info = await self.redis.info("server")
+        return str(info.get("run_id", ""))
+
+    async def _probe_loop(self) -> None:
+        """While down: ask Redis for its run_id; when it answers, resync and close the breaker. While up: notice a
+        restart (a new run_id) even when no request or event has touched Redis since."""
+        while True:
+            await asyncio.sleep(self.probe_interval)
+            try:
+                run_id = await self._server_run_id()
+            except Exception as e:
+                self._down(f"probe failed: {e or type(e).__name__}")
+                continue
+            restarted = self._run_id is not None and run_id != self._run_id
+            if self.up and not restarted:
+                self._run_id = run_id
+                continue
+            try:
+                await self._resync(run_id, restarted)
+            except Exception as e:
+                self._down(f"resync failed: {e or type(e).__name__}")
+
+    async def _resync(self, run_id: str, restarted: bool) -> None:
+        async with self._lock:
+            if restarted or self._overflowed or self._run_id is None:
+                await self._rebuild()
+                kind, what = "rebuild", f"rebuilt from the local copy ({len(self.local)} keys)"
+            else:
+                batch, self._pending = self._pending, []
+                await self._push(batch)
+                kind, what = "replay", f"{len(batch)} kept changes replayed"
+            self._pending, self._overflowed = [], False
+            PENDING.set(0)
+            self._run_id = run_id
+        RESYNCS.labels(kind).inc()
+        if not self.up:
+            self.up = True
+            UP.set(1)
+            STATE_CHANGES.labels("up").inc()
+        log.warning("redis index %s is back%s: %s", self.url, " (restarted)" if restarted else "", what)
+
+    async def _rebuild(self) -> None:
+        """The shared map from the local copy: this replica's pods cleared in Redis, then every entry pushed."""
+        self.rebuilds += 1
+        self.local.journal = []  # what the copy holds now is what gets pushed
+        for pod in self.local.pods():
+            await self._clear_remote(pod)
+        args: list[Any] = [self.prefix]
+        for r, pod, tier in self.local.entries():
+            args += ("+", r, f"{pod}|{TIER_NAMES[tier]}")
+            if len(args) > 3 * REBUILD_CHUNK:
+                await self._apply(keys=[], args=args)
+                args = [self.prefix]
+                await asyncio.sleep(0)
+        if len(args) > 1:
+            await self._apply(keys=[], args=args)
 
     async def _clear_remote(self, pod: str) -> None:
         fields = [f"{pod}|{t}" for t in TIER_NAMES]
@@ -205,8 +345,27 @@ class RedisIndex:
 
     # ------------------------------------------------------------ reads
     async def lookup(self, request_keys: Sequence[int], pods: Iterable[str] | None = None) -> dict[str, PrefixMatch]:
+        """Redis's answer within `lookup_timeout`; the local copy's while the breaker is open or when Redis fails."""
         if not request_keys:
             return {}
+        if self._probe is None:
+            self._start_probe()
+        if pods is not None and not isinstance(pods, list | set | frozenset | tuple):
+            pods = list(pods)  # read twice when Redis fails
+        if not self.up:
+            FALLBACK_LOOKUPS.inc()
+            return self.local.lookup_now(request_keys, pods)
+        try:
+            async with asyncio.timeout(self.lookup_timeout):
+                return await self._lookup_remote(request_keys, pods)
+        except Exception as e:
+            self._down(f"lookup failed: {e or type(e).__name__}")
+            FALLBACK_LOOKUPS.inc()
+            return self.local.lookup_now(request_keys, pods)
+
+    async def _lookup_remote(
+        self, request_keys: Sequence[int], pods: Iterable[str] | None = None
+    ) -> dict[str, PrefixMatch]:
         allowed = set(pods) if pods is not None else None
         self.local.expire_speculative(time.monotonic())  # drops what is due and carries held entries on
         spec, spec_bits = self.local._spec, self.local._spec_bits
@@ -272,4 +431,8 @@ class RedisIndex:
         return out
 
     async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(BaseException):
+                await self._probe
         await self.redis.aclose()
