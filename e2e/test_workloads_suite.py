@@ -172,3 +172,20 @@ def test_suite_sources_name_checkouts_with_an_epp_package(tmp_path: Path) -> Non
     assert main(["--sources", f"@{repo}"]) == 2
     assert main(["--sources", f"old@{repo}", "--strategies", "pyepp-default@new"]) == 2  # a name not given
     assert SOURCES["old"] == repo
+
+
+def test_pick_parity_flags_and_table(tmp_path: Path) -> None:
+    """--pick-parity wants two of the strategies run and --pick-logs; the table compares their pick logs per cell."""
+    from e2e.bench.routing.suite import Cell, main, pick_parity
+    from e2e.harness.picklog import Pick, write
+
+    assert main(["--strategies", "load,random", "--pick-parity", "load:precise", "--pick-logs", str(tmp_path)]) == 2
+    assert main(["--strategies", "load,random", "--pick-parity", "load:random"]) == 2
+    a, b = "10.0.0.1:8000", "10.0.0.2:8000"
+    write(tmp_path / "multi-turn_4_16_load.jsonl", [Pick(0, "", a, {a: 1.0, b: 0.5}), Pick(1, "", a, {a: 1.0})])
+    write(tmp_path / "multi-turn_4_16_random.jsonl", [Pick(0, "", b, {a: 0.5, b: 1.0}), Pick(1, "", a, {a: 1.0})])
+    runs = [{"label": "load", "ttft_p90": 2.0}, {"label": "random", "ttft_p90": 3.0}]
+    cell = Cell("multi-turn", 4, 16, 2, 1.0, 0.5, {}, repeats=[runs])
+    text = pick_parity(tmp_path, [("load", "random")], [cell])
+    # renamed: both first picks go to an idle pod (the same pick); then load stays on its pod, random takes its idle one
+    assert "| multi-turn 4:16 | load | random | 2 | 50.0% / 50.0% | 1 | 0 | scores 1 | 1.50 |" in text

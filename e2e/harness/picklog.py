@@ -15,10 +15,12 @@ Where the picks come from, for any EPP behind the harness's Envoy:
 The format (`Pick`, one JSON object a line, `write`/`read`) is what `compare` and the CLI take:
 
     python -m e2e.harness.picklog convert ENVOY_ACCESS_LOG [--epp-log EPP_LOG] [--names FILE_DISCOVERY_YAML] -o A.jsonl
-    python -m e2e.harness.picklog compare A.jsonl B.jsonl        # share of identical picks, what decided the rest
+    python -m e2e.harness.picklog compare A.jsonl B.jsonl [--strict]  # share of identical picks, what decided the rest
 
 Two EPPs on one replay each route for real, so after their first different pick their pods' states differ too;
-`compare` reports the agreement over all picks and the run of identical picks from the start.
+`compare` reports the agreement over all picks and the run of identical picks from the start. Pods are identical
+and start empty, so by default picks are compared up to a renaming of pods (`compare`): a tie broken towards
+another idle pod is not a difference, nor is everything that follows from it.
 """
 
 from __future__ import annotations
@@ -212,6 +214,7 @@ class Comparison:
     differ: int = 0
     prefix: int = 0  # identical picks from the start, before the first difference (ties skipped)
     decided_by: Counter[str] = field(default_factory=Counter)  # for each difference: what made it
+    renamed: bool = False  # identical up to a renaming of pods (see compare)
 
     @property
     def agreement(self) -> float:
@@ -222,7 +225,8 @@ class Comparison:
         out = [
             f"matched picks: {self.matched}; identical: {self.same}; tied (excepted): {self.ties}; "
             f"different: {self.differ}",
-            f"agreement (ties excepted): {self.agreement:.1%}; identical from the start: {self.prefix}",
+            f"agreement (ties excepted{', pods renamed' if self.renamed else ''}): {self.agreement:.1%}; "
+            f"identical from the start: {self.prefix}",
         ]
         for what, k in self.decided_by.most_common():
             out.append(f"  decided by {what}: {k}")
@@ -266,16 +270,33 @@ def _same_type_terms(ta: Mapping[str, Any], tb: Mapping[str, Any]) -> list[tuple
     return [(x, y) for x in ta for y in tb if kind(x) == kind(y)]
 
 
-def compare(a: Sequence[Pick], b: Sequence[Pick]) -> Comparison:
-    c = Comparison()
+def compare(a: Sequence[Pick], b: Sequence[Pick], rename: bool = True) -> Comparison:
+    """`rename`: identical up to a renaming of pods. A pod neither run had picked yet is in the same state in both
+    (no load, caches as reset), so when A picks one of its unpicked pods and B one of its own, they are the same
+    pick and those two pods the same pod from then on; without it, picks are identical only on the same pod (the
+    first tie broken differently then makes every later pick differ)."""
+    c = Comparison(renamed=rename)
     by_b = {p.replay: p for p in b if p.pod}
+    b_to_a: dict[str, str] = {}
+    used_a: set[str] = set()
+    used_b: set[str] = set()
     diverged = False
     for pa in sorted((p for p in a if p.pod), key=lambda p: p.replay):
         pb = by_b.get(pa.replay)
         if pb is None:
             continue
         c.matched += 1
-        if pa.pod == pb.pod:
+        if not rename:
+            seen_as = pb.pod
+        elif pb.pod in b_to_a:
+            seen_as = b_to_a[pb.pod]
+        elif pa.pod not in used_a and pb.pod not in used_b:
+            b_to_a[pb.pod] = seen_as = pa.pod
+        else:
+            seen_as = ""
+        used_a.add(pa.pod)
+        used_b.add(pb.pod)
+        if pa.pod == seen_as:
             c.same += 1
             c.prefix += not diverged
         elif pa.tied() or pb.tied():
@@ -283,8 +304,24 @@ def compare(a: Sequence[Pick], b: Sequence[Pick]) -> Comparison:
         else:
             c.differ += 1
             diverged = True
-            c.decided_by[decided_by(pa, pb)] += 1
+            c.decided_by[decided_by(pa, _renamed(pb, b_to_a) if rename else pb)] += 1
     return c
+
+
+def _renamed(p: Pick, names: Mapping[str, str]) -> Pick:
+    """`p` with the pods `names` maps named as in the other run (the others keep their names)."""
+
+    def one(pod: str) -> str:
+        return names.get(pod, pod)
+
+    return Pick(
+        p.replay,
+        p.request_id,
+        one(p.pod),
+        {one(k): v for k, v in p.scores.items()},
+        {t: {one(k): v for k, v in per.items()} for t, per in p.terms.items()},
+        p.status,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -298,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmp = sub.add_parser("compare", help="two pick logs of one replay")
     cmp.add_argument("a", type=Path)
     cmp.add_argument("b", type=Path)
+    cmp.add_argument("--strict", action="store_true", help="identical only on the same pod (no renaming)")
     ns = p.parse_args(argv)
     try:
         if ns.cmd == "convert":
@@ -309,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             write(ns.out, picks)
             print(f"{len(picks)} picks ({got} with per-scorer terms) -> {ns.out}")
             return 0
-        c = compare(read(ns.a), read(ns.b))
+        c = compare(read(ns.a), read(ns.b), rename=not ns.strict)
         print("\n".join(c.lines(str(ns.a), str(ns.b))))
         return 0
     except (OSError, ValueError, KeyError) as e:

@@ -100,12 +100,29 @@ def test_ties_are_excepted_and_the_run_of_agreement_stops_at_the_first_differenc
         Pick(2, "b2", B, {A: 0.5, B: 1.0}),
         Pick(3, "b3", B, {A: 0.5, B: 1.0}),
     ]
-    c = compare(a, b)
+    c = compare(a, b, rename=False)
     assert (c.matched, c.same, c.ties, c.differ, c.prefix) == (4, 2, 1, 1, 1)
     assert c.agreement == pytest.approx(2 / 3)
     assert dict(c.decided_by) == {"scores": 1}
     text = "\n".join(c.lines())
     assert "agreement (ties excepted): 66.7%" in text and "decided by scores: 1" in text
+
+
+def test_picks_are_compared_up_to_a_renaming_of_pods_neither_run_had_used() -> None:
+    # a first tie broken towards another idle pod, then each run stays on its pod: the same routing
+    a = [Pick(0, "", A, {A: 1.0, B: 1.0, C: 1.0}), Pick(1, "", A, {A: 1.0}), Pick(2, "", B, {B: 1.0, C: 1.0})]
+    b = [Pick(0, "", B, {A: 1.0, B: 1.0, C: 1.0}), Pick(1, "", B, {B: 1.0}), Pick(2, "", C, {A: 1.0, C: 1.0})]
+    strict = compare(a, b, rename=False)
+    assert (strict.same, strict.ties, strict.differ) == (0, 2, 1)
+    c = compare(a, b)
+    assert (c.same, c.ties, c.differ, c.prefix) == (3, 0, 0, 3)  # A is B's B; B (unused in a) is B's C (unused)
+    # a pod one run had used is not renamed: B back on its first pod while A takes an idle one is a difference,
+    # judged with B's pods named as A's (B's B is A's A: a's pick C was not among b's candidates)
+    b2 = [Pick(0, "", B, {A: 1.0, B: 1.0, C: 1.0}), Pick(1, "", B, {B: 1.0}), Pick(2, "", B, {B: 2.0, C: 1.0})]
+    a[2].scores = {B: 1.0, C: 0.5}
+    c = compare(a, b2)
+    assert (c.same, c.differ, c.prefix, dict(c.decided_by)) == (2, 1, 2, {"filter": 1})
+    assert "pods renamed" in "\n".join(c.lines())
 
 
 def test_what_decided_a_difference() -> None:
@@ -136,8 +153,10 @@ def test_the_cli_converts_and_compares(tmp_path: Path, capsys: pytest.CaptureFix
     assert read(out)[0].terms == {"q*1": {A: 1.0}}
     other = tmp_path / "b.jsonl"
     write(other, [Pick(0, "x", B, {A: 0.0, B: 1.0})])
-    assert main(["compare", str(out), str(other)]) == 0
+    assert main(["compare", str(out), str(other), "--strict"]) == 0
     assert "different: 1" in capsys.readouterr().out
+    assert main(["compare", str(out), str(other)]) == 0  # two idle pods: the same pick up to renaming
+    assert "identical: 1" in capsys.readouterr().out
     (tmp_path / "bad.jsonl").write_text('{"replay": 0}\n')
     assert main(["compare", str(out), str(tmp_path / "bad.jsonl")]) == 2
     assert "bad.jsonl:1" in capsys.readouterr().err

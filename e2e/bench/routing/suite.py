@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import statistics
 import sys
@@ -45,6 +46,7 @@ import yaml
 
 from e2e.bench import loadgen
 from e2e.bench.routing.affinity_trace import lost_reuse
+from e2e.harness import picklog
 from e2e.harness.engines import EnginePool, EngineSpec, load_engine, render_ids
 from e2e.harness.external import ExternalEpp, check_spec, file_discovery_yaml, parse_external
 from e2e.harness.http import post_json
@@ -61,6 +63,7 @@ from e2e.workloads.multiturn import multi_turn_chat
 from e2e.workloads.reuse import capacity_bound, prompt_ids, reuse_bound
 from e2e.workloads.shared_prefix import shared_prefix
 
+log = logging.getLogger(__name__)
 TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
 REPO_TRACE = Path(__file__).resolve().parents[2] / "workloads" / "data" / "conversation_trace.jsonl"
 SERVED_HEADER = "x-inference-pod"
@@ -377,10 +380,13 @@ class Stacks:
         d.mkdir(parents=True, exist_ok=True)
         # Pod health from scrapes is off: the simulated pods never die, but on this loaded 2-core machine their
         # /metrics answers can take over a second, and a pod dropped as "hung" would measure the machine, not routing.
-        args = ["--log-level", "warning", "--endpoint-stale-after", "0", "--endpoint-max-scrape-failures", "0"]
+        args = ["--endpoint-stale-after", "0", "--endpoint-max-scrape-failures", "0"]
+        # --pick-logs: every pick with its scores in Envoy's access log, each scorer's term in the EPP's (V(5)) log
+        args += ["--emit-endpoint-scores", "--v", "5"] if PICK_LOGS else ["--log-level", "warning"]
         stack = start_stack(
-            d, backends=[], config=text, epp_args=args, ready_timeout=180.0, epp_source=SOURCES.get(source)
-        )
+            d, backends=[], config=text, epp_args=args, ready_timeout=180.0, epp_source=SOURCES.get(source),
+            epp_log_level="", envoy_overrides=_pick_log(d),
+        )  # fmt: skip
         stack.events_endpoint = events
         return stack
 
@@ -395,7 +401,7 @@ class Stacks:
         events = self._events_endpoint() if isinstance(self.sims, EnginePool) else ""
         values = external_values(self.sims, d, self.block_size, self.model.effective_prefill_tps, events)
         stack = start_stack(d, backends=[], config=spec.config_text(values), external=spec, external_values=values,
-                            ready_timeout=180.0)  # fmt: skip
+                            ready_timeout=180.0, envoy_overrides=_pick_log(d))  # fmt: skip
         stack.events_endpoint = events
         return stack
 
@@ -422,8 +428,16 @@ class Stacks:
         _renice_children(0)
         return stack
 
-    def stop(self, stack: Stack) -> None:
-        self._stopper.submit(stack.close)
+    def stop(self, stack: Stack, picks: Path | None = None) -> None:
+        """Stops `stack` in the background; with `picks`, then writes its pick log there (Envoy's access log is
+        complete once Envoy has exited)."""
+        self._stopper.submit(self._stop, stack, picks)
+
+    @staticmethod
+    def _stop(stack: Stack, picks: Path | None) -> None:
+        stack.close()
+        if picks is not None:
+            write_picks(stack, picks)
 
     def close(self) -> None:
         """Stops what was started and not taken (a run failed), then waits for every stop."""
@@ -578,6 +592,50 @@ SIM_EVENTS = True
 DISTINCT_HOSTS = False
 RENDER_URL = ""  # render_server's, while it runs
 ENGINE: EngineSpec | None = None  # --engine: the pods run this engine instead of e2e.sim
+PICK_LOGS: Path | None = None  # --pick-logs: a pick log (e2e.harness.picklog) per run is written here
+
+
+def _pick_log(workdir: Path) -> dict[str, object] | None:
+    """Envoy's options for a stack in `workdir`: with --pick-logs, an access log of every pick."""
+    return {"pick_log": str(workdir / "picks.access.log")} if PICK_LOGS else None
+
+
+def write_picks(stack: Stack, dest: Path) -> None:
+    """The stopped stack's picks (Envoy's access log) with each scorer's terms where its EPP logged them (an
+    endpoints file beside the EPP's log names llm-d's endpoint ids), as a pick log at `dest`."""
+    access = Path(stack.envoy.opts.pick_log or "")
+    if not access.is_file():
+        log.warning("no access log for %s", dest.name)
+        return
+    picks = picklog.from_access_log(access)
+    endpoints = stack.epp.log_path.parent / "endpoints.yaml"
+    names = picklog.discovery_names(endpoints) if endpoints.is_file() else {}
+    picklog.attach_terms(picks, picklog.terms_from_log(stack.epp.log_path, names))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    picklog.write(dest, picks)
+
+
+def pick_parity(out: Path, pairs: Sequence[tuple[str, str]], cells: Sequence[Cell]) -> str:
+    """Per cell and pair (A, B): how often B made A's pick on the same replay, ties excepted, up to a renaming of
+    idle pods and strictly (picklog.compare), the run of identical picks from the start, what decided the
+    differences, and B's TTFT p90 over A's (both from that run)."""
+    rows = ["| cell | A | B | picks | agreement (renamed / strict) | identical from the start | ties | decided by "
+            "| p90 B / A |", "|---|---|---|---:|---:|---:|---:|---|---:|"]  # fmt: skip
+    for c in cells:
+        p90 = {s["label"]: s["ttft_p90"] for s in c.repeats[0]} if c.repeats else {}
+        for a, b in pairs:
+            fa, fb = (out / f"{c.workload}_{c.pods}_{c.block_size}_{x.replace('/', '_')}.jsonl" for x in (a, b))
+            if not (fa.is_file() and fb.is_file()):
+                continue
+            pa, pb = picklog.read(fa), picklog.read(fb)
+            cmp, strict = picklog.compare(pa, pb), picklog.compare(pa, pb, rename=False)
+            why = ", ".join(f"{k} {n}" for k, n in cmp.decided_by.most_common(3)) or "-"
+            ratio = p90[b] / p90[a] if p90.get(a) and p90.get(b) else float("nan")
+            rows.append(
+                f"| {c.workload} {c.pods}:{c.block_size} | {a} | {b} | {cmp.matched} | {cmp.agreement:.1%} / "
+                f"{strict.agreement:.1%} | {cmp.prefix} | {cmp.ties} | {why} | {ratio:.2f} |"
+            )
+    return "\n".join(rows)
 
 
 def run_cell(
@@ -659,10 +717,11 @@ def run_cell(
             elif then is not None:
                 stacks.prestart(then)
             workload, warmup = drawn[rep % len(drawn)]
+            key = f"{spec.name}/{pods}/{block_size}/{strategy}" + (f"/{rep}" if rep else "")
             try:
                 results, duration = run_strategy(strategy, current, sims, workload)
             finally:
-                stacks.stop(current)
+                stacks.stop(current, PICK_LOGS / f"{key.replace('/', '_')}.jsonl" if PICK_LOGS else None)
             counted = [r for r, q in zip(results, workload.requests, strict=True) if q.arrival >= warmup]
             span = max(1e-9, duration - warmup)
             s = loadgen.summarize(strategy, counted, span, pod_names)
@@ -674,9 +733,7 @@ def run_cell(
             if ENGINE is not None and not ENGINE.cached_tokens:  # the engine reports no per-request hit: n/a
                 runs[rep][strategy].update({k: float("nan") for k in NO_HIT_FIELDS})
             runs[rep][strategy]["wall_s"] = time.monotonic() - t0
-            raw_out[f"{spec.name}/{pods}/{block_size}/{strategy}" + (f"/{rep}" if rep else "")] = [
-                (r.ttft, r.status, r.cached_tokens, r.prompt_tokens, r.served_by) for r in results
-            ]
+            raw_out[key] = [(r.ttft, r.status, r.cached_tokens, r.prompt_tokens, r.served_by) for r in results]
         for rep in range(repeats):
             cell.repeats.append([runs[rep][st] for st in strategies])
         cell.summaries = [median_summary([rep[i] for rep in cell.repeats]) for i in range(len(strategies))]
@@ -866,6 +923,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     a("--engine", default="", help="spec.yaml: the pods run another vLLM-compatible server from its command line "
       "instead of e2e.sim (e2e/external/llm-d-inference-sim.yaml)")  # fmt: skip
     a("--plots", default="", help="directory for the per-workload PNGs (default: --out)")
+    a(
+        "--pick-logs",
+        default="",
+        help="directory: one pick log per run (e2e.harness.picklog: each pick, its "
+        "scores and terms; pyepp runs with --emit-endpoint-scores --v 5, an external EPP as its spec says)",
+    )
+    a("--pick-parity", default="", help="comma list of A:B strategy pairs compared pick by pick (with "
+      "--pick-logs; the table goes to results.md)")  # fmt: skip
     a("--repeats", type=int, default=1, help="runs of every strategy per cell (the tables show medians)")
     a("--draws", action="store_true", help="repeat r runs the workload drawn with seed + r (Mooncake: another "
       "sample of conversations), not the same draw again")  # fmt: skip
@@ -918,6 +983,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     if ns.ours_params:
         OURS_OVERRIDES.update(json.loads(ns.ours_params))
+    pairs = [tuple(x.split(":", 1)) for x in filter(None, (y.strip() for y in ns.pick_parity.split(",")))]
+    for pair in pairs:
+        if len(pair) != 2 or not set(pair) <= set(strategies):
+            print(f"--pick-parity {':'.join(pair)!r}: want A:B, two of the strategies run", file=sys.stderr)
+            return 2
+    if pairs and not ns.pick_logs:
+        print("--pick-parity needs --pick-logs DIR", file=sys.stderr)
+        return 2
+    if ns.pick_logs:
+        global PICK_LOGS
+        PICK_LOGS = Path(ns.pick_logs)
+        PICK_LOGS.mkdir(parents=True, exist_ok=True)
     if ns.no_kv_events:
         global SIM_EVENTS
         SIM_EVENTS = False
@@ -960,6 +1037,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     _write(out, cells, raw, command, model)
         for w in workloads:
             plot(plots / f"{w}.png", w, cells)
+    if PICK_LOGS and pairs:
+        parity = pick_parity(PICK_LOGS, pairs, cells)
+        print("\nPick parity:\n" + parity)
+        with open(out / "results.md", "a") as f:
+            f.write("\nPick parity (first repeat of each cell):\n\n" + parity + "\n")
     print(f"\n{len(cells)} cells, {len(strategies)} strategies in {time.monotonic() - t0:.0f}s; wrote {out}/results.*")
     failed = sum(s["n"] - s["ok"] for c in cells for s in c.summaries)
     if failed:
