@@ -42,8 +42,8 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
 lint: setup
-	$(PY) -m ruff check epp tests e2e examples
-	$(PY) -m ruff format --check epp tests e2e examples
+	$(PY) -m ruff check epp tests e2e examples fuzz
+	$(PY) -m ruff format --check epp tests e2e examples fuzz
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache
 
@@ -58,6 +58,18 @@ e2e: setup
 
 demo: setup
 	$(PY) -m e2e.demo
+
+# Coverage-guided fuzzing (atheris) of the request parsers, the config loader and the KV-event decoder, each for
+# FUZZ_SECONDS (fuzz/run.py; the corpus grows in .fuzz/, a crash is written there and fails the target).
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?= request config kv_events
+fuzz: setup
+	@for t in $(FUZZ_TARGETS); do \
+	  echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
+	  $(PY) -m fuzz.run $$t --seconds $(FUZZ_SECONDS) 2>&1 | grep -E '^(Done|stat::|==|INFO: Seed|.*(Error|exception|crash))' \
+	    || true; \
+	  test -z "$$(ls .fuzz/crash-$$t-* 2>/dev/null)" || { echo "fuzz $$t: crash in .fuzz/"; exit 1; }; \
+	done
 
 # A gateway to poke at: Envoy + EPP + simulated pods until Ctrl-C (STACK_ARGS: python -m e2e.stack up --help).
 STACK_ARGS ?=

@@ -34,7 +34,12 @@ def check_media_parts(messages: Sequence[Any], what: str = "messages") -> None:
             continue
         for j, part in enumerate(content):
             # text parts go by at dict-lookup speed (a body may hold 200k of them); the path is built on failure
-            if type(part) is dict and (part.get("type") not in _NOT_MEDIA or "uuid" in part):
+            if type(part) is not dict:
+                continue
+            kind = part.get("type")
+            if kind is not None and type(kind) is not str:  # e.g. an object: not a type any consumer can look up
+                raise BadRequest(f"{what}[{i}].content[{j}].type must be a string")
+            if kind not in _NOT_MEDIA or "uuid" in part:
                 media += 1
                 if media > MAX_MEDIA_PARTS:
                     raise BadRequest(f"at most {MAX_MEDIA_PARTS} media items may be provided in one prompt")

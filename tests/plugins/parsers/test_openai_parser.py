@@ -97,6 +97,12 @@ def test_chat_fields_and_max_completion_tokens() -> None:
         ("/v1/completions", b'{"model": "m", "prompt": [-1]}', "prompt[0]: invalid token id -1"),
         ("/v1/completions", b'{"model": "m", "prompt": [[5, 6], [7, 4294967296]]}', "prompt[1][1]: invalid token"),
         ("/v1/embeddings", b'{"model": "m", "input": [3, -2]}', "input[1]: invalid token id"),
+        # found by the request fuzzer (fuzz/targets.py): an object as a content part's type was a TypeError (500)
+        (
+            "/v1/chat/completions",
+            b'{"model": "m", "messages": [{"role": "u", "content": [{"type": {"url": "x"}}]}]}',
+            "messages[0].content[0].type must be a string",
+        ),
     ],
 )
 def test_bad_requests(path: str, body: bytes, fragment: str) -> None:
