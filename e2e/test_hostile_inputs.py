@@ -158,3 +158,40 @@ def test_hostile_shapes_get_a_decision_or_a_json_4xx(tmp_path: Path) -> None:
         print("seconds per request:", {k: round(v, 2) for k, v in took.items()})
     finally:
         stack.close()
+
+
+def test_bodies_that_never_finish_get_a_408_and_free_their_streams(tmp_path: Path) -> None:
+    """200 connections send headers and part of a body, then nothing: each used to hold an EPP stream until
+    Envoy's 300 s idle timeout. With --request-body-timeout 1s each gets a 408 in the API's error shape."""
+    import socket
+
+    stack = start_stack(tmp_path, backends=1, epp_args=["--request-body-timeout", "1s"])
+    try:
+        u = urlsplit(stack.url)
+        socks = []
+        for i in range(200):
+            s = socket.create_connection((u.hostname, u.port), timeout=10)
+            path = "/v1/messages" if i % 2 else "/v1/completions"
+            s.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                '{"model": "m", "prompt": "'.encode()
+            )
+            socks.append((s, path))
+        t0 = time.monotonic()
+        statuses = []
+        for s, path in socks:
+            data = b""
+            while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            s.close()
+            head, _, body = data.partition(b"\r\n\r\n")
+            statuses.append(int(head.split()[1]))
+            shape = json.loads(body[body.index(b"{") :])
+            assert ("type" in shape) if path == "/v1/messages" else ("error" in shape), body
+        assert statuses == [408] * 200
+        assert time.monotonic() - t0 < 10
+    finally:
+        stack.close()

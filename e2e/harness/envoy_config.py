@@ -235,6 +235,7 @@ def _hcm(opts: EnvoyOptions, subset: list[str] | None, ext_proc: bool = True) ->
         access_log=access_log,
         local_reply_config=local_reply_config() if opts.json_local_replies else None,
         request_headers_timeout=_duration(10),
+        request_timeout=_duration(150),  # as config/envoy-bootstrap.yaml: bounds request-body time
         route_config=RouteConfiguration(
             name="local_route", virtual_hosts=[VirtualHost(name="backend", domains=["*"], routes=[route])]
         ),

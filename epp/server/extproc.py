@@ -42,6 +42,7 @@ from epp.framework.errors import (
     TooManyRequests,
 )
 from epp.framework.keys import DISAGG_HEADERS
+from epp.framework.logthrottle import LogThrottle
 from epp.framework.parsing import (
     LARGE_BODY_BYTES,
     NoParser,
@@ -81,6 +82,10 @@ DEFAULT_MAX_BODY_BYTES = 128 * 1024 * 1024  # a gathered request body beyond thi
 # All request bodies being gathered at once, across streams: past it a body is refused with 503 (parsing multiplies
 # a body several times over, so this bounds the EPP's peak memory, not just the raw bytes).
 DEFAULT_MAX_INFLIGHT_BODY_BYTES = 256 * 1024 * 1024
+# A request body not complete this long after its headers: 408, and the stream (and what it holds) ends. Envoy's
+# own idle timeouts (300 s) would hold it ~20 KB a stream meanwhile.
+DEFAULT_BODY_TIMEOUT = 30.0
+_body_throttle = LogThrottle()
 
 _Mode = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
@@ -209,6 +214,8 @@ class ServerState:
         self.trimmer = MemoryTrimmer()  # heap pages back to the OS after large bodies
         self._bodyless_next = 0
         self.honor_subset_hint = True  # --disable-endpoint-subset-filter turns it off
+        self.body_timeout = DEFAULT_BODY_TIMEOUT  # --request-body-timeout (0: none)
+        self.body_timeouts = 0
         self.tracing: Any = None  # epp.server.tracing.Tracing with --tracing (spans per request)
         self._parse_pool: ThreadPoolExecutor | None = None
         # destination -> the serialized request-headers answer of a decision that sets only the destination
@@ -257,6 +264,7 @@ class RequestStream:
         "response_size",
         "s",
         "started",
+        "started_loop",
         "state",
         "status",
         "subset",
@@ -281,6 +289,7 @@ class RequestStream:
         self.decision: RoutingDecision | None = None
         self.model_routed = False  # True once the director accepted the request (it must see completion)
         self.started = 0.0
+        self.started_loop = 0.0
         self.status = 0
         self.response_size = 0
         self._chunks = 0  # response body messages seen
@@ -361,6 +370,31 @@ class RequestStream:
                 self._error_format = "openai"
         return self._error_format
 
+    @property
+    def awaiting_body(self) -> bool:
+        """Headers in, the body not yet complete (the body deadline runs)."""
+        return self.state == _HEADERS_DONE and self.s.body_timeout > 0
+
+    @property
+    def body_deadline(self) -> float:
+        """The loop time by which the body must be complete."""
+        return self.started_loop + self.s.body_timeout
+
+    def body_timed_out(self) -> pb.ProcessingResponse:
+        """The 408 for a body that did not complete in time; the stream's gathered bytes go back to the budget."""
+        self.s.body_timeouts += 1
+        got = self._body_size
+        self._body = b""
+        self._release_body()
+        _body_throttle.log(
+            log, logging.WARNING, "body_timeout", "request %s: body not complete %.0f s after its headers "
+            "(%d bytes received): 408", self._request_id(), self.s.body_timeout, got,
+        )  # fmt: skip
+        err = RequestError(
+            f"request body not received within {self.s.body_timeout:g}s", status=408, code="RequestTimeout"
+        )
+        return self._reject(err)
+
     # -- request path -----------------------------------------------------------------------------------------
 
     async def _request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
@@ -374,6 +408,7 @@ class RequestStream:
         if msg.HasField("metadata_context"):
             self.subset = _subset_hint(msg.metadata_context) if self.s.honor_subset_hint else None
         self.started = time.monotonic()
+        self.started_loop = asyncio.get_running_loop().time()
         self.state = _HEADERS_DONE
         declared = self.headers.get("content-length")
         try:
@@ -847,7 +882,15 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         read, write, eof = context.read, context.write, grpc.aio.EOF
         try:
             while True:
-                msg = await read()
+                if stream.awaiting_body:
+                    try:
+                        async with asyncio.timeout_at(stream.body_deadline):
+                            msg = await read()
+                    except TimeoutError:
+                        await write(stream.body_timed_out())
+                        break
+                else:
+                    msg = await read()
                 if msg is eof:
                     break
                 for resp in await stream.handle(msg):

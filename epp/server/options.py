@@ -140,6 +140,7 @@ class Options:
     bind_address: str = "0.0.0.0"
     max_request_body_bytes: int = 128 * 1024 * 1024
     max_inflight_body_bytes: int = 256 * 1024 * 1024
+    request_body_timeout: float = 30.0
     metrics_max_model_labels: int = 100
     endpoint_stale_after: float = 1.0
     endpoint_max_scrape_failures: int = 2
@@ -263,7 +264,7 @@ class Options:
         if self.gil_switch_interval < 0:
             raise FlagError("--gil-switch-interval must not be negative")
         for name in ("drain-timeout", "refresh-metrics-interval", "refresh-prometheus-metrics-interval",
-                     "metrics-staleness-threshold"):  # fmt: skip
+                     "metrics-staleness-threshold", "request-body-timeout"):  # fmt: skip
             if getattr(self, name.replace("-", "_")) < 0:
                 raise FlagError(f"--{name} must not be negative")
         if self.refresh_metrics_interval == 0 or self.refresh_prometheus_metrics_interval == 0:
@@ -361,6 +362,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max-request-body-bytes", "int", "Larger request bodies get a 413 (pyepp)."),
     Flag("max-inflight-body-bytes", "int",
          "Request body bytes all streams may hold at once; past it a request gets a 503 (pyepp)."),
+    Flag("request-body-timeout", "duration",
+         "A request body not complete this long after its headers gets a 408 in the API's error shape, and its "
+         "stream ends (0: no limit) (pyepp)."),
     Flag("metrics-max-model-labels", "int",
          "Distinct model names (and fairness ids) that become metric labels; the rest count as __other__ (pyepp)."),
     Flag("endpoint-stale-after", "duration",

@@ -26,7 +26,13 @@ from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from epp.framework.labels import DEFAULT_MAX_MODEL_LABELS, configure_label_budgets
-from epp.server.extproc import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES, ExtProcServicer, ServerState
+from epp.server.extproc import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+    ExtProcServicer,
+    ServerState,
+)
 from epp.server.health import Health
 from epp.server.metrics import REGISTRY, RequestMetrics, request_metrics
 from epp.server.metrics_http import MetricsHTTP
@@ -73,6 +79,7 @@ class ServeOptions:
     drain_timeout: float = 0.0  # `epp serve` passes --drain-timeout (30s); in-process servers stop without a window
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES
+    request_body_timeout: float = DEFAULT_BODY_TIMEOUT
     reuse_port: bool = False
     # TLS on the ext_proc port: a dir with tls.crt/tls.key, or secure_serving=True for a self-signed pair.
     cert_path: str | None = None
@@ -128,6 +135,7 @@ class ServeOptions:
             drain_timeout=opts.drain_timeout,
             max_body_bytes=opts.max_request_body_bytes,
             max_inflight_body_bytes=opts.max_inflight_body_bytes,
+            request_body_timeout=opts.request_body_timeout,
             reuse_port=opts.worker_index >= 0,
             cert_path=opts.cert_path or None,
             secure_serving=opts.secure_serving,
@@ -175,6 +183,7 @@ class EppServer:
             parsers=runtime.pipeline.parser_registry if runtime.pipeline is not None else None,
         )
         self.state.honor_subset_hint = options.honor_subset_hint
+        self.state.body_timeout = options.request_body_timeout
         self.state.emit_endpoint_scores = options.emit_endpoint_scores
         self.tracing: Any = None
         if options.tracing:

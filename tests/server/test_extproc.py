@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1060,3 +1061,30 @@ async def test_the_pick_is_booked_once_its_answer_is_written() -> None:
     finally:
         await channel.close()
         await server.stop()
+
+
+async def test_a_body_that_never_finishes_gets_a_408_and_its_stream_ends(epp: Harness) -> None:
+    """Headers and part of a body, then nothing: the stream was held until Envoy's 300 s idle timeout (~19 KB a
+    stream). Past --request-body-timeout: a 408 in the API's shape, the budget given back, the stream closed."""
+    state = epp.server.state
+    state.body_timeout = 0.3
+    call = epp.stub.Process()
+    t0 = time.monotonic()
+    await call.write(headers_msg(extra={"content-length": "100"}))
+    await call.write(body_msg(b'{"model": "m", "prompt": "never', False))
+    r = await asyncio.wait_for(call.read(), 5)
+    took = time.monotonic() - t0
+    assert r.HasField("immediate_response") and r.immediate_response.status.code == 408
+    err = json.loads(r.immediate_response.body)["error"]
+    assert err["type"] == "RequestTimeout" and "0.3s" in err["message"]
+    assert 0.25 < took < 2.0 and state.inflight_body_bytes == 0 and state.body_timeouts == 1
+    assert await asyncio.wait_for(call.read(), 5) is grpc.aio.EOF
+    # Anthropic's shape on /v1/messages; and a body that completes in time is routed as before
+    call = epp.stub.Process()
+    await call.write(headers_msg(path="/v1/messages"))
+    r = await asyncio.wait_for(call.read(), 5)
+    assert json.loads(r.immediate_response.body)["type"] == "error"
+    call = epp.stub.Process()
+    out = await exchange(call, [headers_msg(), body_msg(b'{"model": "m", "prompt": "x"}', True)], 2)
+    assert DEST in set_headers(out[0])
+    await call.done_writing()
