@@ -1,11 +1,13 @@
-"""The example third-party plugin (examples/plugins/) as a user runs it: installed as a distribution whose
-`epp.plugins` entry point comes from its own pyproject.toml, found by the registry, built from the example
-EndpointPickerConfig and deciding the pick. CONTRIBUTING.md shows these same files, byte for byte.
+"""The example third-party plugins (examples/plugins/) as a user runs them: installed as a distribution whose
+`epp.plugins` entry points come from its own pyproject.toml, found by the registry, built from an
+EndpointPickerConfig and deciding the pick; the second reads a prefix producer's matches through
+`epp.plugins.contracts`. CONTRIBUTING.md shows these same files, byte for byte.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import importlib.metadata
 import re
 import sys
@@ -18,12 +20,14 @@ import pytest
 from epp.config import ConfigError, load_config, parse_config
 from epp.datalayer.datastore import Datastore
 from epp.framework import Endpoint, InferenceRequest, Metrics, PluginRegistry
+from epp.requestcontrol.director import SchedulingDirector
 from epp.wiring import build_pipeline, plugin_context, register_builtins
 from tests.helpers import install_distribution
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "plugins"
 MODULE = EXAMPLE / "epp_kv_headroom.py"
+WARM = EXAMPLE / "epp_warm_prefix.py"
 CONFIG = EXAMPLE / "epp-config.yaml"
 PYPROJECT = EXAMPLE / "pyproject.toml"
 TYPE = "kv-headroom-scorer"
@@ -105,11 +109,57 @@ def test_without_the_entry_point_the_type_is_unknown() -> None:
         build_pipeline(load_config(CONFIG), plugin_context(Datastore()), register_builtins(PluginRegistry()))
 
 
-def test_the_example_plugin_imports_only_the_framework() -> None:
-    tree = ast.parse(MODULE.read_text())
+def epp_imports(module: Path) -> set[str]:
+    tree = ast.parse(module.read_text())
     imported = {n.name for node in ast.walk(tree) if isinstance(node, ast.Import) for n in node.names}
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert {m for m in imported if m.split(".")[0] == "epp"} == {"epp.framework"}
+    return {m for m in imported if m.split(".")[0] == "epp"}
+
+
+def test_the_example_plugins_import_only_the_framework_and_the_contracts() -> None:
+    assert epp_imports(MODULE) == {"epp.framework"}
+    assert epp_imports(WARM) == {"epp.framework", "epp.plugins.contracts.prefix"}
+
+
+WARM_CONFIG = """
+plugins:
+- type: warm-prefix-scorer
+  parameters: {minShare: 0.5}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: warm-prefix-scorer
+  - pluginRef: max-score-picker
+"""
+
+
+async def test_the_warm_prefix_scorer_reads_the_producer_it_gets(registry: PluginRegistry) -> None:
+    """No prefix producer configured: the builder adds the one the contract names; after a pick, the same prompt
+    scores 1.0 on the endpoint it went to and 0 elsewhere."""
+    ds = Datastore()
+    ds.replace_all([Endpoint(n, f"10.0.0.{i}", 8000) for i, n in enumerate(("a", "b", "c"), 1)])
+    pipeline = build_pipeline(parse_config(WARM_CONFIG), plugin_context(ds), registry)
+    assert "approx-prefix-cache-producer" in pipeline.plugins
+    director = SchedulingDirector(ds, pipeline)
+    prompt = "The same long system prompt, sent again by the next request of the session. " * 40
+
+    def req(rid: str) -> InferenceRequest:
+        return InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {"prompt": prompt}, prompt=prompt)
+
+    first = await director.handle_request(req("r1"))
+    await asyncio.sleep(0)  # the producer records the pick right after the decision
+    second = await director.handle_request(req("r2"))
+    assert second.endpoints[0].name == first.endpoints[0].name
+    assert second.result is not None
+    scores = {ep.name: score for ep, score in second.result.profile_results["default"].candidates}
+    assert scores == {n: float(n == first.endpoints[0].name) for n in "abc"}
+
+
+def test_naming_a_producer_that_is_not_configured_is_an_error(registry: PluginRegistry) -> None:
+    text = WARM_CONFIG.replace("{minShare: 0.5}", "{minShare: 0.5, prefixMatchInfoProducerName: mine}")
+    with pytest.raises(ConfigError, match="warm-prefix-scorer"):
+        build_pipeline(parse_config(text), plugin_context(Datastore()), registry)
 
 
 def test_contributing_shows_the_example_files_verbatim() -> None:
@@ -118,6 +168,7 @@ def test_contributing_shows_the_example_files_verbatim() -> None:
     shown = dict(re.findall(r"<!-- file: (\S+) -->\n```[a-z]*\n(.*?)```\n", text, flags=re.DOTALL))
     assert set(shown) == {
         "examples/plugins/epp_kv_headroom.py",
+        "examples/plugins/epp_warm_prefix.py",
         "examples/plugins/pyproject.toml",
         "examples/plugins/epp-config.yaml",
     }

@@ -1,6 +1,6 @@
 """session-affinity-filter (llm-d-router): pins a session to the pod it used before, as a hard constraint: when that
 pod is a candidate it is the only one returned; with no session, or the pod gone, every candidate passes (never an
-empty set). Strategies and parameters as session-affinity-scorer (`_session`)."""
+empty set). Strategies and parameters as session-affinity-scorer (`epp.plugins.contracts.session`)."""
 
 from __future__ import annotations
 
