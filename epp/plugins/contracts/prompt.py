@@ -9,6 +9,8 @@ from typing import Any
 from epp.framework import TOKENIZED_PROMPT, InferenceRequest
 
 AVERAGE_CHARS_PER_TOKEN = 4
+# The producer of TOKENIZED_PROMPT, added for the plugins that need the token ids.
+TOKEN_PRODUCER = "token-producer"
 
 
 def request_text(request: InferenceRequest, limit: int | None = None) -> str:

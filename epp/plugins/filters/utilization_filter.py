@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, Self
 
 from epp.framework import INFLIGHT_LOAD, CycleState, DataKey, Endpoint, InferenceRequest, Params, Plugin, PluginContext
-from epp.plugins.contracts.load import INFLIGHT
+from epp.plugins.contracts.load import INFLIGHT, INFLIGHT_PRODUCER
 
 METRICS = ("active-requests", "running-requests", "waiting-queue", "kv-cache-utilization")
 
@@ -25,7 +25,7 @@ class UtilizationFilter(Plugin):
         name: str,
         conditions: Sequence[tuple[str, float]],
         fallback_on_empty: bool = False,
-        producer: str = "inflight-load-producer",
+        producer: str = INFLIGHT_PRODUCER,
     ) -> None:
         super().__init__(name)
         self.conditions = list(conditions)
@@ -54,7 +54,7 @@ class UtilizationFilter(Plugin):
         uses_inflight = any(m == "active-requests" for m, _ in conditions)
         producer = context.producer_for(INFLIGHT, params, requested_by=name, add_default=uses_inflight)
         if not uses_inflight:
-            params.ignore("inFlightLoadProducerName")
+            params.ignore(INFLIGHT.parameter)
         return cls(name, conditions, params.bool("fallbackOnEmpty", False), producer)
 
     def consumes(self) -> Collection[DataKey[Any]]:

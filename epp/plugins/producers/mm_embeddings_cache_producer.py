@@ -30,6 +30,7 @@ from epp.framework import (
     SchedulingResult,
 )
 from epp.plugins.contracts.multimodal import MM_CACHE_MATCH, MM_PRODUCER, MMCacheMatch
+from epp.plugins.contracts.prompt import TOKEN_PRODUCER
 
 TYPE = MM_PRODUCER
 DEFAULT_CACHE_SIZE_MB = 4096
@@ -84,7 +85,7 @@ class MMEmbeddingsCacheProducer(Plugin, RemovalListener):
         # Only the router's name: its v0.10 Parameters has no `cacheSizeInMB` and its strict decoder rejects it
         # (even in its own deploy/config/epp-mm-embeddings-cache-config.yaml), so it is an unknown parameter here.
         size = params.int("cacheSizeInMBPerServer", 0)
-        context.require_producer(TOKENIZED_PROMPT, "token-producer", "token-producer", requested_by=name)
+        context.require_producer(TOKENIZED_PROMPT, TOKEN_PRODUCER, TOKEN_PRODUCER, requested_by=name)
         producer = cls(name, size)
         context.endpoints.subscribe(producer)
         return producer

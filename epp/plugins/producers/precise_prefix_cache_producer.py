@@ -57,11 +57,11 @@ from epp.framework import (
     Usage,
 )
 from epp.plugins.contracts.prefix import PRECISE_MATCH, PreciseMatch
+from epp.plugins.contracts.prompt import TOKEN_PRODUCER
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 
 log = logging.getLogger(__name__)
 
-TOKEN_PRODUCER = "token-producer"
 MAX_SHARED_KEYS = 8192  # block keys per shared speculative entry (a longer prompt shares its first ones)
 MAX_SHARED_TTL = 60.0  # seconds: a received entry's TTL is capped
 DEFAULT_UDS_SOCKET = "/tmp/tokenizer/tokenizer-uds.socket"  # llm-d-kv-cache's default
