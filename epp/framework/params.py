@@ -28,6 +28,8 @@ def _line_of(container: object, key: str) -> int:
     return line if isinstance(line, int) else 0
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
 _DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -146,6 +148,8 @@ class Params:
         if isinstance(v, bool) or not isinstance(v, int | float) or (isinstance(v, float) and not v.is_integer()):
             raise self.fail(key, "expected an integer")
         v = int(v)
+        if not INT64_MIN <= v <= INT64_MAX:  # the anchors decode into Go's int: past it is a decode error there
+            raise self.fail(key, "out of range (a 64-bit integer)")
         if min is not None and v < min:
             raise self.fail(key, f"must be >= {min}")
         if max is not None and v > max:

@@ -51,3 +51,10 @@ def test_non_finite_numbers_are_rejected() -> None:
             Params("p", {"d": bad}).duration("d", 1.0)
     with pytest.raises(PluginConfigError, match="out of range"):
         Params("p", {"rate": 10**400}).float("rate", 1.0)
+
+
+def test_integers_past_64_bits_are_out_of_range() -> None:
+    assert Params("p", {"n": (1 << 63) - 1}).int("n", 0) == (1 << 63) - 1
+    for bad in (1 << 63, -(1 << 63) - 1, 10**30):
+        with pytest.raises(PluginConfigError, match="out of range"):
+            Params("p", {"n": bad}).int("n", 0)
