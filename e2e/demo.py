@@ -9,8 +9,9 @@ approximate prefix routing, llm-d's precise blend, llm-d v0.10's sticky-until-sa
 `config/pyepp-default.yaml`) get the same requests at the same times through a fresh EPP and
 Envoy, with the simulators' caches reset in between. Prints a table per workload (TTFT p50/p90/p99, throughput,
 KV hit against the unlimited-cache bound, load spread) and how pyepp's default compares at p90; writes
-`demo-results.json` (summaries and per-request results), `demo-ttft.png` (TTFT distribution per strategy, first
-workload) and one `<workload>.png` per workload (TTFT p50/p90/p99 per strategy).
+`demo-results.json` (summaries, and every workload's per-request rows, each marked `counted` when the table counts it),
+`demo-ttft.png` (TTFT distribution per strategy of the first workload's counted requests) and one `<workload>.png`
+per workload (TTFT p50/p90/p99 per strategy).
 
     python -m e2e.demo                 # the default, about 6 minutes on 2 cores
     python -m e2e.demo --quick         # a smaller run (used by the smoke test)
@@ -163,28 +164,38 @@ def per_draw(cell: suite.Cell) -> str:
 
 
 def write(out: Path, cells: Sequence[suite.Cell], raw: dict[str, Any], ns: argparse.Namespace) -> None:
+    """The JSON holds every workload's per-request rows (each says whether the table counts it: arrivals after the
+    warm-up); the TTFT plot shows the counted requests only, as the table does."""
     out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for c in cells:
+        results[c.workload] = {
+            s["label"]: raw[f"{c.workload}/{c.pods}/{c.block_size}/{s['label']}"] for s in c.summaries
+        }
     first = cells[0]
-    per_request: dict[str, list[Result]] = {}
-    for s in first.summaries:
-        rows = raw[f"{first.workload}/{first.pods}/{first.block_size}/{s['label']}"]
-        per_request[s["label"]] = [
-            Result(group="", status=st, ttft=ttft, e2e=0.0, prompt_tokens=pt, cached_tokens=ct, served_by=pod)
-            for ttft, st, ct, pt, pod in rows
-        ]
     doc = {
         "meta": {"args": vars(ns), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "sim_model": asdict(suite.SimModel())},
         "cells": [asdict(c) for c in cells],
         "summaries": first.summaries,
-        "results": {k: [asdict(r) for r in v] for k, v in per_request.items()},
+        "results": results,
     }
     (out / "demo-results.json").write_text(json.dumps(doc, indent=1, default=str))
-    report.plot_ttft(
-        out / "demo-ttft.png", per_request, f"TTFT by routing strategy ({first.workload}, {first.pods} pods)"
+    counted = {
+        label: [Result(**{k: row[k] for k in RESULT_FIELDS}) for row in rows if row["counted"]]
+        for label, rows in results[first.workload].items()
+    }
+    n_counted = len(next(iter(counted.values()), []))
+    title = (
+        f"TTFT by routing strategy ({first.workload}, {first.pods} pods): the {n_counted} of {first.requests} "
+        f"requests arriving after the {first.params.get('warmup_s', 0):.0f} s warm-up, as the table"
     )
+    report.plot_ttft(out / "demo-ttft.png", counted, title)
     for c in cells:
         suite.plot(out / f"{c.workload}.png", c.workload, [c])
     print(f"wrote {out / 'demo-results.json'}, {out / 'demo-ttft.png'} and one PNG per workload")
+
+
+RESULT_FIELDS = ("group", "status", "ttft", "e2e", "prompt_tokens", "cached_tokens", "completion_tokens", "served_by")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.bench.loadgen import percentile
 from e2e.harness.procs import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
@@ -23,9 +24,19 @@ def test_demo_quick_compares_strategies(tmp_path: Path) -> None:
     by_label = {s["label"]: s for s in doc["summaries"]}
     assert by_label["precise"]["ok"] == by_label["precise"]["n"] > 20
     assert doc["cells"][0]["workload"] == "demo" and 0.5 < doc["cells"][0]["bound"] < 1
-    # every request carries its serving pod, and the pods' KV hit rates come from real cache hits
-    assert all(r["served_by"] for r in doc["results"]["precise"])
+    # every request is a real row (its pod, timings, tokens, group); the warm-up ones are kept and marked
+    rows = doc["results"]["demo"]["precise"]
+    assert all(r["served_by"] and r["e2e"] >= r["ttft"] > 0 and r["completion_tokens"] > 0 and r["group"]
+               for r in rows)  # fmt: skip
+    assert all(0 <= r["hit"] <= 1 and r["hit"] == round(r["cached_tokens"] / r["prompt_tokens"], 4) for r in rows)
+    counted = [r for r in rows if r["counted"]]
+    assert 0 < len(counted) < len(rows)
+    assert all(r["arrival"] >= doc["cells"][0]["params"]["warmup_s"] for r in counted)
+    # the table's p90 is the counted rows' p90 (what demo-ttft.png plots)
+    assert percentile([r["ttft"] for r in counted], 0.9) == pytest.approx(by_label["precise"]["ttft_p90"])
     assert by_label["precise"]["kv_hit_rate"] > by_label["random"]["kv_hit_rate"]
+    # progress on stderr (not a terminal here: periodic lines, one per strategy at least)
+    assert "demo [1/2] precise: " in r.stderr and "demo [2/2] random: " in r.stderr
     assert (tmp_path / "demo-ttft.png").stat().st_size > 10_000
     assert (tmp_path / "demo.png").stat().st_size > 10_000
 

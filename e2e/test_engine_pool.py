@@ -31,9 +31,9 @@ def test_suite_routes_over_an_engine_pool_and_says_na_without_cached_tokens(tmp_
     (ours,) = cell["summaries"]
     assert ours["ok"] == ours["n"] >= 5
     rows = doc["requests"]["shared-prefix-demo/2/16/pyepp-default"]
-    assert {row[4] for row in rows} <= {"quiet-sim-0", "quiet-sim-1"}
+    assert {row["served_by"] for row in rows} <= {"quiet-sim-0", "quiet-sim-1"}
     # the pods did cache (the engine reports it) but the spec says the report must not use it
-    assert sum(row[2] for row in rows) > 0
+    assert sum(row["cached_tokens"] for row in rows) > 0
     assert ours["kv_hit_rate"] != ours["kv_hit_rate"]  # NaN
     line = next(x for x in (tmp_path / "results.md").read_text().splitlines() if x.startswith("| pyepp-default"))
     assert "| n/a |" in line

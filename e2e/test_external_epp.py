@@ -30,7 +30,7 @@ def test_suite_runs_an_external_epp_beside_a_builtin_strategy(tmp_path: Path) ->
     ext = by_label["ext"]
     assert ext["ok"] == ext["n"] == by_label["load"]["n"] >= 8
     # the pods have their own loopback addresses (pod discovery) and the external EPP spread over both
-    served = {row[4] for row in doc["requests"]["no-reuse/2/16/ext"]}
+    served = {row["served_by"] for row in doc["requests"]["no-reuse/2/16/ext"]}
     assert served == {"sim-127-0-0-2", "sim-127-0-0-3"}
     assert "| ext |" in (tmp_path / "results.md").read_text()
 

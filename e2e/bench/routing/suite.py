@@ -45,6 +45,7 @@ from typing import Any, cast
 import yaml
 
 from e2e.bench import loadgen
+from e2e.bench.progress import Progress
 from e2e.bench.routing.affinity_trace import lost_reuse
 from e2e.harness import picklog
 from e2e.harness.engines import EnginePool, EngineSpec, load_engine, render_ids
@@ -294,30 +295,6 @@ def warm_up(url: str, model: str, within: float = 60.0) -> None:
             time.sleep(0.5)
 
 
-class Progress:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, label: str, total: int) -> None:
-        self.label, self.total, self.start = label, total, time.monotonic()
-
-    def __call__(self, done: int, total: int) -> None:
-        if done % max(1, total // 25) and done != total:
-            return
-        width = 25
-        filled = width * done // total
-        elapsed = time.monotonic() - self.start
-        sys.stderr.write(
-            f"\r  {self.label:<14} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:5.1f}s"
-        )
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    @staticmethod
-    def enabled() -> bool:
-        return sys.stderr.isatty()
-
-
 OURS_OVERRIDES: dict[str, Any] = {}  # --ours-params: parameters to try (tuning; see e2e.strategies._ours)
 VARIANTS: dict[str, dict[str, Any]] = {}  # --variants: more "pyepp-default/<name>" strategies (tuning)
 SOURCES: dict[str, Path] = {}  # --sources: "pyepp-default@<name>" runs the EPP of another checkout (A/B of code)
@@ -498,10 +475,11 @@ def for_engine(text: str, events_endpoint: str, render_url: str) -> str:
 
 
 def run_strategy(
-    strategy: str, stack: Stack, sims: Sequence[SimProcess], workload: Workload
+    strategy: str, stack: Stack, sims: Sequence[SimProcess], workload: Workload, label: str = ""
 ) -> tuple[list[loadgen.Result], float]:
     """The workload through `stack` (this strategy's EPP and Envoy), from caches reset on every pod (an engine
-    pool's pods restarted, sending their events where this EPP listens)."""
+    pool's pods restarted, sending their events where this EPP listens); progress (`label`, default the strategy)
+    on stderr."""
     if isinstance(sims, EnginePool):
         sims.restart(stack.events_endpoint)
         warm_up(stack.url, str(workload.requests[0].body["model"]))
@@ -509,10 +487,20 @@ def run_strategy(
         warm_up(stack.url, str(workload.requests[0].body["model"]))
         reset_caches(sims)
     time.sleep(1.0)  # the EPP sees the caches cleared (events) and fresh metrics before traffic
-    return asyncio.run(
-        loadgen.run(stack.url, workload.requests, served_header=SERVED_HEADER,
-                    progress=Progress(strategy, len(workload.requests)) if Progress.enabled() else None)
-    )  # fmt: skip
+    progress = Progress(label or strategy, len(workload.requests))
+    return asyncio.run(loadgen.run(stack.url, workload.requests, served_header=SERVED_HEADER, progress=progress))
+
+
+def request_row(r: loadgen.Result, arrival: float, counted: bool) -> dict[str, Any]:
+    """One request as the results JSON keeps it: its measures, when it arrived and whether the table counts it
+    (arrivals after the warm-up)."""
+    hit = r.cached_tokens / r.prompt_tokens if r.prompt_tokens else 0.0
+    return {
+        "arrival": round(arrival, 4), "counted": counted, "group": r.group, "status": r.status,
+        "ttft": r.ttft, "e2e": r.e2e, "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
+        "completion_tokens": r.completion_tokens, "hit": round(hit, 4), "served_by": r.served_by,
+        **({"error": r.error} if r.error else {}),
+    }  # fmt: skip
 
 
 def summary_dict(s: loadgen.RunSummary, bound: float, cap_bound: float) -> dict[str, Any]:
@@ -718,8 +706,9 @@ def run_cell(
                 stacks.prestart(then)
             workload, warmup = drawn[rep % len(drawn)]
             key = f"{spec.name}/{pods}/{block_size}/{strategy}" + (f"/{rep}" if rep else "")
+            label = f"{spec.name} [{k + 1}/{len(order)}] {strategy}" + (f" (repeat {rep + 1})" if repeats > 1 else "")
             try:
-                results, duration = run_strategy(strategy, current, sims, workload)
+                results, duration = run_strategy(strategy, current, sims, workload, label)
             finally:
                 stacks.stop(current, PICK_LOGS / f"{key.replace('/', '_')}.jsonl" if PICK_LOGS else None)
             counted = [r for r, q in zip(results, workload.requests, strict=True) if q.arrival >= warmup]
@@ -733,7 +722,9 @@ def run_cell(
             if ENGINE is not None and not ENGINE.cached_tokens:  # the engine reports no per-request hit: n/a
                 runs[rep][strategy].update({k: float("nan") for k in NO_HIT_FIELDS})
             runs[rep][strategy]["wall_s"] = time.monotonic() - t0
-            raw_out[key] = [(r.ttft, r.status, r.cached_tokens, r.prompt_tokens, r.served_by) for r in results]
+            raw_out[key] = [
+                request_row(r, q.arrival, q.arrival >= warmup) for r, q in zip(results, workload.requests, strict=True)
+            ]
         for rep in range(repeats):
             cell.repeats.append([runs[rep][st] for st in strategies])
         cell.summaries = [median_summary([rep[i] for rep in cell.repeats]) for i in range(len(strategies))]

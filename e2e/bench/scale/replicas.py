@@ -37,6 +37,7 @@ from pathlib import Path
 
 from e2e.bench import loadgen
 from e2e.bench.procstat import cpu_seconds
+from e2e.bench.progress import Progress
 from e2e.bench.routing import affinity_trace
 from e2e.demo import SERVED_HEADER, reset_caches, warm_up
 from e2e.harness.http import metric_value
@@ -217,8 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     groups["bench"] = [os.getpid()]
                     cpu0 = cpu_snapshot(groups)
                     sim0 = sim_totals(sims)
+                    progress = Progress(f"run {run}/{ns.repeats * len(modes)} {mode}", len(workload.requests))
                     results, duration = asyncio.run(
-                        loadgen.run(stack.url, workload.requests, served_header=SERVED_HEADER)
+                        loadgen.run(stack.url, workload.requests, served_header=SERVED_HEADER, progress=progress)
                     )
                     cpu = {g: v - cpu0[g] for g, v in cpu_snapshot(groups).items()}
                     sim = {k: v - sim0[k] for k, v in sim_totals(sims).items()}
