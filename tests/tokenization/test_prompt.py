@@ -107,9 +107,10 @@ async def test_render_backend_against_the_simulators_render_api() -> None:
     from epp.tokenization.factory import tokenizer_from_params
 
     sim = start_in_thread([], events=False)
+    tok = tokenizer_from_params(Params("t", {"vllm": {"url": f"http://127.0.0.1:{sim.http_port}"}}))
+    bad = tokenizer_from_params(Params("t", {"vllm": {"url": "http://127.0.0.1:1", "timeout": "200ms"}}))
+    local = PromptTokenizer(HFBackend({QWEN25_MODEL: qwen25_tokenizer_dir()}))
     try:
-        tok = tokenizer_from_params(Params("t", {"vllm": {"url": f"http://127.0.0.1:{sim.http_port}"}}))
-        local = PromptTokenizer(HFBackend({QWEN25_MODEL: qwen25_tokenizer_dir()}))
         msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]
         assert await tok.tokenize(QWEN25_MODEL, messages=msgs) == await local.tokenize(QWEN25_MODEL, messages=msgs)
         assert await tok.tokenize(QWEN25_MODEL, prompt="The quick brown fox") == await local.tokenize(
@@ -118,10 +119,11 @@ async def test_render_backend_against_the_simulators_render_api() -> None:
         image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}]}]
         with pytest.raises(TokenizationError, match="multimodal content needs the model server's renderer"):
             await local.tokenize(QWEN25_MODEL, messages=image)
-        bad = tokenizer_from_params(Params("t", {"vllm": {"url": "http://127.0.0.1:1", "timeout": "200ms"}}))
         with pytest.raises(TokenizationError, match="/v1/chat/completions/render"):
             await bad.tokenize(QWEN25_MODEL, messages=msgs)
     finally:
+        for t in (tok, bad, local):  # their HTTP sessions, as the runtime's shutdown closes them
+            await t.close()
         sim.stop()
 
 
