@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -384,3 +385,17 @@ def test_routing_sidecar_on_decode_pods() -> None:
     )
     assert container["name"] == "routing-sidecar" and "--kv-connector=nixlv2" in container["args"]
     assert not [d for d in render() if "decode" in d["metadata"]["name"] or "routing" in d["metadata"]["name"]]
+
+
+def test_deploy_doc_names_every_kind_the_default_values_render() -> None:
+    """docs/deploy.md's "What gets created" table lists every kind `helm template` renders with the default values
+    (it once omitted the ClusterRole/ClusterRoleBinding of --metrics-endpoint-auth)."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    table = text[text.index("What gets created:") :].split("\n\n", 2)[1]
+    named = {
+        kind
+        for line in table.splitlines()
+        if line.startswith("| ")
+        for kind in re.findall(r"[A-Z]\w+", line.split("|")[1])
+    }
+    assert {d["kind"] for d in render()} <= named
