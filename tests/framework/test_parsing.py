@@ -21,13 +21,7 @@ from epp.plugins.parsers.vertexai_parser import VertexAIParser
 from epp.plugins.parsers.vllmgrpc_parser import EMBED, GENERATE, VLLMGRPCParser
 from epp.plugins.parsers.vllmhttp_parser import VLLMHTTPParser
 from epp.protocol.openai import build_request
-from epp.wiring.builtins import default_parsers
-
-DEFAULT = default_parsers()
-
-
-def hdrs(path: str = "/v1/completions", **extra: str) -> dict[str, str]:
-    return {":path": path, ":method": "POST", **extra}
+from tests.plugins.parsers.support import DEFAULT, hdrs
 
 
 def _types(reg: ParserRegistry, *paths: str) -> list[str]:

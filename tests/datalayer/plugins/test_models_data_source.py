@@ -16,14 +16,7 @@ from epp.datalayer.plugins.models_data_extractor import MODELS
 from epp.datalayer.plugins.models_data_source import ModelsDataSource
 from epp.framework import Endpoint
 from epp.wiring import build_pipeline, build_runtime, plugin_context
-
-DCGM_PAGE = """# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
-# TYPE DCGM_FI_DEV_GPU_UTIL gauge
-DCGM_FI_DEV_GPU_UTIL{gpu="0",pod="vllm-a"} 35
-DCGM_FI_DEV_GPU_UTIL{gpu="1",pod="vllm-a"} 91
-DCGM_FI_DEV_GPU_UTIL{gpu="2",pod="vllm-b"} 20
-DCGM_FI_DEV_FB_USED{gpu="0",pod="vllm-a"} 1000
-"""
+from tests.datalayer.plugins.support_polling import CONFIG, DCGM_PAGE
 
 
 @pytest.fixture
@@ -39,24 +32,6 @@ async def exporter() -> AsyncIterator[int]:
     app.router.add_get("/v1/models", models)
     async with serve_app(app) as port:
         yield port
-
-
-CONFIG = """
-plugins:
-- {type: dcgm-data-source, name: dcgm, parameters: {port: PORT, useNodeAddress: true, interval: 20ms}}
-- {type: dcgm-extractor}
-- {type: models-data-source, parameters: {interval: 1s}}
-- {type: models-data-extractor}
-- type: endpoint-attribute-filter
-  parameters:
-    attribute: GPUUtilization
-    producer: dcgm-extractor
-    algorithm: {type: threshold, threshold: {operator: LessThanOrEqual, value: 0.9}}
-dataLayer:
-  sources:
-  - {pluginRef: dcgm, extractors: [{pluginRef: dcgm-extractor}]}
-  - {pluginRef: models-data-source, extractors: [{pluginRef: models-data-extractor}]}
-"""
 
 
 async def test_models_source_and_background_polling(exporter: int) -> None:

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from epp.framework import (
     CycleState,
-    InferenceRequest,
 )
 from epp.plugins.deciders.always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
-
-
-def chat(text: str, rid: str = "r", headers: dict[str, str] | None = None, content: Any = None) -> InferenceRequest:
-    msgs = [{"role": "user", "content": content if content is not None else text}]
-    body = {"model": "m", "messages": msgs}
-    return InferenceRequest(rid, "/v1/chat/completions", "chat", "m", "m", body, headers=headers or {}, messages=msgs)
+from tests.plugins.support_disagg import chat
 
 
 def test_multimodal_decider() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from epp.framework import (
     PREFIX_CACHE_MATCH_INFO,
     CycleState,
@@ -15,12 +13,7 @@ from epp.framework import (
 from epp.framework.keys import TOKENIZED_PROMPT
 from epp.plugins.deciders.prefix_based_pd_decider import PrefixBasedPDDecider
 from tests.helpers import build
-
-
-def chat(text: str, rid: str = "r", headers: dict[str, str] | None = None, content: Any = None) -> InferenceRequest:
-    msgs = [{"role": "user", "content": content if content is not None else text}]
-    body = {"model": "m", "messages": msgs}
-    return InferenceRequest(rid, "/v1/chat/completions", "chat", "m", "m", body, headers=headers or {}, messages=msgs)
+from tests.plugins.support_disagg import chat
 
 
 def test_prefix_based_decider_thresholds() -> None:

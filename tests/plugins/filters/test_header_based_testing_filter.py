@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 from epp.framework import (
-    CycleState,
-    Endpoint,
-    InferenceRequest,
-    Metrics,
     Response,
 )
 from epp.plugins.filters.header_based_testing_filter import HeaderBasedTestingFilter
 from epp.plugins.requestcontrol.destination_endpoint_served_verifier import DestinationEndpointServedVerifier
-
-S = CycleState()
-
-
-def req(headers: dict[str, str] | None = None) -> InferenceRequest:
-    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {}, headers=headers or {})
-
-
-def ep(i: int, running: int = 0, waiting: int = 0, kv: float = 0.0, labels: dict[str, str] | None = None) -> Endpoint:
-    e = Endpoint(f"e{i}", f"10.0.0.{i}", 8000, labels=labels or {})
-    e.metrics = Metrics(waiting, running, kv, update_time=time.monotonic())
-    return e
+from tests.plugins.support_catalog import S, ep, req
 
 
 def test_conformance_filter_and_verifier() -> None:

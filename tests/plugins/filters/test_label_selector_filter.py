@@ -4,25 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, PluginConfigError
+from epp.framework import PluginConfigError
 from epp.plugins.filters.label_selector_filter import LabelSelectorFilter
 from tests.helpers import build
-
-S = CycleState()
-
-
-R = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {})
-
-
-def eps(n: int) -> list[Endpoint]:
-    return [Endpoint(f"e{i}", f"10.0.0.{i + 1}", 8000) for i in range(n)]
-
-
-def labeled(labels: list[dict[str, str]]) -> list[Endpoint]:
-    out = eps(len(labels))
-    for e, lab in zip(out, labels, strict=True):
-        e.labels = lab
-    return out
+from tests.plugins.support_pickers_filters import R, S, labeled
 
 
 def test_label_selector_filter() -> None:

@@ -5,31 +5,11 @@ from __future__ import annotations
 import base64
 
 from epp.framework import (
-    CycleState,
-    Endpoint,
-    InferenceRequest,
-    ProfileResult,
     Response,
-    SchedulingResult,
 )
 from epp.plugins.filters.session_affinity_filter import SessionAffinityFilter
 from tests.helpers import build
-
-S = CycleState()
-
-
-A, B, P = (Endpoint(n, f"10.0.0.{i}", 8000) for i, n in enumerate(("a", "b", "p"), 1))
-
-
-def req(headers: dict[str, str] | None = None) -> InferenceRequest:
-    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {}, headers=headers or {})
-
-
-def result(primary: Endpoint, prefill: Endpoint | None = None) -> SchedulingResult:
-    prs = {"decode": ProfileResult([primary])}
-    if prefill is not None:
-        prs["prefill"] = ProfileResult([prefill])
-    return SchedulingResult(prs, "decode")
+from tests.plugins.support_session import A, B, P, S, req, result
 
 
 def test_filter_pins_the_encoded_pod_and_passes_through_otherwise() -> None:

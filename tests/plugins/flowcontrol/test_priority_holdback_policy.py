@@ -3,52 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
-from epp.config.loader import parse_config
-from epp.datalayer.datastore import Datastore
-from epp.datalayer.objectives import ObjectiveStore
-from epp.framework import Endpoint, InferenceRequest, Metrics, PluginConfigError
+from epp.framework import PluginConfigError
 from epp.plugins.flowcontrol.priority_holdback_policy import PriorityHoldbackPolicy
-from epp.requestcontrol.director import SchedulingDirector
-from epp.requestcontrol.flowcontrol import FlowController
 from epp.requestcontrol.flowcontrol_spec import FlowControlSpec, PriorityBandSpec
-from epp.wiring import plugin_context
-from epp.wiring.builder import build_pipeline
 from tests.helpers import build
-
-
-def pool(waiting: int) -> Datastore:
-    ds = Datastore()
-    e = Endpoint("pod-0", "10.0.0.1", 8000)
-    e.metrics = Metrics(waiting_queue_size=waiting, update_time=time.monotonic())
-    ds.replace_all([e])
-    return ds
-
-
-def fresh(ds: Datastore, waiting: int) -> None:
-    for e in ds.endpoints():
-        e.metrics = Metrics(waiting_queue_size=waiting, update_time=time.monotonic())
-
-
-def chat_req(rid: str, headers: dict[str, str] | None = None) -> InferenceRequest:
-    msgs = [{"role": "user", "content": "hi"}]
-    body = {"model": "m", "messages": msgs}
-    return InferenceRequest(
-        rid, "/v1/chat/completions", "chat", "m", "m", body, headers=headers or {}, messages=msgs, body_size=40
-    )
-
-
-def fc_director(ds: Datastore, yaml_text: str, spec: FlowControlSpec) -> SchedulingDirector:
-    cfg = parse_config(yaml_text)
-    pipeline = build_pipeline(cfg, plugin_context(ds))
-    fc = FlowController(spec, pipeline.saturation_detector, plugins=pipeline.plugins, poll_interval=0.002)
-    return SchedulingDirector(ds, pipeline, ObjectiveStore(cfg.objectives), flow_controller=fc)
-
-
-QUEUE = "plugins:\n- type: queue-scorer\n"
+from tests.plugins.flowcontrol.support import QUEUE, chat_req, fc_director, fresh, pool
 
 
 def test_priority_holdback_ceilings() -> None:

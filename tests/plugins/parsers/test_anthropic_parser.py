@@ -3,30 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
 import pytest
 
 from epp.framework.errors import BadRequest
-from epp.framework.parsing import request_path
-from epp.framework.types import InferenceRequest
-from epp.protocol.openai import build_request
-from epp.wiring.builtins import default_parsers
-
-DEFAULT = default_parsers()
-
-
-def parse_request(
-    headers: dict[str, str], body: bytes, rewrites: Mapping[str, str] | None = None
-) -> tuple[InferenceRequest, bytes]:
-    """What the server does with a body: the parser for the path, then the request assembly."""
-    parsed = DEFAULT.resolve(request_path(headers)).parse(headers, body)
-    return build_request(headers, parsed, body, rewrites)
-
-
-def hdrs(path: str = "/v1/completions", **extra: str) -> dict[str, str]:
-    return {":path": path, ":method": "POST", **extra}
-
+from tests.plugins.parsers.support import DEFAULT, hdrs, parse_request
 
 ANTHROPIC = {
     "model": "claude",

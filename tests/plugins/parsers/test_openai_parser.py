@@ -4,32 +4,15 @@ validation, model rewrites and the JSON depth limit."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from epp.framework.errors import BadRequest
 from epp.framework.parsing import request_path
-from epp.framework.types import InferenceRequest
 from epp.plugins.parsers._common import MAX_JSON_DEPTH, decode_json_object
 from epp.plugins.parsers.openai_parser import detect_api
-from epp.protocol.openai import build_request
-from epp.wiring.builtins import default_parsers
-
-DEFAULT = default_parsers()
-
-
-def parse_request(
-    headers: dict[str, str], body: bytes, rewrites: Mapping[str, str] | None = None
-) -> tuple[InferenceRequest, bytes]:
-    """What the server does with a body: the parser for the path, then the request assembly."""
-    parsed = DEFAULT.resolve(request_path(headers)).parse(headers, body)
-    return build_request(headers, parsed, body, rewrites)
-
-
-def hdrs(path: str = "/v1/completions", **extra: str) -> dict[str, str]:
-    return {":path": path, ":method": "POST", **extra}
+from tests.plugins.parsers.support import hdrs, parse_request
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,7 @@ from epp.framework.errors import BadRequest
 from epp.framework.parsing import ParserRegistry
 from epp.plugins.parsers.openai_parser import OpenAIParser
 from epp.plugins.parsers.sglanghttp_parser import SGLangHTTPParser
-
-
-def hdrs(path: str = "/v1/completions", **extra: str) -> dict[str, str]:
-    return {":path": path, ":method": "POST", **extra}
+from tests.plugins.parsers.support import hdrs
 
 
 def test_sglang_generate_ids_batch_text_and_salt() -> None:

@@ -7,10 +7,7 @@ import pytest
 from epp.framework.errors import BadRequest
 from epp.plugins.parsers._grpc import grpc_frame
 from epp.plugins.parsers.vertexai_parser import VertexAIParser
-
-
-def _grpc_headers(method: str) -> dict[str, str]:
-    return {":path": f"/{method}", ":method": "POST", "content-type": "application/grpc"}
+from tests.plugins.parsers.support import _grpc_headers
 
 
 def test_vertexai_chat_completions_and_raw_predict() -> None:

@@ -7,10 +7,7 @@ import pytest
 from epp.framework.errors import BadRequest
 from epp.plugins.parsers._grpc import grpc_frame
 from epp.plugins.parsers.vllmgrpc_parser import EMBED, GENERATE, VLLMGRPCParser
-
-
-def _grpc_headers(method: str) -> dict[str, str]:
-    return {":path": f"/{method}", ":method": "POST", "content-type": "application/grpc"}
+from tests.plugins.parsers.support import _grpc_headers
 
 
 def test_vllmgrpc_generate_tokenized_text_embed_and_other_methods() -> None:

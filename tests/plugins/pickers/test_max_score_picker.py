@@ -6,19 +6,11 @@ from collections import Counter
 
 import pytest
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, PluginConfigError
+from epp.framework import PluginConfigError
 from epp.plugins.pickers._common import PICKER_RANDOM
 from epp.plugins.pickers.max_score_picker import MaxScorePicker
 from tests.helpers import build
-
-S = CycleState()
-
-
-R = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {})
-
-
-def eps(n: int) -> list[Endpoint]:
-    return [Endpoint(f"e{i}", f"10.0.0.{i + 1}", 8000) for i in range(n)]
+from tests.plugins.support_pickers_filters import R, S, eps
 
 
 def test_max_score_picker_top_and_fallbacks() -> None:

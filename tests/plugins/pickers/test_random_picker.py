@@ -4,18 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from epp.framework import CycleState, Endpoint, InferenceRequest
 from epp.plugins.pickers._common import PICKER_RANDOM
 from epp.plugins.pickers.random_picker import RandomPicker
-
-S = CycleState()
-
-
-R = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {})
-
-
-def eps(n: int) -> list[Endpoint]:
-    return [Endpoint(f"e{i}", f"10.0.0.{i + 1}", 8000) for i in range(n)]
+from tests.plugins.support_pickers_filters import R, S, eps
 
 
 def test_random_picker() -> None:

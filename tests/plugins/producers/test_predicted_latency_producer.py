@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 
 import numpy as np
 import pytest
@@ -13,57 +12,14 @@ import pytest
 from epp.framework import (
     LATENCY_PREDICTION_INFO,
     PREFIX_CACHE_MATCH_INFO,
-    TOKENIZED_PROMPT,
     Endpoint,
-    InferenceRequest,
-    LatencyPrediction,
-    LatencyPredictionInfo,
-    Metrics,
-    PrefixCacheMatchInfo,
-    ProfileResult,
     ResponseChunk,
-    SchedulingResult,
-    TokenizedPrompt,
     Usage,
 )
 from epp.plugins.producers._latency_model import LatencyModels, WindowedLeastSquares
 from epp.plugins.producers.predicted_latency_producer import PredictedLatencyProducer
 from tests.helpers import build
-
-PREFIX = PREFIX_CACHE_MATCH_INFO.of("approx-prefix-cache-producer")
-
-
-INFO = LATENCY_PREDICTION_INFO.of("predicted-latency-producer")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def endpoints(n: int, **metrics: float) -> list[Endpoint]:
-    eps = []
-    for i in range(n):
-        ep = Endpoint(f"pod-{i}", f"10.0.0.{i + 1}", 8000)
-        ep.metrics = Metrics(update_time=time.monotonic(), **metrics)  # type: ignore[arg-type]
-        eps.append(ep)
-    return eps
-
-
-def request(
-    rid: str, prompt: int, matches: dict[str, float] | None = None, headers: dict[str, str] | None = None
-) -> InferenceRequest:
-    req = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {}, headers=headers or {}, stream=True)
-    req.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(range(prompt))))
-    req.data.put(PREFIX, PrefixCacheMatchInfo(prompt // 16, 16, dict(matches or {})))
-    return req
-
-
-def picked(ep: Endpoint) -> SchedulingResult:
-    return SchedulingResult({"default": ProfileResult([ep])}, "default")
+from tests.plugins.support_latency import INFO, Clock, endpoints, picked, request
 
 
 def true_ttft(x: np.ndarray) -> float:
@@ -101,16 +57,6 @@ def run_traffic(prod: PredictedLatencyProducer, eps: list[Endpoint], clock: Cloc
             f.last = f.first + 9 * tpot / 1000.0  # the last chunk came exactly then
             prod.response_complete(req, ep, Usage(completion_tokens=10))
         clock.t += 1.0
-
-
-def info(
-    preds: dict[str, tuple[float, float, float, float]], has_slo: bool = False, dispatched: int = 1
-) -> LatencyPredictionInfo:
-    """name -> (ttft, tpot, ttft_headroom, tpot_headroom)"""
-    return LatencyPredictionInfo(
-        {n: LatencyPrediction(t, p, th >= 0, ph >= 0, th, ph, dispatched) for n, (t, p, th, ph) in preds.items()},
-        has_slo,
-    )
 
 
 def test_windowed_least_squares_recovers_known_coefficients() -> None:

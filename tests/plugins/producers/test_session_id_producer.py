@@ -5,34 +5,14 @@ from __future__ import annotations
 import pytest
 
 from epp.framework import (
-    CycleState,
-    Endpoint,
-    InferenceRequest,
     PluginConfigError,
-    ProfileResult,
     Response,
-    SchedulingResult,
 )
 from epp.framework.attributes import AGENT_ID, SESSION_ID
 from epp.plugins.filters.session_affinity_filter import SessionAffinityFilter
 from epp.plugins.producers.session_id_producer import SessionIDProducer
 from tests.helpers import build
-
-S = CycleState()
-
-
-A, B, P = (Endpoint(n, f"10.0.0.{i}", 8000) for i, n in enumerate(("a", "b", "p"), 1))
-
-
-def req(headers: dict[str, str] | None = None) -> InferenceRequest:
-    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {}, headers=headers or {})
-
-
-def result(primary: Endpoint, prefill: Endpoint | None = None) -> SchedulingResult:
-    prs = {"decode": ProfileResult([primary])}
-    if prefill is not None:
-        prs["prefill"] = ProfileResult([prefill])
-    return SchedulingResult(prs, "decode")
+from tests.plugins.support_session import A, B, S, req, result
 
 
 def test_session_id_strategy_binds_from_sources_in_order() -> None:

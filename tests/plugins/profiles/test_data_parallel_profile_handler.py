@@ -9,15 +9,12 @@ import pytest
 
 from epp.config.loader import parse_config
 from epp.datalayer.datastore import Datastore
-from epp.framework import Endpoint, InferenceRequest, Metrics, PluginConfigError
+from epp.framework import Endpoint, Metrics, PluginConfigError
 from epp.plugins.profiles.data_parallel_profile_handler import DataParallelProfileHandler
 from epp.requestcontrol.director import SchedulingDirector
 from epp.wiring import build_pipeline, plugin_context
 from tests.helpers import build
-
-
-def req(headers: dict[str, str] | None = None) -> InferenceRequest:
-    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {"prompt": "x"}, headers=headers or {})
+from tests.plugins.profiles.support_handlers import req
 
 
 async def test_data_parallel_handler_targets_the_primary_port_with_the_rank_header() -> None:

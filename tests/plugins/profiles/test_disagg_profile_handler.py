@@ -6,14 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from epp.config import ConfigError, load_config, parse_config
 from epp.datalayer.datastore import Datastore
-from epp.datalayer.objectives import ObjectiveStore
 from epp.framework import (
     DISAGG_DECISION,
     ENCODER_HEADER,
@@ -32,48 +29,12 @@ from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCache
 from epp.plugins.profiles._disagg import DISAGG_DECISIONS
 from epp.plugins.profiles.disagg_profile_handler import DisaggProfileHandler
 from epp.plugins.profiles.pd_profile_handler import PdProfileHandler
-from epp.requestcontrol.director import SchedulingDirector
 from epp.wiring import plugin_context
 from epp.wiring.builder import build_pipeline
 from epp.wiring.builtins import register_builtins
-
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
-
+from tests.plugins.support_disagg import CONFIG_DIR, LONG, ROLE, chat, director, pd_pool, sample
 
 PD_SAMPLES = ["llm-d-pd.yaml", "llm-d-sim-pd.yaml", "llm-d-sim-e-pd.yaml", "llm-d-pd-deprecated.yaml", "llm-d-epd.yaml"]
-
-
-ROLE = "llm-d.ai/role"
-
-
-LONG = "Summarize the following report in detail. " * 60  # ~600 tokens, uncached everywhere at first
-
-
-def pd_pool(roles: Sequence[str | None] = ("prefill", "prefill", "decode", "decode")) -> Datastore:
-    ds = Datastore()
-    eps = []
-    for i, role in enumerate(roles):
-        e = Endpoint(f"pod-{i}", f"10.0.0.{i + 1}", 8000, labels={ROLE: role} if role else {})
-        e.metrics = Metrics(update_time=time.monotonic())
-        eps.append(e)
-    ds.replace_all(eps)
-    return ds
-
-
-def director(ds: Datastore, text: str, registry: PluginRegistry | None = None) -> SchedulingDirector:
-    cfg = parse_config(text)
-    pipeline = build_pipeline(cfg, plugin_context(ds), registry)
-    return SchedulingDirector(ds, pipeline, ObjectiveStore(cfg.objectives))
-
-
-def sample(name: str) -> str:
-    return (CONFIG_DIR / name).read_text()
-
-
-def chat(text: str, rid: str = "r", headers: dict[str, str] | None = None, content: Any = None) -> InferenceRequest:
-    msgs = [{"role": "user", "content": content if content is not None else text}]
-    body = {"model": "m", "messages": msgs}
-    return InferenceRequest(rid, "/v1/chat/completions", "chat", "m", "m", body, headers=headers or {}, messages=msgs)
 
 
 class PeerProbe(Plugin):

@@ -8,9 +8,10 @@ import pytest
 
 from epp.config.loader import parse_config
 from epp.datalayer.datastore import Datastore
-from epp.framework import Endpoint, InferenceRequest, Metrics
+from epp.framework import Endpoint, Metrics
 from epp.scheduling.scheduler import SchedulingFailed
 from epp.wiring import build_pipeline, plugin_context
+from tests.plugins.profiles.support_handlers import req
 
 ROLES = {"e": "encode", "p": "prefill", "d": "decode"}
 
@@ -24,10 +25,6 @@ def store() -> Datastore:
         eps.append(e)
     ds.replace_all(eps)
     return ds
-
-
-def req(headers: dict[str, str] | None = None) -> InferenceRequest:
-    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {"prompt": "x"}, headers=headers or {})
 
 
 COORD = """

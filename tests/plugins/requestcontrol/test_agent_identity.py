@@ -2,33 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 from epp.config.loader import parse_config
-from epp.datalayer.datastore import Datastore
-from epp.framework import Endpoint, InferenceRequest, Metrics
 from epp.requestcontrol.director import SchedulingDirector
 from epp.wiring import plugin_context
 from epp.wiring.builder import build_pipeline
-
-
-def pool(waiting: int) -> Datastore:
-    ds = Datastore()
-    e = Endpoint("pod-0", "10.0.0.1", 8000)
-    e.metrics = Metrics(waiting_queue_size=waiting, update_time=time.monotonic())
-    ds.replace_all([e])
-    return ds
-
-
-def chat_req(rid: str, headers: dict[str, str] | None = None) -> InferenceRequest:
-    msgs = [{"role": "user", "content": "hi"}]
-    body = {"model": "m", "messages": msgs}
-    return InferenceRequest(
-        rid, "/v1/chat/completions", "chat", "m", "m", body, headers=headers or {}, messages=msgs, body_size=40
-    )
-
-
-QUEUE = "plugins:\n- type: queue-scorer\n"
+from tests.plugins.flowcontrol.support import QUEUE, chat_req, pool
 
 
 async def test_agent_identity_is_the_fairness_id_unless_the_client_sent_one() -> None:

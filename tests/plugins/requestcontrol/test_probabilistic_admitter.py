@@ -7,17 +7,10 @@ import time
 
 import pytest
 
-from epp.framework import Endpoint, InferenceRequest, Metrics, PluginConfigError
+from epp.framework import Endpoint, Metrics, PluginConfigError
 from epp.plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter
 from tests.helpers import build
-
-
-def chat_req(rid: str, headers: dict[str, str] | None = None) -> InferenceRequest:
-    msgs = [{"role": "user", "content": "hi"}]
-    body = {"model": "m", "messages": msgs}
-    return InferenceRequest(
-        rid, "/v1/chat/completions", "chat", "m", "m", body, headers=headers or {}, messages=msgs, body_size=40
-    )
+from tests.plugins.flowcontrol.support import chat_req
 
 
 def test_probabilistic_admitter_curve() -> None:

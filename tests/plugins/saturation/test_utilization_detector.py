@@ -6,14 +6,10 @@ import time
 
 import pytest
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, Metrics, PluginConfigError
+from epp.framework import Endpoint, Metrics, PluginConfigError
 from epp.plugins.saturation.utilization_detector import UtilizationDetector
 from tests.helpers import build
-
-S = CycleState()
-
-
-R = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {})
+from tests.plugins.support_pickers_filters import R, S
 
 
 def with_metrics(q: int, kv: float, age: float = 0.0) -> Endpoint:

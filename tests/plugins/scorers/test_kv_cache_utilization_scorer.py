@@ -3,29 +3,9 @@ v0.10 pkg/epp/framework/plugins/scheduling/scorer/kvcacheutilization, runningreq
 
 from __future__ import annotations
 
-import time
-
-from epp.framework import (
-    CycleState,
-    Endpoint,
-    InferenceRequest,
-    Metrics,
-)
 from epp.plugins.scorers.kv_cache_utilization_scorer import KVCacheUtilizationScorer
 from epp.plugins.scorers.running_requests_size_scorer import RunningRequestsSizeScorer
-
-
-def ep(name: str, **metrics: object) -> Endpoint:
-    e = Endpoint(name, f"10.0.0.{abs(hash(name)) % 250 + 1}", 8000)
-    e.metrics = Metrics(update_time=time.monotonic(), **metrics)  # type: ignore[arg-type]
-    return e
-
-
-def req(model: str = "m", headers: dict[str, str] | None = None, rid: str = "r1") -> InferenceRequest:
-    return InferenceRequest(rid, "/v1/completions", "completions", model, model, {}, headers=headers or {})
-
-
-S = CycleState()
+from tests.plugins.scorers.support import S, ep, req
 
 
 def test_kv_and_running_scorers() -> None:

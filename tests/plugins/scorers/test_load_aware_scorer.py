@@ -3,32 +3,14 @@ pkg/epp/framework/plugins/scheduling/scorer/loadaware/load_aware.go)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from epp.framework import (
-    CycleState,
-    Endpoint,
-    InferenceRequest,
-    Metrics,
     PluginConfigError,
 )
 from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
 from tests.helpers import build
-
-
-def ep(name: str, **metrics: object) -> Endpoint:
-    e = Endpoint(name, f"10.0.0.{abs(hash(name)) % 250 + 1}", 8000)
-    e.metrics = Metrics(update_time=time.monotonic(), **metrics)  # type: ignore[arg-type]
-    return e
-
-
-def req(model: str = "m", headers: dict[str, str] | None = None, rid: str = "r1") -> InferenceRequest:
-    return InferenceRequest(rid, "/v1/completions", "completions", model, model, {}, headers=headers or {})
-
-
-S = CycleState()
+from tests.plugins.scorers.support import S, ep, req
 
 
 def test_load_aware_scorer() -> None:

@@ -3,28 +3,8 @@ pkg/epp/framework/plugins/scheduling/scorer/loraaffinity/lora_affinity.go)."""
 
 from __future__ import annotations
 
-import time
-
-from epp.framework import (
-    CycleState,
-    Endpoint,
-    InferenceRequest,
-    Metrics,
-)
 from epp.plugins.scorers.lora_affinity_scorer import LoraAffinityScorer
-
-
-def ep(name: str, **metrics: object) -> Endpoint:
-    e = Endpoint(name, f"10.0.0.{abs(hash(name)) % 250 + 1}", 8000)
-    e.metrics = Metrics(update_time=time.monotonic(), **metrics)  # type: ignore[arg-type]
-    return e
-
-
-def req(model: str = "m", headers: dict[str, str] | None = None, rid: str = "r1") -> InferenceRequest:
-    return InferenceRequest(rid, "/v1/completions", "completions", model, model, {}, headers=headers or {})
-
-
-S = CycleState()
+from tests.plugins.scorers.support import S, ep, req
 
 
 def test_lora_affinity_scorer() -> None:

@@ -3,37 +3,10 @@ pkg/epp/framework/plugins/scheduling/scorer/prefix)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from epp.framework import (
-    PREFIX_CACHE_MATCH_INFO,
-    CycleState,
-    Endpoint,
-    InferenceRequest,
-    Metrics,
-    PrefixCacheMatchInfo,
-)
 from epp.plugins.scorers.prefix_cache_scorer import PrefixCacheScorer
-
-
-def ep(name: str, **metrics: object) -> Endpoint:
-    e = Endpoint(name, f"10.0.0.{abs(hash(name)) % 250 + 1}", 8000)
-    e.metrics = Metrics(update_time=time.monotonic(), **metrics)  # type: ignore[arg-type]
-    return e
-
-
-def req(model: str = "m", headers: dict[str, str] | None = None, rid: str = "r1") -> InferenceRequest:
-    return InferenceRequest(rid, "/v1/completions", "completions", model, model, {}, headers=headers or {})
-
-
-S = CycleState()
-
-
-def _with_info(r: InferenceRequest, matches: dict[str, float], total: int = 10, bs: int = 16) -> InferenceRequest:
-    r.data.put(PREFIX_CACHE_MATCH_INFO.of("approx-prefix-cache-producer"), PrefixCacheMatchInfo(total, bs, matches))
-    return r
+from tests.plugins.scorers.support import S, _with_info, ep, req
 
 
 def test_prefix_cache_scorer_formula() -> None:

@@ -8,35 +8,14 @@ import time
 import pytest
 
 from epp.framework import (
-    CycleState,
-    Endpoint,
-    InferenceRequest,
-    Metrics,
     PluginConfigError,
-    ProfileResult,
     Response,
-    SchedulingResult,
 )
 from epp.framework.attributes import SESSION_ID
 from epp.plugins.scorers.session_affinity_scorer import SessionAffinityScorer
 from tests.helpers import build
-
-
-def ep(name: str, **metrics: object) -> Endpoint:
-    e = Endpoint(name, f"10.0.0.{abs(hash(name)) % 250 + 1}", 8000)
-    e.metrics = Metrics(update_time=time.monotonic(), **metrics)  # type: ignore[arg-type]
-    return e
-
-
-def req(model: str = "m", headers: dict[str, str] | None = None, rid: str = "r1") -> InferenceRequest:
-    return InferenceRequest(rid, "/v1/completions", "completions", model, model, {}, headers=headers or {})
-
-
-def result_for(target: Endpoint) -> SchedulingResult:
-    return SchedulingResult({"default": ProfileResult([target])}, "default")
-
-
-S = CycleState()
+from tests.plugins.scorers.support import S, ep, req, result_for
+from tests.plugins.support_session import A, B, result
 
 
 def test_session_affinity_encoded_header() -> None:
@@ -76,16 +55,6 @@ def test_session_affinity_session_id_binds_and_expires() -> None:
     assert s.score(S, r, [a, b]) == [0.0, 0.0]
     with pytest.raises(PluginConfigError, match="strategy"):
         build(SessionAffinityScorer, name="sa", parameters={"strategy": "sticky"})
-
-
-A, B, P = (Endpoint(n, f"10.0.0.{i}", 8000) for i, n in enumerate(("a", "b", "p"), 1))
-
-
-def result(primary: Endpoint, prefill: Endpoint | None = None) -> SchedulingResult:
-    prs = {"decode": ProfileResult([primary])}
-    if prefill is not None:
-        prs["prefill"] = ProfileResult([prefill])
-    return SchedulingResult(prs, "decode")
 
 
 def test_scorer_takes_the_routers_session_id_config() -> None:

@@ -10,17 +10,13 @@ from epp.framework import (
     PEER_ENDPOINT,
     CycleState,
     Endpoint,
-    InferenceRequest,
     PluginConfigError,
 )
 from epp.plugins.filters.topology_affinity_filter import TopologyAffinityFilter
 from epp.plugins.scorers.topology_affinity_scorer import TopologyAffinityScorer
 from epp.wiring import plugin_context
 from tests.helpers import build
-
-
-def req(headers: dict[str, str] | None = None) -> InferenceRequest:
-    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {}, headers=headers or {})
+from tests.plugins.support_catalog import req
 
 
 def topo_endpoints() -> tuple[Endpoint, list[Endpoint]]:

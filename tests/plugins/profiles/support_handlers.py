@@ -1,0 +1,9 @@
+"""Helpers shared by the header and data-parallel profile handler tests."""
+
+from __future__ import annotations
+
+from epp.framework import InferenceRequest
+
+
+def req(headers: dict[str, str] | None = None) -> InferenceRequest:
+    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {"prompt": "x"}, headers=headers or {})
