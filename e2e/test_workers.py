@@ -1,16 +1,27 @@
-"""`epp serve --workers 2`: two full EPPs share the ext_proc and health ports (SO_REUSEPORT)."""
+"""`epp serve --workers 2`: two EPP processes share the ext_proc and health ports (SO_REUSEPORT), see each other's
+picks through the parent's relay, and a worker that dies is restarted."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import signal
 import time
 import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from e2e.harness.http import metric_value
 from e2e.harness.ports import free_port_run, free_ports
 from e2e.harness.procs import EppPorts, EppProcess
-from epp.server.workers import worker_argv
+from epp.server.workers import STARTUP_GRACE, worker_argv
 
 pytestmark = pytest.mark.e2e
 
@@ -30,8 +41,9 @@ def _metrics(port: int, timeout: float = 60.0) -> str:
 
 
 def test_worker_argv_drops_workers_flag() -> None:
-    argv = worker_argv(["serve", "--config", "c.yaml", "--workers", "3", "--workers=3", "--grpc-port", "1"], 2)
-    assert argv[1:] == ["-m", "epp", "serve", "--config", "c.yaml", "--grpc-port", "1", "--worker-index", "2"]
+    argv = worker_argv(["serve", "--config", "c.yaml", "--workers", "3", "--workers=3", "--grpc-port", "1"], 2, "/s")
+    assert argv[1:] == ["-m", "epp", "serve", "--config", "c.yaml", "--grpc-port", "1", "--worker-index", "2",
+                        "--worker-state-socket", "/s"]  # fmt: skip
 
 
 def test_free_port_run_hands_out_disjoint_runs_below_the_ephemeral_range() -> None:
@@ -71,3 +83,129 @@ def test_two_workers_share_ports_and_each_serves_metrics(tmp_path: Path) -> None
     finally:
         epp.stop()
     assert not epp.running()
+
+
+DEST = "x-gateway-destination-endpoint"
+
+
+def _headers() -> pb.ProcessingRequest:
+    hs = {":path": "/v1/completions", ":method": "POST", ":authority": "gw", "content-type": "application/json"}
+    return pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hs.items()]
+            )
+        ),
+        protocol_config=pb.ProtocolConfiguration(
+            request_body_mode=processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED,
+            response_body_mode=processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED,
+        ),
+    )
+
+
+async def _open_pick(port: int, prompt: str) -> tuple[grpc.aio.Channel, grpc.aio.StreamStreamCall, str]:
+    """A request picked on a new connection (the kernel hands each connection to one worker), left in flight."""
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+    call = pb_grpc.ExternalProcessorStub(channel).Process()
+    body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 4}).encode()
+    await call.write(_headers())
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))
+    first = await asyncio.wait_for(call.read(), 20)
+    assert first is not grpc.aio.EOF and first.HasField("request_headers"), first
+    sets = first.request_headers.response.header_mutation.set_headers
+    return channel, call, next(h.header.raw_value.decode() for h in sets if h.header.key == DEST)
+
+
+def _picks(metrics: int, workers: int) -> list[float]:
+    ok = {"status": "success"}
+    return [
+        metric_value(_metrics(metrics + i), "inference_extension_scheduler_attempts_total", ok, 0.0)
+        for i in range(workers)
+    ]
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["shared", "local"])
+def test_a_request_in_flight_in_one_worker_is_seen_by_the_other(tmp_path: Path, sync: bool) -> None:
+    """One request held in flight through worker A; the next, landing on worker B, avoids its pod. Without the
+    sharing (`syncCrossReplicaState: false`) B sees two idle pods and breaks the tie as A did: the same pod."""
+    cfg = tmp_path / "epp.yaml"
+    cfg.write_text(
+        f"plugins: [{{type: inflight-load-producer, parameters: {{syncCrossReplicaState: {str(sync).lower()}}}}},"
+        " {type: active-request-scorer}]\n"
+        "schedulingProfiles: [{name: default, plugins: [{pluginRef: active-request-scorer}]}]\n"
+        "endpoints:\n- {address: 127.0.0.1, port: 9}\n- {address: 127.0.0.2, port: 9}\n"
+    )
+    grpc_port, health = free_ports(2)
+    metrics = free_port_run(2)
+    epp = EppProcess(cfg, tmp_path, EppPorts(grpc_port, health, metrics), extra_args=["--workers", "2"])
+
+    async def scenario() -> tuple[str, str]:
+        held = await _open_pick(grpc_port, "first")
+        first_worker = [i for i, n in enumerate(_picks(metrics, 2)) if n == 1]
+        assert len(first_worker) == 1
+        await asyncio.sleep(0.3)  # (the booking message takes well under a millisecond; the box may be loaded)
+        for attempt in range(40):  # new connections until one lands on the other worker
+            channel, call, dest = await _open_pick(grpc_port, f"next {attempt}")
+            counts = _picks(metrics, 2)
+            call.cancel()
+            await channel.close()
+            if counts[1 - first_worker[0]] >= 1:
+                held[1].cancel()
+                await held[0].close()
+                return held[2], dest
+            await asyncio.sleep(0.05)
+        raise AssertionError("no connection landed on the other worker")
+
+    try:
+        epp.wait_ready()
+        for port in (metrics, metrics + 1):
+            _metrics(port)
+        busy, other = asyncio.run(scenario())
+        if sync:
+            assert other != busy, (busy, other)
+        else:
+            assert other == busy, (busy, other)
+    finally:
+        epp.stop()
+
+
+def _worker_pids(parent: int) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == parent:
+                out.append(int(pid))
+    return sorted(out)
+
+
+def test_a_worker_that_dies_is_restarted_and_sigterm_stops_all(tmp_path: Path) -> None:
+    cfg = tmp_path / "epp.yaml"
+    cfg.write_text("plugins: [{type: queue-scorer}]\nendpoints:\n- {address: 127.0.0.1, port: 9}\n")
+    grpc_port, health = free_ports(2)
+    metrics = free_port_run(2)
+    started = time.monotonic()
+    epp = EppProcess(cfg, tmp_path, EppPorts(grpc_port, health, metrics), extra_args=["--workers", "2"])
+    try:
+        epp.wait_ready()
+        _metrics(metrics + 1)
+        time.sleep(max(0.0, started + STARTUP_GRACE + 0.5 - time.monotonic()))  # a crash now is restarted
+        deadline = time.monotonic() + 30
+        before = _worker_pids(epp.proc.pid)
+        assert len(before) == 2, before
+        os.kill(before[1], signal.SIGKILL)
+        while True:
+            now = _worker_pids(epp.proc.pid)
+            if len(now) == 2 and before[1] not in now:
+                break
+            assert time.monotonic() < deadline, now
+            time.sleep(0.1)
+        assert "restarting it" in epp.log_text()
+        for port in (metrics, metrics + 1):  # both serve again
+            assert "inference_extension" in _metrics(port)
+    finally:
+        epp.stop()
+    assert not epp.running() and _worker_pids(epp.proc.pid) == []

@@ -114,6 +114,8 @@ def _serve(opts: Options) -> int:
             config.pool_name = opts.pool_name
         if opts.cross_replica_address:
             config.share_state_through(opts.cross_replica_address)
+        if opts.worker_state_socket:
+            config.share_with_workers(opts.worker_state_socket)
         for name, attr in (("refresh-metrics-interval", "refresh_metrics_interval"),
                            ("refresh-prometheus-metrics-interval", "refresh_prometheus_metrics_interval"),
                            ("metrics-staleness-threshold", "metrics_staleness_threshold")):  # fmt: skip

@@ -189,13 +189,21 @@ class EppConfig:
         `address` (`--cross-replica-address`): a redis-cross-replica-syncer is added with that address alone, unless
         the file names its own syncer (`dataLayer.crossReplicaSyncerPluginRef`), which is kept. Returns the syncer's
         name."""
+        return self._add_syncer("redis-cross-replica-syncer", {"address": address})
+
+    def share_with_workers(self, socket_path: str) -> str:
+        """`epp serve --workers N`: the workers share the same state through the parent's relay (a
+        worker-state-syncer), unless the config names a syncer, through which each worker shares as a replica."""
+        return self._add_syncer("worker-state-syncer", {"socket": socket_path})
+
+    def _add_syncer(self, type_name: str, params: dict[str, Any]) -> str:
         if self.cross_replica_syncer is not None:
             return self.cross_replica_syncer
         taken = {p.name for p in self.plugins}
         name = next(
             n for n in ("cross-replica-syncer", *(f"cross-replica-syncer-{i}" for i in range(1, 99))) if n not in taken
         )
-        self.plugins.append(PluginSpec(name, "redis-cross-replica-syncer", {"address": address}))
+        self.plugins.append(PluginSpec(name, type_name, params))
         self.cross_replica_syncer = name
         return name
 

@@ -149,6 +149,7 @@ class Options:
     event_loop: str = "auto"
     gil_switch_interval: float = 0.0
     worker_index: int = -1
+    worker_state_socket: str = ""
     kubeconfig: str = ""
     cross_replica_address: str = ""
 
@@ -381,6 +382,7 @@ FLAGS: tuple[Flag, ...] = (
          "sys.setswitchinterval for the EPP process: how long a thread may hold the GIL while another waits for it "
          "(grpc's poller thread hands every message to the loop); 0 keeps Python's 5ms (pyepp)."),
     Flag("worker-index", "int", "internal: this worker's index", hidden=True),
+    Flag("worker-state-socket", "string", "internal: the workers' relay (worker-state-syncer)", hidden=True),
     Flag("kubeconfig", "string", "kubeconfig file (default: $KUBECONFIG, in-cluster, else ~/.kube/config) (pyepp)."),
     Flag("cross-replica-address", "string",
          "redis://, rediss://, valkey:// or unix:// URL of the Redis/Valkey the EPP replicas share in-flight load and "

@@ -16,6 +16,7 @@ from epp.datalayer.plugins.models_data_extractor import ModelsDataExtractor
 from epp.datalayer.plugins.models_data_source import ModelsDataSource
 from epp.datalayer.plugins.redis_cross_replica_syncer import RedisCrossReplicaSyncer
 from epp.datalayer.plugins.topology_extractor import TopologyExtractor
+from epp.datalayer.plugins.worker_state_syncer import WorkerStateSyncer
 from epp.discovery.plugins.file_discovery import FileDiscovery
 from epp.framework import REGISTRY, Plugin, PluginRegistry
 from epp.framework.parsing import ParserRegistry, RequestParser
@@ -160,6 +161,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     # cross-replica state (dataLayer.crossReplicaSyncerPluginRef)
     LocalSyncer,
     RedisCrossReplicaSyncer,
+    WorkerStateSyncer,
     # discovery (dataLayer.discovery)
     FileDiscovery,
     # request parsers

@@ -33,7 +33,7 @@ import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Self
 
@@ -91,14 +91,21 @@ def default_replica_id() -> str:
 
 def sum_snapshots(snapshots: Sequence[Any]) -> dict[str, list[int]]:
     """Per-endpoint element-wise sums of JSON snapshots ({endpoint: [ints]}); malformed ones are skipped."""
-    total: dict[str, list[int]] = {}
+    parsed = []
     for raw in snapshots:
         if not raw:
             continue
         try:
-            snap = json.loads(raw)
+            parsed.append(json.loads(raw))
         except ValueError:
             continue
+    return sum_parsed(parsed)
+
+
+def sum_parsed(snapshots: Iterable[Any]) -> dict[str, list[int]]:
+    """`sum_snapshots` of snapshots already parsed; anything not {endpoint: [ints]} is skipped."""
+    total: dict[str, list[int]] = {}
+    for snap in snapshots:
         if not isinstance(snap, dict):
             continue
         for ep, vals in snap.items():
