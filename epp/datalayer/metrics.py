@@ -1,9 +1,14 @@
-"""Pool-level gauges with GIE's names, refreshed every 5 s from endpoints whose metrics are fresh (≤ 2 s old)."""
+"""Pool-level gauges with GIE's names and llm-d-router v0.10's `llm_d_epp_*` ones (averages and sample standard
+deviations, rounded to two decimals as its datalayer logger does), refreshed every 5 s
+(`--refresh-prometheus-metrics-interval`) from endpoints whose metrics are fresh (≤ 2 s old). A multi-cluster hub
+reads a cluster's load from `llm_d_epp_average_kv_cache_utilization` and `llm_d_epp_average_queue_size`."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections.abc import Sequence
 
 from prometheus_client import Gauge
 
@@ -35,6 +40,45 @@ POOL_PER_POD_QUEUE = Gauge(
     ["name", "model_server_pod"],
 )
 
+# llm-d-router v0.10 (pkg/epp/metrics/llm_d_router_metrics.go): the same pool gauges under its own subsystem.
+LLMD_POOL_AVG_KV = Gauge(
+    "llm_d_epp_average_kv_cache_utilization", "The average kv cache utilization for an inference server pool.", ["name"]
+)
+LLMD_POOL_AVG_QUEUE = Gauge(
+    "llm_d_epp_average_queue_size", "The average number of requests pending in the model server queue.", ["name"]
+)
+LLMD_POOL_AVG_RUNNING = Gauge(
+    "llm_d_epp_average_running_requests",
+    "The average number of running requests across model servers in the pool.",
+    ["name"],
+)
+LLMD_POOL_STD_KV = Gauge(
+    "llm_d_epp_std_dev_kv_cache_utilization",
+    "The standard deviation kv cache utilization for an inference server pool.",
+    ["name"],
+)
+LLMD_POOL_STD_QUEUE = Gauge(
+    "llm_d_epp_std_dev_queue_size",
+    "The standard deviation number of requests pending in the model server queue.",
+    ["name"],
+)
+LLMD_POOL_STD_RUNNING = Gauge(
+    "llm_d_epp_std_dev_running_requests",
+    "The standard deviation number of running requests across model servers in the pool.",
+    ["name"],
+)
+LLMD_POOL_READY = Gauge(
+    "llm_d_epp_ready_endpoints", "The number of ready endpoints in the inference server pool.", ["name"]
+)
+
+
+def mean_and_stdev(values: Sequence[float]) -> tuple[float, float]:
+    """llm-d-router's summary: the mean and the sample standard deviation (n-1, at least 1), each rounded to 2."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / max(1, n - 1))
+    return round(mean, 2), round(sd, 2)
+
 
 class PoolMetricsReporter:
     def __init__(self, view: EndpointView, pool_name: str, *, staleness: float = 2.0, interval: float = 5.0) -> None:
@@ -49,10 +93,27 @@ class PoolMetricsReporter:
         fresh = [ep for ep in self.view.endpoints() if ep.metrics.age(now) <= self.staleness]
         n = len(fresh)
         POOL_READY_PODS.labels(self.pool).set(n)
+        LLMD_POOL_READY.labels(self.pool).set(n)
         if n:
-            POOL_AVG_KV.labels(self.pool).set(sum(ep.metrics.kv_cache_usage_percent for ep in fresh) / n)
-            POOL_AVG_QUEUE.labels(self.pool).set(sum(ep.metrics.waiting_queue_size for ep in fresh) / n)
-            POOL_AVG_RUNNING.labels(self.pool).set(sum(ep.metrics.running_requests_size for ep in fresh) / n)
+            for values, avg, llmd_avg, llmd_sd in (
+                ([ep.metrics.kv_cache_usage_percent for ep in fresh], POOL_AVG_KV, LLMD_POOL_AVG_KV, LLMD_POOL_STD_KV),
+                (
+                    [ep.metrics.waiting_queue_size for ep in fresh],
+                    POOL_AVG_QUEUE,
+                    LLMD_POOL_AVG_QUEUE,
+                    LLMD_POOL_STD_QUEUE,
+                ),
+                (
+                    [ep.metrics.running_requests_size for ep in fresh],
+                    POOL_AVG_RUNNING,
+                    LLMD_POOL_AVG_RUNNING,
+                    LLMD_POOL_STD_RUNNING,
+                ),
+            ):
+                mean, sd = mean_and_stdev(values)
+                avg.labels(self.pool).set(mean)
+                llmd_avg.labels(self.pool).set(mean)
+                llmd_sd.labels(self.pool).set(sd)
         pods = set()
         for ep in fresh:
             pods.add(ep.name)

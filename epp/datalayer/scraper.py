@@ -158,7 +158,8 @@ class MetricsScraper:
         return ctx
 
     def _client(self, endpoint: Endpoint) -> KeepAliveGet:
-        return KeepAliveGet(endpoint.address, endpoint.metrics_port or endpoint.port, self.path, ssl_context=self._ssl)
+        host = endpoint.metrics_address or endpoint.address
+        return KeepAliveGet(host, endpoint.metrics_port or endpoint.port, self.path, ssl_context=self._ssl)
 
     async def run(self) -> None:
         """Scrape until cancelled (a Runtime background coroutine)."""

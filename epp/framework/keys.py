@@ -57,3 +57,9 @@ DISAGG_HEADERS: Final = (PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER, K
 # Predicted TTFT/TPOT per endpoint, per producer: `LATENCY_PREDICTION_INFO.of(<producer name>)` (latency-scorer,
 # slo-headroom-tier-filter, latency-slo-admitter, prefix-cache-affinity-filter's `ttftSource: latencyPredictor` gate).
 LATENCY_PREDICTION_INFO: Final = DataKey[LatencyPredictionInfo]("latency-prediction-info")
+
+# A cluster's pool averages, endpoint attributes of a multi-cluster hub's cluster endpoints (llm-d-router's
+# `llm-d.ai/multicluster-*` attribute keys): written by multicluster-metrics-extractor, read by the multicluster
+# scorers.
+MULTICLUSTER_KV_CACHE_UTILIZATION: Final = DataKey[float]("llm-d.ai/multicluster-kv-cache-utilization")
+MULTICLUSTER_QUEUE_SIZE: Final = DataKey[float]("llm-d.ai/multicluster-queue-size")

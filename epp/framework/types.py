@@ -72,6 +72,7 @@ class Endpoint:
     hostport: str = ""
     node_address: str = ""  # the node's IP (pod status.hostIP), for per-node exporters (dcgm-data-source)
     health: EndpointHealth = field(default_factory=EndpointHealth)
+    metrics_address: str = ""  # where its metrics are, when not at `address` (a hub's cluster: its EPP's host)
 
     def __post_init__(self) -> None:
         self.hostport = join_host_port(self.address, self.port)
@@ -80,7 +81,7 @@ class Endpoint:
 
     @property
     def metrics_hostport(self) -> str:
-        return join_host_port(self.address, self.metrics_port or self.port)
+        return join_host_port(self.metrics_address or self.address, self.metrics_port or self.port)
 
 
 @dataclass(slots=True)

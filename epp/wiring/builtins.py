@@ -14,14 +14,16 @@ from epp.datalayer.plugins.local_syncer import LocalSyncer
 from epp.datalayer.plugins.metrics_data_source import MetricsDataSource
 from epp.datalayer.plugins.models_data_extractor import ModelsDataExtractor
 from epp.datalayer.plugins.models_data_source import ModelsDataSource
+from epp.datalayer.plugins.multicluster_metrics_data_source import MultiClusterMetricsDataSource
+from epp.datalayer.plugins.multicluster_metrics_extractor import MultiClusterMetricsExtractor
 from epp.datalayer.plugins.redis_cross_replica_syncer import RedisCrossReplicaSyncer
 from epp.datalayer.plugins.topology_extractor import TopologyExtractor
 from epp.datalayer.plugins.worker_state_syncer import WorkerStateSyncer
 from epp.discovery.plugins.file_discovery import FileDiscovery
+from epp.discovery.plugins.multicluster_file_discovery import MultiClusterFileDiscovery
 from epp.framework import REGISTRY, Plugin, PluginRegistry
 from epp.framework.parsing import ParserRegistry, RequestParser
 from epp.plugins.admitters.latency_slo_admitter import LatencySLOAdmitter
-from epp.plugins.compat.multicluster_hub import MultiClusterHubPlugin
 from epp.plugins.deciders.always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
 from epp.plugins.deciders.always_disagg_pd_decider import AlwaysDisaggPDDecider
 from epp.plugins.deciders.prefix_based_pd_decider import PrefixBasedPDDecider
@@ -31,6 +33,7 @@ from epp.plugins.filters.encode_filter import EncodeFilter
 from epp.plugins.filters.endpoint_attribute_filter import EndpointAttributeFilter
 from epp.plugins.filters.header_based_testing_filter import HeaderBasedTestingFilter
 from epp.plugins.filters.label_selector_filter import LabelSelectorFilter
+from epp.plugins.filters.multicluster_session_affinity_filter import MultiClusterSessionAffinityFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
 from epp.plugins.filters.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
 from epp.plugins.filters.session_affinity_filter import SessionAffinityFilter
@@ -64,6 +67,7 @@ from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCache
 from epp.plugins.producers.burst_prefix_cache_producer import BurstPrefixCacheProducer
 from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
 from epp.plugins.producers.mm_embeddings_cache_producer import MMEmbeddingsCacheProducer
+from epp.plugins.producers.multicluster_approx_prefix_cache_producer import MultiClusterApproxPrefixCacheProducer
 from epp.plugins.producers.p2p_source_producer import P2PSourceProducer
 from epp.plugins.producers.precise_prefix_cache_producer import PrecisePrefixCacheProducer
 from epp.plugins.producers.predicted_latency_producer import PredictedLatencyProducer
@@ -90,6 +94,9 @@ from epp.plugins.scorers.latency_scorer import LatencyScorer
 from epp.plugins.scorers.load_aware_scorer import LoadAwareScorer
 from epp.plugins.scorers.lora_affinity_scorer import LoraAffinityScorer
 from epp.plugins.scorers.mm_embeddings_cache_scorer import MMEmbeddingsCacheScorer
+from epp.plugins.scorers.multicluster_kv_cache_utilization_scorer import MultiClusterKVCacheUtilizationScorer
+from epp.plugins.scorers.multicluster_prefix_cache_scorer import MultiClusterPrefixCacheScorer
+from epp.plugins.scorers.multicluster_queue_scorer import MultiClusterQueueScorer
 from epp.plugins.scorers.no_hit_lru_scorer import NoHitLRUScorer
 from epp.plugins.scorers.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
 from epp.plugins.scorers.prefill_cost_scorer import PrefillCostScorer
@@ -205,8 +212,15 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     # multimodal encoder-cache affinity
     MMEmbeddingsCacheProducer,
     MMEmbeddingsCacheScorer,
-    # recognized only to be refused with a clear error
-    MultiClusterHubPlugin,
+    # a multi-cluster hub: clusters as endpoints, scored on their EPPs' pool averages
+    MultiClusterFileDiscovery,
+    MultiClusterMetricsDataSource,
+    MultiClusterMetricsExtractor,
+    MultiClusterKVCacheUtilizationScorer,
+    MultiClusterQueueScorer,
+    MultiClusterPrefixCacheScorer,
+    MultiClusterSessionAffinityFilter,
+    MultiClusterApproxPrefixCacheProducer,
 )
 
 # The router's parsers when `requestHandler.parsers` is empty (config/loader/defaults.go ensureParsers).

@@ -126,8 +126,3 @@ def test_triton_engine_and_llm_d_v1_api_version() -> None:
     build(
         "apiVersion: llm-d.ai/v1\nplugins:\n- type: core-metrics-extractor\n  parameters:\n    defaultEngine: triton\n"
     )
-
-
-def test_multicluster_hub_types_are_refused_clearly() -> None:
-    with pytest.raises(ConfigError, match=r"^epp\.yaml:2: plugins\[0\] \(multicluster-queue-scorer\): multi-cluster"):
-        build("plugins:\n- type: multicluster-queue-scorer\n")

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from e2e.harness.aioserve import serve_app
+from epp.datalayer import metrics as pool_metrics
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.extractor import CoreMetricsExtractor
 from epp.datalayer.metrics import POOL_AVG_QUEUE, POOL_READY_PODS, PoolMetricsReporter
@@ -137,6 +138,24 @@ async def test_pool_gauges_count_fresh_endpoints_only() -> None:
     PoolMetricsReporter(ds, "test-pool", staleness=2.0).refresh()
     assert POOL_READY_PODS.labels("test-pool")._value.get() == 2
     assert POOL_AVG_QUEUE.labels("test-pool")._value.get() == 3.0
+    # llm-d-router v0.10's names: the same means, and sample standard deviations rounded to 2 decimals
+    got = {
+        g: getattr(pool_metrics, g).labels("test-pool")._value.get()
+        for g in (
+            "LLMD_POOL_READY",
+            "LLMD_POOL_AVG_QUEUE",
+            "LLMD_POOL_STD_QUEUE",
+            "LLMD_POOL_AVG_KV",
+            "LLMD_POOL_STD_KV",
+        )
+    }
+    assert got == {
+        "LLMD_POOL_READY": 2,
+        "LLMD_POOL_AVG_QUEUE": 3.0,
+        "LLMD_POOL_STD_QUEUE": 1.41,
+        "LLMD_POOL_AVG_KV": 0.3,
+        "LLMD_POOL_STD_KV": 0.14,
+    }
 
 
 async def test_runtime_routes_away_from_a_loaded_server(metrics_servers: list[FakeVLLMMetrics]) -> None:

@@ -51,6 +51,7 @@ class PollingSource(Plugin):
         self.extractors: list[PageExtractor] = []
         self.polls = 0
         self.failures = 0
+        self._failing: set[str] = set()  # endpoints whose last poll failed (a warning on the way in, info out)
 
     @staticmethod
     def common(params: Params, default_path: str) -> dict[str, Any]:
@@ -72,7 +73,7 @@ class PollingSource(Plugin):
         context.run_in_background(self.run)
 
     def url(self, ep: Endpoint) -> str | None:
-        host = ep.node_address if self.node_address else ep.address
+        host = ep.node_address if self.node_address else (ep.metrics_address or ep.address)
         if not host:
             return None
         port = self.port or ep.metrics_port or ep.port
@@ -92,23 +93,39 @@ class PollingSource(Plugin):
             async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
                 if resp.status != 200:
                     raise aiohttp.ClientError(f"HTTP {resp.status}")
-                text = await resp.text()
+                text = await self.read(resp)
         except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as e:
             self.failures += 1
-            log.debug("%s: polling %s failed: %s", self.name, url, e)
+            if ep.name not in self._failing:
+                self._failing.add(ep.name)
+                log.warning(
+                    "%s: polling %s failed: %s (said once until it answers again)", self.name, url, e or "timeout"
+                )
+            else:
+                log.debug("%s: polling %s failed: %s", self.name, url, e)
             return
+        if ep.name in self._failing:
+            self._failing.discard(ep.name)
+            log.info("%s: polling %s answers again", self.name, url)
         for ex in self.extractors:
             try:
                 ex.extract(ep, text)
             except Exception:
                 log.exception("%s: extractor %s failed for %s", self.name, ex.name, ep.name)
 
+    def connector(self) -> aiohttp.TCPConnector:
+        ssl_ctx: ssl.SSLContext | bool = False if self.insecure else ssl.create_default_context()
+        return aiohttp.TCPConnector(ssl=ssl_ctx)
+
+    async def read(self, resp: aiohttp.ClientResponse) -> str:
+        """The page's text (a source may bound it)."""
+        return await resp.text()
+
     async def run(self) -> None:
         if not self.extractors:
             log.info("%s: no extractor wired in dataLayer.sources: not polling", self.name)
             return
-        ssl_ctx: ssl.SSLContext | bool = False if self.insecure else ssl.create_default_context()
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_ctx)) as session:
+        async with aiohttp.ClientSession(connector=self.connector()) as session:
             while True:
                 await self.poll_once(session)
                 await asyncio.sleep(self.interval)

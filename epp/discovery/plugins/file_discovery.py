@@ -13,6 +13,7 @@ import asyncio
 import ipaddress
 import logging
 import os
+from collections.abc import Callable
 from typing import Any, Self
 
 import yaml
@@ -31,7 +32,18 @@ class FileDiscoveryError(ValueError):
     pass
 
 
-def parse_endpoints(text: str, source: str) -> list[Endpoint]:
+def ipv4_address(address: str) -> str | None:
+    """A pod's address must be an IPv4 address (as llm-d-router's file discovery): the reason it is not, else None."""
+    try:
+        ipaddress.IPv4Address(address)
+    except ValueError:
+        return "is not an IPv4 address"
+    return None
+
+
+def parse_endpoints(
+    text: str, source: str, check_address: Callable[[str], str | None] = ipv4_address
+) -> list[Endpoint]:
     """The file's valid entries (bad ones are logged and skipped); a malformed file raises FileDiscoveryError."""
     try:
         doc = yaml.safe_load(text)
@@ -44,7 +56,7 @@ def parse_endpoints(text: str, source: str) -> list[Endpoint]:
     out: list[Endpoint] = []
     seen: set[str] = set()
     for i, item in enumerate(doc.get("endpoints") or []):
-        ep = _entry(item, f"{source}: endpoints[{i}]")
+        ep = _entry(item, f"{source}: endpoints[{i}]", check_address)
         if ep is None:
             continue
         if ep.name in seen:
@@ -55,7 +67,7 @@ def parse_endpoints(text: str, source: str) -> list[Endpoint]:
     return out
 
 
-def _entry(e: Any, where: str) -> Endpoint | None:
+def _entry(e: Any, where: str, check_address: Callable[[str], str | None]) -> Endpoint | None:
     if not isinstance(e, dict):
         log.warning("%s: expected a mapping, skipped", where)
         return None
@@ -63,10 +75,9 @@ def _entry(e: Any, where: str) -> Endpoint | None:
     if not isinstance(name, str) or not name:
         log.warning("%s: needs a name, skipped", where)
         return None
-    try:
-        ipaddress.IPv4Address(address)
-    except ValueError:
-        log.warning("%s: address %r is not an IPv4 address, skipped", where, address)
+    problem = check_address(address)
+    if problem is not None:
+        log.warning("%s: address %r %s, skipped", where, address, problem)
         return None
     try:
         if isinstance(port, bool):
@@ -118,7 +129,11 @@ class FileDiscovery(Plugin):
                 text = f.read()
         except OSError as e:
             raise FileDiscoveryError(f"{self.path}: cannot read the endpoints file: {e.strerror}") from None
-        return parse_endpoints(text, self.path)
+        return parse_endpoints(text, self.path, self.check_address)
+
+    @staticmethod
+    def check_address(address: str) -> str | None:
+        return ipv4_address(address)
 
     async def run(self, datastore: Datastore) -> None:
         """An EndpointSource: load (a bad file stops startup), then follow the file when watching."""
