@@ -32,6 +32,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -590,7 +591,8 @@ def _pick_log(workdir: Path) -> dict[str, object] | None:
 
 def write_picks(stack: Stack, dest: Path) -> None:
     """The stopped stack's picks (Envoy's access log) with each scorer's terms where its EPP logged them (an
-    endpoints file beside the EPP's log names llm-d's endpoint ids), as a pick log at `dest`."""
+    endpoints file beside the EPP's log names llm-d's endpoint ids), as a pick log at `dest`, and the EPP's log
+    beside it."""
     access = Path(stack.envoy.opts.pick_log or "")
     if not access.is_file():
         log.warning("no access log for %s", dest.name)
@@ -601,6 +603,7 @@ def write_picks(stack: Stack, dest: Path) -> None:
     picklog.attach_terms(picks, picklog.terms_from_log(stack.epp.log_path, names))
     dest.parent.mkdir(parents=True, exist_ok=True)
     picklog.write(dest, picks)
+    shutil.copyfile(stack.epp.log_path, dest.with_suffix(".epp.log"))  # what else the EPP said, for diagnosis
 
 
 def pick_parity(out: Path, pairs: Sequence[tuple[str, str]], cells: Sequence[Cell]) -> str:

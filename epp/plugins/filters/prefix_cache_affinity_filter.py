@@ -11,11 +11,13 @@
   fastest, so while the predictor is cold (no predictions at all) the gate holds and the sticky endpoints are kept,
   as llm-d's filter does.
 
-Defaults are llm-d's: 0.80, 0, 18000 ms, prefillThroughput, 15928 tokens/s (Qwen 32B on 2×H100, TP=2).
+Defaults are llm-d's: 0.80, 0, 18000 ms, prefillThroughput, 15928 tokens/s (Qwen 32B on 2×H100, TP=2). At
+V(4) each decision is logged as llm-d's filter logs it (no sticky endpoints / TTFT load gate broken / narrowed).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import sys
 from collections.abc import Callable, Collection, Sequence
@@ -33,9 +35,12 @@ from epp.framework import (
     Plugin,
     PluginContext,
 )
+from epp.framework.verbosity import DEBUG, V
 from epp.plugins.contracts.latency import LATENCY, LATENCY_PRODUCER
 from epp.plugins.contracts.load import INFLIGHT, INFLIGHT_PRODUCER
 from epp.plugins.contracts.prefix import APPROX_PRODUCER, PREFIX_MATCH
+
+log = logging.getLogger(__name__)
 
 SOURCE_THROUGHPUT = "prefillThroughput"
 SOURCE_PREDICTOR = "latencyPredictor"
@@ -119,7 +124,11 @@ class PrefixCacheAffinityFilter(Plugin):
         other: list[Endpoint] = []
         for ep in endpoints:
             (sticky if matches.get(ep.name, 0) / total >= threshold else other).append(ep)
+        debug = log.isEnabledFor(V(DEBUG))
         if not sticky:
+            if debug:
+                log.log(V(DEBUG), "request %s: %s: no sticky endpoints (total %d)", request.request_id, self.name,
+                        len(endpoints))  # fmt: skip
             return list(endpoints)
         if self.max_penalty > 0 and other:
             ttft = self._ttft_fn(request)
@@ -127,7 +136,14 @@ class PrefixCacheAffinityFilter(Plugin):
             best_other = min(ttft(ep) for ep in other)
             if best_sticky - best_other > self.max_penalty:
                 self.gate_breaks += 1
+                if debug:
+                    log.log(V(DEBUG), "request %s: %s: TTFT load gate broken (best sticky %.0f ms, other %.0f ms)",
+                            request.request_id, self.name, best_sticky, best_other)  # fmt: skip
                 return list(endpoints)
+        if debug:
+            log.log(V(DEBUG), "request %s: %s: narrowed to sticky %s of %d (matched blocks %s of %d)",
+                    request.request_id, self.name, ",".join(ep.name for ep in sticky), len(endpoints),
+                    {ep.name: matches.get(ep.name, 0) for ep in endpoints}, total)  # fmt: skip
         return sticky
 
     def _ttft_fn(self, request: InferenceRequest) -> Callable[[Endpoint], float]:

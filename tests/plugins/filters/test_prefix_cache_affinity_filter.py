@@ -85,6 +85,24 @@ def test_ttft_gate_breaks_stickiness_when_the_sticky_pods_are_too_loaded() -> No
     assert names(always.filter(S, r, eps(10**9, 0))) == ["a"]  # 0 = always stick
 
 
+def test_each_decision_is_logged_at_debug_as_llm_ds_filter_logs_it(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    f = build(PrefixCacheAffinityFilter, {"maxTTFTPenaltyMs": 1000, "peakPrefillThroughput": 10000})
+    a, b = eps(0, 0)
+    f.filter(S, req({"a": 10}), [a, b])  # INFO: not logged
+    caplog.set_level(logging.DEBUG, logger="epp.plugins.filters.prefix_cache_affinity_filter")
+    f.filter(S, req({"a": 9}), [a, b])
+    f.filter(S, req({"a": 1}), [a, b])
+    f.filter(S, req({"a": 10}), eps(20001, 0))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "request r: prefix-cache-affinity-filter: narrowed to sticky a of 2 (matched blocks {'a': 9, 'b': 0} of 10)",
+        "request r: prefix-cache-affinity-filter: no sticky endpoints (total 2)",
+        "request r: prefix-cache-affinity-filter: TTFT load gate broken (best sticky 2000 ms, other 0 ms)",
+    ]
+
+
 def predicted(ttfts: dict[str, float]) -> LatencyPredictionInfo:
     return LatencyPredictionInfo({n: LatencyPrediction(t, 0.0, True, True, -t, 0.0) for n, t in ttfts.items()})
 
