@@ -73,3 +73,9 @@ def lint(chart: Path, values: dict[str, Any], *, kube_version: str) -> str:
 def crds(chart: Path) -> list[dict[str, Any]]:
     """`helm show crds CHART`."""
     return [d for d in yaml.safe_load_all(run("show", "crds", str(chart))) if d]
+
+
+def notes(chart: Path, values: dict[str, Any], *, name: str, namespace: str) -> str:
+    """NOTES.txt as `helm install --dry-run=client` prints it (no cluster asked)."""
+    out = run("install", name, str(chart), "--namespace", namespace, "--dry-run=client", values=values)
+    return out.partition("NOTES:\n")[2]

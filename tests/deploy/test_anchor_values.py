@@ -21,7 +21,7 @@ from epp.server.options import parse_options
 from epp.wiring import plugin_context, register_builtins
 from epp.wiring.builder import build_pipeline
 from tests.deploy import helm
-from tests.deploy.test_helm_chart import KUBE_VERSION, by_kind, crd_schemas, one, render
+from tests.deploy.test_helm_chart import CHART, KUBE_VERSION, by_kind, crd_schemas, one, render
 
 VALUES = Path(__file__).parent / "anchor_values"
 CORE = {"Deployment", "StatefulSet", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ClusterRole",
@@ -466,3 +466,17 @@ def test_header_matches_in_both_forms() -> None:
     for docs in (as_map, as_list):
         (match,) = one(docs, "HTTPRoute")["spec"]["rules"][0]["matches"]
         assert match["headers"] == [{"type": "Exact", "name": "x-route", "value": "qwen"}]
+
+
+@pytest.mark.parametrize("case", ["router-sa-latency-predictor", "router-gw-latency-predictor"])
+def test_the_latency_predictors_sidecar_values_are_named_at_render_time(case: str) -> None:
+    """The anchors' latencyPredictor.{trainingServer,predictionServers,eppEnv} (61 keys in routerlib's values) set
+    up XGBoost sidecars; ours is in process, and `helm install` says so, naming the groups the values set."""
+    files, extra = CASES[case]
+    values = layered(*files, extra=extra)
+    text = helm.notes(CHART, values, name="qwen-pool", namespace="llm")
+    assert "predicted-latency-producer's in-process model" in text
+    assert "trainingServer.{config,image,livenessProbe,port,readinessProbe,resources,volumeSize}" in text, text
+    assert "predictionServers.{config,count,image," in text and "eppEnv.{LATENCY_COALESCE_WINDOW_MS," in text
+    values["router"]["latencyPredictor"]["enabled"] = False
+    assert "Latency predictor" not in helm.notes(CHART, values, name="qwen-pool", namespace="llm")
