@@ -186,6 +186,7 @@ async def test_media_errors_are_tokenization_errors() -> None:
         )
     with pytest.raises(TokenizationError, match="fetching"):  # nothing listens there: refused at once
         await tok.tokenize_prompt(QWEN25_VL_MODEL, messages=chat("http://127.0.0.1:9/x.png"))
+    await tok.close()  # the media session that fetch opened
     text = PromptTokenizer(HFBackend({}, qwen25_tokenizer_dir()))  # the bundled text model's template renders no image
     with pytest.raises(TokenizationError):
         await text.tokenize_prompt("m", messages=chat(data_url(IMAGES["rgb-png"])))
