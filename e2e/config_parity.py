@@ -6,7 +6,8 @@ rejects, and why.
 The binary is given, never built here. Each config (tests/corpus/anchors, provenance in tests/corpus/manifest.tsv)
 is started with the binary's defaults but its ports; without Kubernetes, a config that names no discovery plugin
 gets llm-d's `file-discovery` one (docs/discovery.md of llm-d-router) over an endpoints file written here, and a
-config that names one gets that file as its `path` (its own path would name a file that is not on this machine).
+config that names one (`file-discovery`, `multicluster-file-discovery`) gets that file as its `path` (its own
+path would name a file that is not on this machine).
 The binary accepts a config when it logs `EPP starting (file discovery mode)` and is still running a moment later;
 it rejects it when it exits (the reason: its last error line). pyepp runs `epp validate` on the same file, which
 makes the checks `epp serve` makes before it binds anything.
@@ -37,6 +38,8 @@ CORPUS = REPO / "tests" / "corpus" / "anchors"
 ENDPOINTS = "endpoints:\n- {name: parity-0, address: 127.0.0.1, port: '18000'}\n"
 DISCOVERY = "parity-file-discovery"
 STARTED = "EPP starting (file discovery mode)"
+# discovery plugins reading an endpoints file in file-discovery's format (its path is rewritten to ours)
+FILE_DISCOVERY = ("file-discovery", "multicluster-file-discovery")
 
 
 @dataclass
@@ -62,7 +65,7 @@ def prepared(text: str, endpoints: Path) -> str:
     plugins = list(plugins or [])
     found = False
     for p in plugins:
-        if isinstance(p, dict) and p.get("type") == "file-discovery":
+        if isinstance(p, dict) and p.get("type") in FILE_DISCOVERY:
             params = p.get("parameters")
             p["parameters"] = {**(params if isinstance(params, dict) else {}), "path": str(endpoints)}
             found = True
@@ -75,7 +78,7 @@ def prepared(text: str, endpoints: Path) -> str:
             plugins.append({"name": DISCOVERY, "type": "file-discovery", "parameters": {"path": str(endpoints)}})
             layer["discovery"] = {"pluginRef": DISCOVERY}
         else:
-            name = next(p.get("name") or p["type"] for p in plugins if p.get("type") == "file-discovery")
+            name = next(p.get("name") or p["type"] for p in plugins if p.get("type") in FILE_DISCOVERY)
             layer["discovery"] = {"pluginRef": name}
     doc["plugins"] = plugins
     doc["dataLayer"] = layer

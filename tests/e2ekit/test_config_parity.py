@@ -22,6 +22,10 @@ def test_a_config_gets_file_discovery_over_the_endpoints_file(tmp_path: Path) ->
         {"name": "fd", "type": "file-discovery", "parameters": {"path": str(ep), "watchFile": True}}
     ]
     assert doc["dataLayer"] == {"discovery": {"pluginRef": "fd"}}
+    # so does the multi-cluster hub's file discovery (the same file format)
+    hub = "plugins:\n- {name: d, type: multicluster-file-discovery, parameters: {path: /etc/epp/clusters/c.yaml}}\n"
+    doc = yaml.safe_load(prepared(hub + "dataLayer: {discovery: {pluginRef: d}}\n", ep))
+    assert doc["plugins"][0]["parameters"] == {"path": str(ep)} and len(doc["plugins"]) == 1
     # an empty config (the anchors' defaults) gets it too; text that is no mapping passes as it is
     assert yaml.safe_load(prepared("", ep))["dataLayer"]["discovery"]["pluginRef"] == DISCOVERY
     for text in ("plugins: [a, b", "- just\n- a list\n", "plugins: queue-scorer\n"):
