@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # vLLM's own KV-event structs and publisher are used for interop tests; installed without its deps (no torch).
 VLLM_VERSION ?= 0.34.0
 
-.PHONY: setup system-deps helm test unit e2e lint demo stack bench bench-routing inference-perf-venv image-python-venv clean image \
+.PHONY: setup system-deps helm kube test unit e2e lint demo stack bench bench-routing inference-perf-venv image-python-venv clean image \
 	image-check
 
 $(STAMP): pyproject.toml
@@ -36,6 +36,24 @@ $(HELM):
 
 helm: $(HELM)
 
+# A real kube-apiserver and etcd for the discovery tests (tests/discovery/realkube.py), built the same way from
+# tools/kube/*: two go.mod files that require k8s.io/kubernetes and go.etcd.io/etcd/server/v3 from the module proxy
+# and call their own main packages (a fresh machine: ~7 min of CPU for kube-apiserver, ~1 for etcd; then cached).
+KUBE_VERSION ?= v1.36.3
+ETCD_VERSION ?= v3.7.3
+KUBE_DIR ?= $(HOME)/.cache/pyepp/tools/kube-$(KUBE_VERSION)-etcd-$(ETCD_VERSION)
+KUBE_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
+	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) \
+	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%)))
+$(KUBE_DIR)/kube-apiserver: tools/kube/apiserver/go.mod tools/kube/apiserver/main.go
+	mkdir -p $(KUBE_DIR)
+	cd tools/kube/apiserver && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ .
+$(KUBE_DIR)/etcd: tools/kube/etcd/go.mod tools/kube/etcd/main.go
+	mkdir -p $(KUBE_DIR)
+	cd tools/kube/etcd && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -o $@ .
+
+kube: $(KUBE_DIR)/kube-apiserver $(KUBE_DIR)/etcd
+
 system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "installing redis-server (apt)"; \
@@ -47,11 +65,11 @@ lint: setup
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-test: lint
-	HELM=$(HELM) $(PY) -m pytest -q $(PYTEST_ARGS)
+test: lint kube
+	HELM=$(HELM) KUBE_TOOLS=$(KUBE_DIR) $(PY) -m pytest -q $(PYTEST_ARGS)
 
-unit: setup
-	HELM=$(HELM) $(PY) -m pytest -q tests $(PYTEST_ARGS)
+unit: setup kube
+	HELM=$(HELM) KUBE_TOOLS=$(KUBE_DIR) $(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 e2e: setup
 	HELM=$(HELM) $(PY) -m pytest -q e2e $(PYTEST_ARGS)
