@@ -18,6 +18,7 @@ from typing import Any
 from epp.framework.logthrottle import LogThrottle
 from epp.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from epp.kvcache.index import Index, tier_index
+from epp.kvcache.metrics import IndexMetrics
 from epp.kvcache.tokens import BlockSizes, TokenProcessor
 from epp.kvcache.validation import EventGuard
 
@@ -170,6 +171,7 @@ class EventApplier:
     ) -> None:
         self.index = index
         self.guard = guard or EventGuard()
+        self.index_metrics: IndexMetrics | None = None  # enableMetrics: admissions and evictions counted here
         self._model_pods: dict[str, set[str]] = {}  # model -> pods whose stores were keyed at its block size
         self.tokens = tokens
         self.block_sizes = block_sizes or BlockSizes(default=tokens.block_size)
@@ -217,6 +219,8 @@ class EventApplier:
                 return
             n = len(ev.block_hashes)
             unknown = self.index.evict(ev.block_hashes, pod, tier_index(ev.medium))
+            if self.index_metrics is not None:
+                self.index_metrics.add(self.index_metrics.evictions, n - unknown)
             st.unknown_removals += unknown
             st.removed_blocks += n - unknown
             self.guard.removed(pod, n - unknown)
@@ -278,6 +282,8 @@ class EventApplier:
         keys = self.tokens.block_keys(tokens, eff_model, parent, extra, block_size=bs)
         if keys:
             self.index.add(hashes, keys, pod, tier)
+            if self.index_metrics is not None:
+                self.index_metrics.add(self.index_metrics.admissions, len(keys))
             st.stored_blocks += len(hashes)
             self.guard.stored(pod, len(hashes))
 

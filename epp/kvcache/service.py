@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from epp.kvcache.config import PoolConfig
 from epp.kvcache.feedback import DeliveredHits, FeedbackConfig
 from epp.kvcache.index import DEFAULT_ENGINE_RUN_SIZE, Index, MemoryIndex
 from epp.kvcache.ingest import EventApplier
+from epp.kvcache.metrics import index_metrics
 from epp.kvcache.pool import EventPool
 from epp.kvcache.tokens import BlockSizes, TokenProcessor, request_extra_keys
 from epp.kvcache.validation import Budgets, EventGuard
@@ -36,6 +38,8 @@ class KVCacheSettings:
     pool: PoolConfig = field(default_factory=PoolConfig)
     events_enabled: bool = True
     feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
+    enable_metrics: bool = False  # indexerConfig.kvBlockIndexConfig.enableMetrics
+    metrics_logging_interval: float = 0.0  # ...metricsLoggingInterval (needs enableMetrics, as llm-d's)
 
     @classmethod
     def from_params(cls, p: Params) -> KVCacheSettings:
@@ -49,9 +53,9 @@ class KVCacheSettings:
         sizes = tpc.section("blockSizes")
         idx = p.section("indexerConfig")
         kbi = idx.section("kvBlockIndexConfig")
-        # llm-d's index metrics switch and log interval: our KV-index metrics are always exported on /metrics.
-        kbi.bool("enableMetrics", True)
-        kbi.duration("metricsLoggingInterval", 0.0)
+        # llm-d's index metrics (admissions, evictions, lookups, hits, latency) and their log interval
+        enable_metrics = kbi.bool("enableMetrics", False)
+        log_interval = kbi.duration("metricsLoggingInterval", 0.0)
         mem = kbi.section("inMemoryConfig")
         redis = kbi.section("redisConfig") if kbi.has("redisConfig") else kbi.section("valkeyConfig")
         weights: dict[str, float] = {}
@@ -76,6 +80,8 @@ class KVCacheSettings:
             pool=PoolConfig.from_params(kec),
             events_enabled=kec.bool("enabled", True),
             feedback=FeedbackConfig.from_params(p.section("deliveredHitsConfig")),
+            enable_metrics=enable_metrics,
+            metrics_logging_interval=log_interval if enable_metrics else 0.0,
         )
 
 
@@ -104,6 +110,8 @@ class KVCacheService(RemovalListener):
             burst_blocks=max(pool.max_blocks_per_second * 8, 1 << 17),
         )
         self.applier = EventApplier(index, self.tokens, self.block_sizes, EventGuard(budgets))
+        self.index_metrics = index_metrics() if settings.enable_metrics else None
+        self.applier.index_metrics = self.index_metrics
         self.pool = EventPool(self.applier, settings.pool)
         self.feedback = DeliveredHits(settings.feedback, self.resync_pod, self.speculate)
         self.applier.on_forget = self._forget
@@ -134,7 +142,20 @@ class KVCacheService(RemovalListener):
         return self.tokens.block_keys(tokens, model, None, extra, block_size=bs)
 
     async def match(self, keys: Sequence[int], pods: Iterable[str] | None = None) -> dict[str, PrefixMatch]:
-        return await self.index.lookup(keys, pods)
+        m = self.index_metrics
+        if m is None:
+            return await self.index.lookup(keys, pods)
+        t0 = time.perf_counter()
+        found = await self.index.lookup(keys, pods)
+        m.lookup(time.perf_counter() - t0, max((x.blocks for x in found.values()), default=0))
+        return found
+
+    async def log_index_metrics(self) -> None:
+        """llm-d's metricsLoggingInterval: the index metrics in the log every interval."""
+        assert self.index_metrics is not None
+        while True:
+            await asyncio.sleep(self.settings.metrics_logging_interval)
+            log.info("kv-cache index metrics: %s", self.index_metrics.summary())
 
     def publishes(self, pod: str) -> bool:
         return pod in self.applier.publishing

@@ -36,5 +36,7 @@ class EppServices:
             if svc.settings.events_enabled:
                 self._endpoints.subscribe(svc.pool.subscriptions)
                 self._background.append(svc.pool.run)
+            if svc.settings.metrics_logging_interval > 0:
+                self._background.append(svc.log_index_metrics)
             self.kv = svc
         return self.kv
