@@ -7,20 +7,26 @@ Releases are not messaged: B sees A's finished requests leave at A's next snapsh
 in bursts (every message of a burst queued at once, as a burst of picks would).
 
     python -m e2e.bench.scale.staleness            # ~20 s
+    python -m e2e.bench.scale.staleness --via relay   # the same between two `--workers` (the parent's relay)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 from e2e.harness.redis import redis_server
 from epp.datalayer.plugins.redis_cross_replica_syncer import RedisCrossReplicaSyncer
+from epp.datalayer.plugins.worker_state_syncer import WorkerStateSyncer
+from epp.server.workers import start_relay
 
 
 class Probe:
@@ -46,7 +52,11 @@ class Probe:
 
 
 def _syncer(url: str, replica: str, probe: Probe) -> RedisCrossReplicaSyncer:
-    s = RedisCrossReplicaSyncer("xr", address=url, replica_id=replica, key_prefix="epp:staleness")
+    """`url`: a Redis URL, or `relay:<socket>` for the workers' relay."""
+    if url.startswith("relay:"):
+        s: RedisCrossReplicaSyncer = WorkerStateSyncer("xr", socket_path=url[6:], replica_id=replica)
+    else:
+        s = RedisCrossReplicaSyncer("xr", address=url, replica_id=replica, key_prefix="epp:staleness")
     s.attach_messengers([probe])
     return s
 
@@ -92,8 +102,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rate", type=float, default=500.0, help="steady messages per second")
     ap.add_argument("--bursts", type=int, default=20)
     ap.add_argument("--burst", type=int, default=64, help="messages queued at once per burst")
+    ap.add_argument("--via", choices=("redis", "relay"), default="redis")
     ns = ap.parse_args(argv)
-    with redis_server() as url:
+    with contextlib.ExitStack() as stack:
+        if ns.via == "relay":
+            sock = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "relay.sock")
+            start_relay(sock)
+            url = f"relay:{sock}"
+        else:
+            url = stack.enter_context(redis_server())
         ctx = mp.get_context("spawn")
         out, ready = ctx.Queue(), ctx.Event()
         total = ns.steady + ns.bursts * ns.burst
