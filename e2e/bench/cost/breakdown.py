@@ -61,9 +61,9 @@ from e2e.strategies import PROFILES, config_text
 from e2e.workloads.text import TextFactory
 from epp.config import parse_config
 from epp.framework.types import Endpoint
-from epp.server import extproc
 from epp.server.extproc import RequestStream, ServerState
 from epp.server.metrics import RequestMetrics
+from epp.server.stages import parse as parse_stage
 from epp.wiring.runtime import build_runtime
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -218,7 +218,7 @@ def part1(n: int, repeats: int) -> list[dict[str, Any]]:
     texts = TextFactory(7)
     rows: list[dict[str, Any]] = []
     parse_t = Timers()
-    extproc.build_request = parse_t.wrap_sync("  build request (+ model rewrite)", extproc.build_request)
+    parse_stage.build_request = parse_t.wrap_sync("  build request (+ model rewrite)", parse_stage.build_request)
     for chain in CHAINS:
         timers = Timers()
         state = _runtime(chain, timers)
