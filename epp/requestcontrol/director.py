@@ -39,6 +39,7 @@ from epp.framework.attributes import AGENT_ID
 from epp.framework.errors import DROPPED_NO_ENDPOINTS, DROPPED_SATURATED
 from epp.framework.labels import MODEL_LABELS
 from epp.framework.logthrottle import LogThrottle
+from epp.requestcontrol.deferred import DeferredRecords
 from epp.requestcontrol.flowcontrol import FlowController
 from epp.requestcontrol.pipeline import Pipeline
 from epp.requestcontrol.types import RoutingDecision, locate_candidates
@@ -102,8 +103,6 @@ class SchedulingDirector:
         self.detector = pipeline.saturation_detector
         self.objectives = objectives or ObjectiveStore()
         self.flow_controller = flow_controller
-        if flow_controller is not None:  # its dispatcher checks saturation between picks: records first
-            flow_controller.settle = self.run_deferred
         self.producer_budget = producer_budget
         self._producers = list(pipeline.producers)
         # A producer that waits on purpose (burst-prefix-cache-producer's window) extends the budget to its own.
@@ -112,7 +111,9 @@ class SchedulingDirector:
         # PreRequest hooks that only record the pick (`records_only`) may run after the answer is written.
         self._pre_request = [h for h in pipeline.pre_request if not getattr(h, "records_only", False)]
         self._records = [h for h in pipeline.pre_request if getattr(h, "records_only", False)]
-        self._pending: list[tuple[InferenceRequest, SchedulingResult]] = []  # picks whose records wait
+        self._deferred = DeferredRecords(self.view, self._records, self._run_pre_request)
+        if flow_controller is not None:  # its dispatcher checks saturation between picks: records first
+            flow_controller.settle = self._deferred.run
         self._received = list(pipeline.response_received)
         self._complete = list(pipeline.response_complete)
         # A ResponseComplete hook that answers with dynamic metadata (request-attribute-reporter) must run before
@@ -129,8 +130,8 @@ class SchedulingDirector:
         """Admit, prepare, schedule and run the PreRequest hooks. With `defer_records` (the servicer, which calls
         `run_deferred` once the answer is written) the `records_only` hooks wait until then, or until the next
         request or response hook reaches the director, whichever comes first."""
-        if self._pending:
-            self.run_deferred()
+        if self._deferred.pending:
+            self._deferred.run()
         headers = request.headers
         if request.objective is None:
             request.objective = headers.get(OBJECTIVE_HEADER) or None
@@ -179,8 +180,8 @@ class SchedulingDirector:
             if reason is not None:
                 raise TooManyRequests(f"request cannot be admitted: {reason}")
 
-        if self._pending:  # a producer suspended, and other picks came through meanwhile
-            self.run_deferred()
+        if self._deferred.pending:  # a producer suspended, and other picks came through meanwhile
+            self._deferred.run()
         try:
             result = self.scheduler.schedule(request, candidates)
         except SchedulingFailed as e:
@@ -193,7 +194,7 @@ class SchedulingDirector:
         self._run_pre_request(self._pre_request, request, result)
         if self._records:
             if defer_records:
-                self._pending.append((request, result))
+                self._deferred.hold(request, result)
             else:
                 self._run_pre_request(self._records, request, result)
         headers_out = request.data.get(UPSTREAM_HEADERS)
@@ -222,24 +223,8 @@ class SchedulingDirector:
                 log.exception("PreRequest plugin %s failed for request %s", hook.name, request.request_id)
 
     def run_deferred(self) -> None:
-        """The `records_only` PreRequest hooks held back from the answer path, in pick order. A pick one of whose
-        endpoints (any profile's: a P/D prefill pod too) left the pool while its answer was written is not booked:
-        the plugins already dropped that endpoint's state, and a booking now would bring it back for an endpoint
-        that is gone."""
-        pending = self._pending
-        if pending:
-            self._pending = []
-            get = self.view.get
-            for request, result in pending:
-                if any(
-                    get(ep.name) is None
-                    for pr in result.profile_results.values()
-                    if pr is not None
-                    for ep in pr.targets
-                ):
-                    log.debug("request %s: its endpoint left the pool before its records ran", request.request_id)
-                    continue
-                self._run_pre_request(self._records, request, result)
+        """The `records_only` PreRequest hooks held back from the answer path (`DeferredRecords.run`)."""
+        self._deferred.run()
 
     async def _await_candidates(self, request: InferenceRequest, ttl: float) -> list[Endpoint]:
         """flowControl.noEndpointRequestTTL: with no endpoint for it yet, a request waits up to `ttl` for one."""
@@ -301,8 +286,8 @@ class SchedulingDirector:
                     self._producer_failed(producers[first], request)
                 for producer in producers[first + 1 :]:
                     current = producer.name
-                    if self._pending:  # picks made while this request waited: their records first
-                        self.run_deferred()
+                    if self._deferred.pending:  # picks made while this request waited: their records first
+                        self._deferred.run()
                     try:
                         await producer.prepare(request, candidates)
                     except Exception:
@@ -342,8 +327,8 @@ class SchedulingDirector:
         served: str | None,
         headers: Mapping[str, str],
     ) -> None:
-        if self._pending:
-            self.run_deferred()
+        if self._deferred.pending:
+            self._deferred.run()
         request.data.put(RESPONSE_STATUS, status)
         if served:
             endpoint = self.view.get_by_hostport(served)
@@ -368,8 +353,8 @@ class SchedulingDirector:
     ) -> None:
         if not self._streaming:
             return
-        if self._pending:
-            self.run_deferred()
+        if self._deferred.pending:
+            self._deferred.run()
         endpoint = self._endpoint_for(decision)
         chunk = ResponseChunk(data, first, end, time.monotonic())
         for hook in self._streaming:
@@ -381,8 +366,8 @@ class SchedulingDirector:
     def handle_response_complete(
         self, request: InferenceRequest, decision: RoutingDecision | None, usage: Usage | None
     ) -> None:
-        if self._pending:
-            self.run_deferred()
+        if self._deferred.pending:
+            self._deferred.run()
         evictor = self.flow_controller.evictor if self.flow_controller is not None else None
         if evictor is not None and decision is not None and decision.evicted is not None:
             evictor.untrack(decision.evicted)
