@@ -131,6 +131,9 @@ class EnvoyOptions:
     response_path: bool = True
     # a file for one JSON line per request with the EPP's pick and scores (e2e.harness.picklog reads it)
     pick_log: str | None = None
+    # HTTP/2 streams per connection to an EPP before Envoy opens another (None: Envoy's default, one connection per
+    # Envoy thread): several connections let the kernel spread the streams over `epp serve --workers N`
+    ext_proc_streams_per_connection: int | None = None
 
 
 def _addr(host: str, port: int) -> Address:
@@ -297,7 +300,9 @@ def _listener(name: str, opts: EnvoyOptions, port: int, subset: list[str] | None
 
 def build_bootstrap(opts: EnvoyOptions) -> Bootstrap:
     h2 = HttpProtocolOptions(
-        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(http2_protocol_options=Http2ProtocolOptions())
+        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
+            http2_protocol_options=Http2ProtocolOptions(max_concurrent_streams=opts.ext_proc_streams_per_connection)
+        )
     )
     ext_proc = Cluster(
         name=EXT_PROC_CLUSTER,

@@ -3,6 +3,7 @@ ext_proc cluster (Envoy round-robins the ext_proc streams, one per HTTP request,
 
 from __future__ import annotations
 
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from e2e.harness.procs import EnvoyProcess, EppPorts, EppProcess
 class ReplicatedStack:
     envoy: EnvoyProcess
     epps: list[EppProcess]
+    workers: int = 1  # `epp serve --workers N` in each replica: worker i serves metrics on the metrics port + i
 
     @property
     def url(self) -> str:
@@ -24,9 +26,13 @@ class ReplicatedStack:
     def picks(self) -> list[float]:
         """Each replica's successful scheduling attempts so far (its /metrics)."""
         ok = {"status": "success"}
-        return [
-            metric_value(e.metrics_text(), "inference_extension_scheduler_attempts_total", ok, 0.0) for e in self.epps
-        ]
+        out = []
+        for e in self.epps:
+            for i in range(self.workers):
+                url = f"http://127.0.0.1:{e.ports.metrics + i}/metrics"
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    out.append(metric_value(r.read().decode(), "inference_extension_scheduler_attempts_total", ok, 0.0))
+        return out
 
     def close(self) -> None:
         self.envoy.stop()
@@ -43,9 +49,12 @@ def start_replicas(
     ready_timeout: float = 60.0,
     serving: int | None = None,
     extra_args: list[str] | None = None,
+    workers: int = 1,
 ) -> ReplicatedStack:
     """`serving` (default: all) of the replicas are in Envoy's cluster; the others run idle beside them.
-    `extra_args` go to every `epp serve`."""
+    `extra_args` go to every `epp serve`; `workers` > 1 runs each as `epp serve --workers N`, and Envoy opens a
+    connection per stream in flight so that the kernel spreads them over the workers (one HTTP/2 connection is one
+    worker's)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "epp-config.yaml"
     cfg.write_text(config)
@@ -56,7 +65,11 @@ def start_replicas(
         for i in range(replicas):
             epps.append(
                 EppProcess(
-                    cfg, workdir, ports=EppPorts(*ports[3 * i : 3 * i + 3]), log_level=log_level, extra_args=extra_args
+                    cfg,
+                    workdir,
+                    ports=EppPorts(*ports[3 * i : 3 * i + 3]),
+                    log_level=log_level,
+                    extra_args=[*(extra_args or []), *(["--workers", str(workers)] if workers > 1 else [])],
                 )
             )
         opts = EnvoyOptions(
@@ -64,12 +77,13 @@ def start_replicas(
             admin_port=ports[-1],
             ext_proc_port=epps[0].ports.grpc,
             extra_ext_proc_ports=[e.ports.grpc for e in epps[1 : serving or replicas]],
+            ext_proc_streams_per_connection=1 if workers > 1 else None,
         )
         envoy = EnvoyProcess(opts, workdir)
         for e in epps:
             e.wait_ready(ready_timeout)
         envoy.wait_ready()
-        return ReplicatedStack(envoy, epps)
+        return ReplicatedStack(envoy, epps, workers)
     except BaseException:
         if envoy is not None:
             envoy.stop()

@@ -11,7 +11,8 @@ and each repeat's ratio to `1` of the same repeat (medians over repeats).
     python -m e2e.bench.scale.scaleout --configs 1,r2,r3 --repeats 3      # ~20 min on 2 cores
     python -m e2e.bench.scale.scaleout --workloads shared-prefix-demo --repeats 1 --scale 0.5
 
-Configurations: `1` (one process), `rN` (N replicas sharing through Redis), `rN-local` (N replicas, no sharing).
+Configurations: `1` (one process), `rN` (N replicas sharing through Redis), `rN-local` (N replicas, no sharing),
+`wN` (one `epp serve --workers N`, Envoy opening a connection per ext_proc stream in flight so the kernel spreads them).
 """
 
 from __future__ import annotations
@@ -40,28 +41,33 @@ DEFAULT_WORKLOADS = ("shared-prefix-demo", "multi-turn", "mooncake")
 EPP_ARGS = ["--log-level", "warning", "--endpoint-stale-after", "0", "--endpoint-max-scrape-failures", "0"]
 
 
-def parse_config_name(name: str) -> tuple[int, bool]:
-    """`1`, `rN`, `rN-local` → (replicas, shared)."""
+def parse_config_name(name: str) -> tuple[int, bool, int]:
+    """`1`, `rN`, `rN-local`, `wN` → (replicas, shared through Redis, workers)."""
     if name == "1":
-        return 1, False
+        return 1, False, 1
+    bad = ValueError(f"unknown configuration {name!r}: 1, rN, rN-local or wN")
+    if name.startswith("w"):
+        if not name[1:].isdigit() or int(name[1:]) < 1:
+            raise bad
+        return 1, False, int(name[1:])
     if not name.startswith("r"):
-        raise ValueError(f"unknown configuration {name!r}: 1, rN or rN-local")
+        raise bad
     n, _, local = name[1:].partition("-")
     if local not in ("", "local") or not n.isdigit() or int(n) < 1:
-        raise ValueError(f"unknown configuration {name!r}: 1, rN or rN-local")
-    return int(n), local == ""
+        raise bad
+    return int(n), local == "", 1
 
 
 def start(workdir: Path, sims: Sequence[SimProcess], model: SimModel, name: str, redis_url: str) -> ReplicatedStack:
-    replicas, shared = parse_config_name(name)
+    replicas, shared, workers = parse_config_name(name)
     text = config_text(OURS, sims, block_size=16, prefill_tps=model.effective_prefill_tps)
     args = [*EPP_ARGS, *(["--cross-replica-address", redis_url] if shared else [])]
-    return start_replicas(workdir, text, replicas, extra_args=args, ready_timeout=180.0)
+    return start_replicas(workdir, text, replicas, extra_args=args, ready_timeout=180.0, workers=workers)
 
 
 def run_one(stack: ReplicatedStack, sims: Sequence[SimProcess], requests: Sequence[Any]) -> tuple[list[Any], float]:
     model = str(requests[0].body["model"])
-    for _ in range(2 * len(stack.epps)):  # Envoy spreads streams over the replicas: each loads its tokenizer
+    for _ in range(2 * len(stack.epps) * stack.workers):  # streams spread over the EPPs: each loads its tokenizer
         warm_up(stack.url, model)
     reset_caches(sims)
     time.sleep(1.0)  # the EPPs see the caches cleared (events) and fresh metrics before traffic
