@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
-import yaml
 
 from epp.config import parse_config
-from epp.config.loader import GIE_DEFAULT_PLUGINS_YAML
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.objectives import ObjectiveStore
 from epp.framework import (
@@ -21,7 +18,6 @@ from epp.framework import (
     InferenceRequest,
     Metrics,
     Plugin,
-    ProfileResult,
     ServiceUnavailable,
     TooManyRequests,
 )
@@ -32,53 +28,7 @@ from epp.requestcontrol.flowcontrol import FlowController
 from epp.requestcontrol.flowcontrol_spec import FlowControlSpec, PriorityBandSpec
 from epp.wiring import plugin_context
 from epp.wiring.builder import build_pipeline
-
-
-def pool(n: int, **metrics: Any) -> Datastore:
-    ds = Datastore()
-    eps = []
-    for i in range(n):
-        e = Endpoint(f"pod-{i}", f"10.0.0.{i + 1}", 8000, labels={"accelerator": "gpu"})
-        e.metrics = Metrics(update_time=time.monotonic(), **metrics)
-        eps.append(e)
-    ds.replace_all(eps)
-    return ds
-
-
-def fresh(ds: Datastore, **metrics: Any) -> None:
-    for e in ds.endpoints():
-        e.metrics = Metrics(update_time=time.monotonic(), **metrics)
-
-
-def with_gie_default(yaml_text: str) -> str:
-    """`yaml_text` with GIE's default plugins when it configures none: these tests are about the director, which
-    they drive through GIE's classic chain (pyepp's own default is tested in test_default_config_*)."""
-    raw = yaml.safe_load(yaml_text) or {}
-    if raw.get("plugins") or raw.get("schedulingProfiles"):
-        return yaml_text
-    return yaml.safe_dump({**raw, **yaml.safe_load(GIE_DEFAULT_PLUGINS_YAML)})
-
-
-def director(ds: Datastore, yaml_text: str = "{}", **kw: Any) -> SchedulingDirector:
-    cfg = parse_config(with_gie_default(yaml_text))
-    pipeline = build_pipeline(cfg, plugin_context(ds))
-    return SchedulingDirector(ds, pipeline, ObjectiveStore(cfg.objectives), **kw)
-
-
-def chat(text: str, rid: str = "r", headers: dict[str, str] | None = None) -> InferenceRequest:
-    msgs = [{"role": "user", "content": text}]
-    body = {"model": "m", "messages": msgs}
-    return InferenceRequest(
-        rid,
-        "/v1/chat/completions",
-        "chat",
-        "m",
-        "m",
-        body,
-        headers=headers or {},
-        messages=msgs,
-        body_size=len(json.dumps(body)),
-    )
+from tests.requestcontrol.support import chat, director, fresh, pool, with_gie_default
 
 
 async def test_gie_default_prefers_idle_pod_then_prefix_affinity() -> None:
@@ -471,43 +421,6 @@ async def test_records_only_hooks_wait_for_the_answer_but_never_for_the_next_pic
     # Without defer_records every hook runs inside handle_request, as before.
     d4 = await d.handle_request(chat("d", rid="4"))
     assert sum(booked()) == 3 and d4.endpoints
-
-
-async def test_a_held_back_booking_for_an_endpoint_that_left_the_pool_is_dropped() -> None:
-    """The endpoint a request was picked for leaves the pool while the answer is written: its held-back booking does
-    not bring back the state the plugins dropped for it; the other endpoint's booking still runs."""
-    ds = pool(2)
-    d = director(ds, "plugins: [{type: active-request-scorer}]")
-    producer = d.pipeline.plugins["inflight-load-producer"]
-    assert isinstance(producer, InFlightLoadProducer)
-    r1, r2 = chat("a", rid="1"), chat("b", rid="2")
-    d1 = await d.handle_request(r1, defer_records=True)
-    gone = d1.endpoints[0].name
-    ds.remove(gone)
-    d2 = await d.handle_request(r2, defer_records=True)  # flushes r1's records first
-    kept = d2.endpoints[0].name
-    assert gone != kept and gone not in producer.loads
-    d.run_deferred()
-    assert gone not in producer.loads
-    assert producer.loads[kept].requests == 1
-    d.handle_response_complete(r1, d1, None)
-    d.handle_response_complete(r2, d2, None)
-    assert gone not in producer.loads and producer.loads[kept].requests == 0
-
-    # A P/D pick whose prefill pod left: nothing of it is booked, the decode pod that stayed included.
-    ds2 = pool(3)
-    d = director(ds2, "plugins: [{type: active-request-scorer}]")
-    producer = d.pipeline.plugins["inflight-load-producer"]
-    assert isinstance(producer, InFlightLoadProducer)
-    r3 = chat("c", rid="3")
-    d3 = await d.handle_request(r3, defer_records=True)
-    assert d3.result is not None
-    decode = d3.endpoints[0]
-    prefill = next(ep for ep in ds2.endpoints() if ep is not decode)
-    d3.result.profile_results["prefill"] = ProfileResult([prefill])
-    ds2.remove(prefill.name)
-    d.run_deferred()
-    assert prefill.name not in producer.loads and producer.loads[decode.name].requests == 0
 
 
 async def test_a_pick_made_while_a_producer_waits_is_booked_before_the_waiting_request_goes_on() -> None:
