@@ -14,7 +14,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from e2e.harness.ports import free_ports
 from e2e.harness.procs import EppProcess
-from tests.server.test_extproc import DEST, body_msg, exchange, headers_msg, set_headers
+from tests.server.support import DEST, body_msg, exchange, headers_msg, set_headers
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ from epp.framework.types import Endpoint
 from epp.server.metrics import RequestMetrics
 from epp.server.runner import EppServer, ServeOptions
 from epp.wiring.runtime import Runtime
-from tests.server.test_extproc import DEST, body_msg, exchange, headers_msg, set_headers
+from tests.server.support import DEST, body_msg, exchange, headers_msg, set_headers
 
 
 @asynccontextmanager

@@ -10,41 +10,12 @@ import time
 from typing import Any
 
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from prometheus_client import CollectorRegistry
 
-from e2e.harness.directors import RoundRobinDirector
-from epp.datalayer.datastore import Datastore
 from epp.framework import BadRequest
 from epp.framework.parsing import LARGE_BODY_BYTES
-from epp.framework.types import Endpoint
 from epp.plugins.parsers._common import decode_json_object
-from epp.server.extproc import RequestStream, ServerState
-from epp.server.metrics import RequestMetrics
-
-_METRICS = RequestMetrics(CollectorRegistry())
-
-
-def _state() -> ServerState:
-    ds = Datastore()
-    ds.replace_all([Endpoint("a", "10.0.0.1", 8000), Endpoint("b", "10.0.0.2", 8000)])
-    return ServerState(RoundRobinDirector(ds), ds, _METRICS)
-
-
-def _headers(path: str) -> pb.ProcessingRequest:
-    hs = {":path": path, ":method": "POST"}
-    return pb.ProcessingRequest(
-        request_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
-                headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hs.items()]
-            )
-        )
-    )
-
-
-def _body(data: bytes, eos: bool = True) -> pb.ProcessingRequest:
-    return pb.ProcessingRequest(request_body=pb.HttpBody(body=data, end_of_stream=eos))
+from epp.server.extproc import RequestStream
+from tests.server.support import body_msg, headers_msg, stream_state
 
 
 def _text(n: int, seed: int, nasty: bool = True) -> str:
@@ -99,16 +70,16 @@ def test_large_odd_bodies_are_judged_as_small_ones(data: bytes) -> None:
 async def test_small_request_is_not_blocked_by_a_huge_body_being_parsed() -> None:
     """A 48 MiB prompt's parse runs on the parse thread: a small request sent meanwhile is routed before the huge
     one is, and the event loop keeps ticking during the parse (before, the loop did not run until it was over)."""
-    state = _state()
+    state = stream_state()
     prompt = _text(1 << 20, 3, nasty=False) * 48  # ~48 MiB of prompt-like text
     big = json.dumps({"model": "m", "prompt": prompt}).encode()
     huge = RequestStream(state)
-    await huge.handle(_headers("/v1/completions"))
+    await huge.handle(headers_msg("/v1/completions"))
     done: list[str] = []
     ticks = 0
 
     async def run_huge() -> None:
-        out = await huge.handle(_body(big))
+        out = await huge.handle(body_msg(big, True))
         next(iter(out))
         done.append("huge")
 
@@ -123,8 +94,8 @@ async def test_small_request_is_not_blocked_by_a_huge_body_being_parsed() -> Non
     await asyncio.sleep(0)  # the huge request is handed to the parse thread
     t0 = time.monotonic()
     small = RequestStream(state)
-    await small.handle(_headers("/v1/completions"))
-    (routed, *_) = list(await small.handle(_body(json.dumps({"model": "m", "prompt": "hi"}).encode())))
+    await small.handle(headers_msg("/v1/completions"))
+    (routed, *_) = list(await small.handle(body_msg(json.dumps({"model": "m", "prompt": "hi"}).encode(), True)))
     small_took = time.monotonic() - t0
     done.append("small")
     assert routed.request_headers.response.header_mutation.set_headers[0].header.key == "x-gateway-destination-endpoint"
@@ -136,11 +107,11 @@ async def test_small_request_is_not_blocked_by_a_huge_body_being_parsed() -> Non
 
 
 async def test_huge_malformed_body_is_a_clean_400_from_the_parse_thread() -> None:
-    state = _state()
+    state = stream_state()
     s = RequestStream(state)
-    await s.handle(_headers("/v1/chat/completions"))
+    await s.handle(headers_msg("/v1/chat/completions"))
     bad = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"a" * LARGE_BODY_BYTES + b'\x01"}]}'
-    (r,) = list(await s.handle(_body(bad)))
+    (r,) = list(await s.handle(body_msg(bad, True)))
     assert r.immediate_response.status.code == 400
     assert "not valid JSON" in json.loads(r.immediate_response.body)["error"]["message"]
     assert state.inflight_body_bytes == 0
