@@ -124,7 +124,8 @@ async def test_data_producers_budget_and_failures_do_not_fail_the_request() -> N
     d._producers = [broken, slow]
     t0 = time.monotonic()
     assert (await d.handle_request(chat("hi"))).endpoints
-    assert time.monotonic() - t0 < 1.0 and not slow.finished
+    # Cut at the 50 ms budget, not after the slow producer's 5 s (a bound loose enough for a loaded machine).
+    assert time.monotonic() - t0 < 4.0 and not slow.finished
 
 
 class StepProducer(Plugin):
@@ -173,7 +174,8 @@ async def test_budget_counts_from_the_start_when_the_first_suspension_comes_late
     d._producers = [Busy("busy"), slow]
     t0 = time.monotonic()
     assert (await d.handle_request(chat("hi"))).endpoints
-    assert time.monotonic() - t0 < 1.0 and not slow.finished
+    # Cut at the 50 ms budget, not after the slow producer's 5 s (a bound loose enough for a loaded machine).
+    assert time.monotonic() - t0 < 4.0 and not slow.finished
 
 
 async def test_a_cancelled_request_cancels_the_suspended_producer() -> None:

@@ -353,3 +353,71 @@ async def test_the_pick_is_booked_once_its_answer_is_written() -> None:
     finally:
         await channel.close()
         await server.stop()
+
+
+async def test_the_records_run_after_each_answer_is_written_before_the_next_message() -> None:
+    """The servicer runs the held-back records once a message's answers are written (not before, not at the end of
+    the stream): the booking is absent while the routing answer is written and present by the next read; with one
+    stream's answer still being written, another stream's pick finds it booked."""
+    from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
+    from epp.server.extproc import ExtProcServicer
+
+    server, channel, _ = await real_server(ACTIVE_CONFIG)
+    try:
+        producer = server.runtime.director.pipeline.plugins["inflight-load-producer"]  # type: ignore[attr-defined]
+        assert isinstance(producer, InFlightLoadProducer)
+
+        def booked() -> int:
+            return sum(load.requests for load in producer.loads.values())
+
+        events: list[tuple[str, int]] = []
+
+        class Watching(_Context):
+            async def read(self) -> Any:
+                msg = await super().read()
+                events.append(("read" if msg is not grpc.aio.EOF else "eof", booked()))
+                return msg
+
+            async def write(self, resp: pb.ProcessingResponse) -> None:
+                await super().write(resp)
+                events.append((resp.WhichOneof("response") or "", booked()))
+
+        body = b'{"model":"m","prompt":"hi"}'
+        ctx = Watching([headers_msg(), body_msg(body, True), resp_headers_msg(), resp_body_msg(b'{"ok":1}', True)])
+        await ExtProcServicer(server.state).Process(None, ctx)  # type: ignore[arg-type]
+        assert events == [
+            ("read", 0),  # request headers: held until the body is decided
+            ("read", 0),  # the body: decided, the booking held back ...
+            ("request_headers", 0),  # ... while the answer is written
+            ("request_body", 0),
+            ("read", 1),  # booked once the answers were written, before the next message
+            ("response_headers", 1),
+            ("read", 1),
+            ("response_body", 0),  # released by the last chunk's streaming hook
+            ("eof", 0),
+        ]
+
+        # Two streams: while the first one's answer is being written, the second one's pick sees its booking.
+        gate = asyncio.Event()
+        seen: list[str] = []
+
+        class Slow(_Context):
+            async def write(self, resp: pb.ProcessingResponse) -> None:
+                await super().write(resp)
+                if resp.HasField("request_headers"):
+                    seen.append(set_headers(resp)[DEST])
+                    await gate.wait()
+
+        one = Slow([headers_msg(), body_msg(body, True)])
+        first = asyncio.ensure_future(ExtProcServicer(server.state).Process(None, one))  # type: ignore[arg-type]
+        while not seen:
+            await asyncio.sleep(0.001)
+        assert booked() == 0  # the first answer is still being written: its records wait
+        two = _Context([headers_msg(), body_msg(body, True)])
+        await ExtProcServicer(server.state).Process(None, two)  # type: ignore[arg-type]
+        assert set_headers(two.written[0])[DEST] != seen[0]  # the first pick was booked before the second one
+        gate.set()
+        await first
+    finally:
+        await channel.close()
+        await server.stop()
