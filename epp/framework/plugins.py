@@ -2,11 +2,15 @@
 
 A plugin class may implement several of these (e.g. a Scorer that is also a PreRequest hook);
 the scheduler finds the roles with isinstance() checks against these runtime-checkable protocols.
+Optional behaviour within a role is declared, never probed: an attribute with its default on `Plugin` (e.g.
+`records_only`, `max_profiles`, `stability`) that a plugin overrides, or a small protocol a plugin implements (e.g.
+`PriorityCeilings`, `ExtractorHost`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
 
 from epp.framework.params import Params
@@ -25,15 +29,38 @@ if TYPE_CHECKING:
     from epp.framework.context import PluginContext
 
 
+class Stability(StrEnum):
+    """A plugin type's stability level (llm-d-router's StabilityLevel): an Alpha type loads only with
+    --allow-experimental-plugins."""
+
+    ALPHA = "Alpha"
+    BETA = "Beta"
+    STABLE = "Stable"
+
+
 class Plugin:
     """Base class: every configured plugin instance has a `type` (registry key) and a unique `name`.
 
     A subclass sets `type_name` (and `aliases`, older names of the same type) and overrides `from_config` when it
     takes parameters. `produces()`/`consumes()` declare the request data it writes and needs (epp.framework.keys).
+    The attributes below declare optional behaviour; a plugin that has it overrides the default (the protocol that
+    reads one says what it means).
     """
 
     type_name: ClassVar[str] = ""
     aliases: ClassVar[tuple[str, ...]] = ()
+    stability: ClassVar[Stability] = Stability.STABLE
+    # PreRequest: the hook only records the pick (see PreRequest).
+    records_only: bool = False
+    # DataProducer: the seconds `prepare` may wait on purpose; the director's producer budget grows to it.
+    produce_timeout: float = 0.0
+    # ResponseComplete: the hook's output goes out with the last response body message (see ResponseComplete).
+    writes_response_metadata: bool = False
+    # ProfileHandler: the most scheduling profiles it can run (None: any number); the builder checks the config.
+    max_profiles: int | None = None
+    # SaturationDetector: the signal comes from counts the EPP keeps itself, current as soon as a request ends
+    # (no scrape to wait for before capacity freed by an eviction shows).
+    live_saturation: bool = False
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name or self.type_name
@@ -91,6 +118,9 @@ class ProfileHandler(Protocol):
     """Decides which profiles run (possibly over several rounds) and which result is primary."""
 
     name: str
+
+    @property
+    def max_profiles(self) -> int | None: ...
 
     def pick_profiles(
         self,
@@ -163,10 +193,14 @@ class Screener(Protocol):
 class DataProducer(Protocol):
     """Runs before scheduling (may await, e.g. tokenization off the event loop); fills request.data.
 
-    The builder orders producers so that each runs after the producers of the keys it consumes.
+    The builder orders producers so that each runs after the producers of the keys it consumes. One that waits on
+    purpose (a batching window) sets `produce_timeout` to that wait.
     """
 
     name: str
+
+    @property
+    def produce_timeout(self) -> float: ...
 
     async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None: ...
 
@@ -183,14 +217,23 @@ class PreRequest(Protocol):
 
     name: str
 
+    @property
+    def records_only(self) -> bool: ...
+
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None: ...
 
 
 @runtime_checkable
 class ResponseComplete(Protocol):
-    """Runs when the response has ended (usage known if the server reported it)."""
+    """Runs when the response has ended (usage known if the server reported it).
+
+    A hook whose output goes out with the last response body message (dynamic metadata) sets
+    `writes_response_metadata = True`: the director then runs the hooks before that message is answered."""
 
     name: str
+
+    @property
+    def writes_response_metadata(self) -> bool: ...
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None: ...
 
@@ -224,9 +267,14 @@ class ResponseReceived(Protocol):
 
 @runtime_checkable
 class SaturationDetector(Protocol):
-    """Admission's view of load: 0 = idle, >= 1.0 = saturated (sheddable requests are then rejected)."""
+    """Admission's view of load: 0 = idle, >= 1.0 = saturated (sheddable requests are then rejected).
+
+    `live_saturation`: the signal is the EPP's own counts (current when a request ends), not a scrape."""
 
     name: str
+
+    @property
+    def live_saturation(self) -> bool: ...
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
 
@@ -253,6 +301,47 @@ class UsageLimitPolicy(Protocol):
 
     name: str
     threshold: float
+
+
+@runtime_checkable
+class PriorityCeilings(Protocol):
+    """A usage-limit policy that is priority-aware: one saturation ceiling per active priority."""
+
+    name: str
+
+    def ceilings(self, saturation: float, priorities: list[int]) -> list[float]:
+        """Per priority in `priorities` (highest first), the saturation at or above which its dispatch is held."""
+        ...
+
+
+@runtime_checkable
+class FlowPicker(Protocol):
+    """A fairness policy that chooses the next flow itself (without one: the flow whose head waited longest)."""
+
+    name: str
+
+    def pick_flow(self, flows: Mapping[str, tuple[int, float]]) -> str | None:
+        """The flow to dispatch from, given fairness id → (queued requests, head's enqueue time); None: the default."""
+        ...
+
+
+@runtime_checkable
+class DeadlineOrdering(Protocol):
+    """An ordering policy that orders a flow's requests by a deadline (earliest first) and expires them at it."""
+
+    name: str
+
+    def deadline(self, request: InferenceRequest, enqueued: float, ttl: float | None) -> float: ...
+
+
+@runtime_checkable
+class ExtractorHost(Protocol):
+    """A data source that feeds extractors: `dataLayer.sources[].extractors` are handed to it once built; it raises
+    ValueError for one it cannot feed."""
+
+    name: str
+
+    def attach_extractors(self, extractors: Sequence[Plugin]) -> None: ...
 
 
 @runtime_checkable

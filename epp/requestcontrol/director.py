@@ -106,11 +106,10 @@ class SchedulingDirector:
         self.producer_budget = producer_budget
         self._producers = list(pipeline.producers)
         # A producer that waits on purpose (burst-prefix-cache-producer's window) extends the budget to its own.
-        waits = [float(getattr(p, "produce_timeout", 0.0) or 0.0) for p in self._producers]
-        self.producer_budget = max([producer_budget, *waits])
+        self.producer_budget = max([producer_budget, *(p.produce_timeout for p in self._producers)])
         # PreRequest hooks that only record the pick (`records_only`) may run after the answer is written.
-        self._pre_request = [h for h in pipeline.pre_request if not getattr(h, "records_only", False)]
-        self._records = [h for h in pipeline.pre_request if getattr(h, "records_only", False)]
+        self._pre_request = [h for h in pipeline.pre_request if not h.records_only]
+        self._records = [h for h in pipeline.pre_request if h.records_only]
         self._deferred = DeferredRecords(self.view, self._records, self._run_pre_request)
         if flow_controller is not None:  # its dispatcher checks saturation between picks: records first
             flow_controller.settle = self._deferred.run
@@ -118,7 +117,7 @@ class SchedulingDirector:
         self._complete = list(pipeline.response_complete)
         # A ResponseComplete hook that answers with dynamic metadata (request-attribute-reporter) must run before
         # the last body message is answered; without one, completion can wait until that answer is written.
-        self.completes_before_last_answer = any(getattr(h, "writes_response_metadata", False) for h in self._complete)
+        self.completes_before_last_answer = any(h.writes_response_metadata for h in self._complete)
         self._streaming = list(pipeline.response_streaming)
         self._header_processors = list(pipeline.header_processors)
         self._screeners = list(pipeline.screeners)

@@ -18,10 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from epp.framework import (
+    DeadlineOrdering,
     Endpoint,
     FairnessPolicy,
+    FlowPicker,
     InferenceRequest,
     Plugin,
+    PriorityCeilings,
     SaturationDetector,
     ServiceUnavailable,
     TooManyRequests,
@@ -39,7 +42,7 @@ log = logging.getLogger(__name__)
 # deadline(request, enqueued, ttl) → an absolute deadline (monotonic seconds); earlier leaves first (EDF/SLO).
 DeadlineFn = Callable[[InferenceRequest, float, float | None], float]
 # pick_flow({fairness id: (queued, head enqueue time)}) → the flow to dispatch from (program-aware fairness).
-FlowPicker = Callable[[Mapping[str, tuple[int, float]]], str | None]
+PickFlowFn = Callable[[Mapping[str, tuple[int, float]]], str | None]
 _SEQ = itertools.count()
 
 
@@ -101,7 +104,7 @@ class _Band:
     count: int = 0
     bytes: int = 0
     deadline: DeadlineFn | None = None  # the ordering policy (None: FCFS)
-    pick_flow: FlowPicker | None = None  # the fairness policy's choice among flows (None: round-robin)
+    pick_flow: PickFlowFn | None = None  # the fairness policy's choice among flows (None: round-robin)
     ttl: float | None = None
 
     def add(self, item: _Item) -> None:
@@ -160,8 +163,9 @@ class FlowController:
         # static-usage-limit-policy: dispatch while saturation < threshold (GIE default 1.0); priority-aware
         # policies give one ceiling per active priority (`ceilings(saturation, priorities highest first)`).
         self.threshold = limit.threshold if isinstance(limit, UsageLimitPolicy) else 1.0
-        ceilings = getattr(limit, "ceilings", None) if limit is not None else None
-        self._ceilings: Callable[[float, list[int]], list[float]] | None = ceilings if callable(ceilings) else None
+        self._ceilings: Callable[[float, list[int]], list[float]] | None = (
+            limit.ceilings if isinstance(limit, PriorityCeilings) else None
+        )
         self.pool = pool_name
         self.poll_interval = poll_interval
         # flowControl.enableEviction: held dispatch revokes in-flight sheddable requests (epp.requestcontrol.eviction)
@@ -182,16 +186,14 @@ class FlowController:
             max_bytes = t.max_bytes if t.max_bytes else DEFAULT_PRIORITY_BAND_MAX_BYTES
             fairness = self._plugins.get(t.fairness_policy_ref or "")
             strict = fairness.strict if isinstance(fairness, FairnessPolicy) else False
-            picker = getattr(fairness, "pick_flow", None)
             ordering = self._plugins.get(t.ordering_policy_ref or "")
-            deadline = getattr(ordering, "deadline", None)
             band = self._bands[priority] = _Band(
                 priority,
                 max_bytes,
                 t.max_requests,
                 strict,
-                deadline=deadline if callable(deadline) else None,
-                pick_flow=picker if callable(picker) else None,
+                deadline=ordering.deadline if isinstance(ordering, DeadlineOrdering) else None,
+                pick_flow=fairness.pick_flow if isinstance(fairness, FlowPicker) else None,
                 ttl=spec.default_request_ttl,
             )
             self._order = sorted(self._bands, reverse=True)

@@ -8,7 +8,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from epp.framework import CycleState, Endpoint, Filter, InferenceRequest, Picker, ProfileResult, Scorer
+from epp.framework import (
+    CycleState,
+    Endpoint,
+    Filter,
+    InferenceRequest,
+    Picker,
+    ProfileHandler,
+    ProfileResult,
+    Scorer,
+)
 from epp.framework.verbosity import TRACE, V
 
 log = logging.getLogger(__name__)
@@ -19,7 +28,7 @@ PICK_LOG_SAMPLE = 0.01
 EVERY_PICK = V(TRACE)
 
 # Called with (extension_point, plugin, seconds) when a cycle is sampled for per-plugin timing.
-PluginTimer = Callable[[str, object, float], None]
+PluginTimer = Callable[[str, Filter | Scorer | Picker | ProfileHandler, float], None]
 
 
 @dataclass(slots=True)

@@ -6,7 +6,18 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, ProfileHandler, ProfileResult, SchedulingResult
+from epp.framework import (
+    CycleState,
+    Endpoint,
+    Filter,
+    InferenceRequest,
+    Picker,
+    Plugin,
+    ProfileHandler,
+    ProfileResult,
+    SchedulingResult,
+    Scorer,
+)
 from epp.scheduling import metrics
 from epp.scheduling.profile import SchedulerProfile
 
@@ -62,7 +73,7 @@ class Scheduler:
         return result
 
 
-def _observe(extension_point: str, plugin: object, seconds: float) -> None:
-    metrics.PLUGIN_DURATION.labels(
-        extension_point, getattr(plugin, "type_name", type(plugin).__name__), getattr(plugin, "name", "")
-    ).observe(seconds)
+def _observe(extension_point: str, plugin: Filter | Scorer | Picker | ProfileHandler, seconds: float) -> None:
+    # The builder configures only Plugins; an object that only implements the protocol is labelled by its class.
+    type_name = plugin.type_name if isinstance(plugin, Plugin) else type(plugin).__name__
+    metrics.PLUGIN_DURATION.labels(extension_point, type_name, plugin.name).observe(seconds)

@@ -21,6 +21,7 @@ from epp.framework import (
     CrossReplicaSyncer,
     DataKey,
     DataProducer,
+    ExtractorHost,
     Filter,
     Params,
     Picker,
@@ -219,7 +220,7 @@ def build_pipeline(config: EppConfig, context: PluginContext, registry: PluginRe
             f"{config.source}: schedulingProfiles: {len(profiles)} profiles need a profile handler plugin "
             "(single-profile-handler runs exactly one)"
         )
-    max_profiles = getattr(handler, "max_profiles", None)
+    max_profiles = handler.max_profiles
     if max_profiles is not None and len(profiles) > max_profiles:
         raise ConfigError(
             f"{config.source}: schedulingProfiles: {handler.name} supports {max_profiles} profile, got {len(profiles)}"
@@ -251,11 +252,10 @@ def _wire_data_sources(b: _Builder) -> None:
     """dataLayer.sources: hand each polling source (dcgm, models) the extractors listed under it."""
     for i, src in enumerate(b.config.data_sources):
         source = b.built[src.ref].plugin
-        attach = getattr(source, "attach", None)
-        if attach is None:
+        if not isinstance(source, ExtractorHost):
             continue
         try:
-            attach([b.built[e].plugin for e in src.extractors])
+            source.attach_extractors([b.built[e].plugin for e in src.extractors])
         except ValueError as e:
             raise ConfigError(f"{b.loc(src.line)}: dataLayer.sources[{i}].extractors: {e}") from None
 
@@ -385,8 +385,9 @@ def _saturation_detector(b: _Builder, plugins: dict[str, Plugin]) -> SaturationD
                 f"{path}.pluginRef: {p.name!r} is not a saturation detector"
             )
         return p
-    configured = [p for p in plugins.values() if p.type_name in ("utilization-detector", "concurrency-detector")]
-    if len(configured) == 1 and isinstance(configured[0], SaturationDetector):
+    # One detector configured without a pluginRef is the one (an admitter that measures saturation for itself is not).
+    configured = [p for p in plugins.values() if isinstance(p, SaturationDetector) and not isinstance(p, Admitter)]
+    if len(configured) == 1:
         return configured[0]
     default = _default(b, "utilization-detector")
     assert isinstance(default, SaturationDetector)

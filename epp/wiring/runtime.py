@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import cast
 
 from epp.config import ConfigError, EppConfig
 from epp.datalayer.datastore import Datastore
@@ -79,8 +78,8 @@ def build_evictor(config: EppConfig, pipeline: Pipeline) -> Evictor:
     flt = next((p for p in plugins if isinstance(p, SheddableEvictionFilter)), SheddableEvictionFilter())
     order = next((p for p in plugins if isinstance(p, PriorityThenTimeEvictionOrderPolicy)), None)
     order = order or PriorityThenTimeEvictionOrderPolicy()
-    if getattr(pipeline.saturation_detector, "type_name", "") == "concurrency-detector":
-        grace = 0.01  # its counters drop when the stream ends: no scrape to wait for
+    if pipeline.saturation_detector.live_saturation:
+        grace = 0.01  # its counts drop when the stream ends: no scrape to wait for
     else:  # a scraped signal: the next fresh scrape after the engine reclaimed the KV (llm-d's derivation)
         grace = config.refresh_metrics_interval + config.metrics_staleness_threshold + 0.25
     return Evictor(flt.eligible, order.victim_key, grace)
@@ -108,11 +107,11 @@ def build_runtime(config: EppConfig, *, sources: list[EndpointSource] | None = N
     pipeline = build_pipeline(config, context)
     if config.discovery_ref is not None:  # dataLayer.discovery: the plugin is the endpoint source
         discovery = pipeline.plugins[config.discovery_ref]
-        if not callable(getattr(discovery, "run", None)):
+        if not isinstance(discovery, EndpointSource):
             raise ConfigError(
                 f"{config.source}: dataLayer.discovery.pluginRef: {config.discovery_ref!r} is not a discovery plugin"
             )
-        sources = [cast(EndpointSource, discovery)]
+        sources = [discovery]
     flow = None
     if config.gate("flowControl"):
         spec = config.flow_control or FlowControlSpec()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -464,3 +465,63 @@ async def test_a_pick_made_while_a_producer_waits_is_booked_before_the_waiting_r
     gate.set()
     await first
     assert seen == {"producer": 1, "scheduling": 1}
+
+
+class Hook(Plugin):
+    """A PreRequest hook that logs when it ran (the answer may carry what it writes: never deferred)."""
+
+    def __init__(self, name: str, ran: list[str]) -> None:
+        super().__init__(name)
+        self.ran = ran
+
+    def pre_request(self, request: InferenceRequest, result: Any) -> None:
+        self.ran.append(self.name)
+
+
+class Booking(Hook):
+    records_only = True
+
+
+class Completion(Plugin):
+    def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Any) -> None:
+        pass
+
+
+class Reporter(Completion):
+    writes_response_metadata = True
+
+
+class Windowed(StepProducer):
+    produce_timeout = 3.0
+
+
+async def test_the_director_reads_the_declared_capabilities() -> None:
+    """records_only defers a hook past the answer, writes_response_metadata moves completion before the last answer,
+    produce_timeout extends the producer budget; a plugin that does not declare one gets the default behaviour."""
+    ds = pool(2)
+    base = director(ds, "plugins: [{type: queue-scorer}]", producer_budget=0.5).pipeline
+    ran: list[str] = []
+    hook, booking = Hook("hook", ran), Booking("booking", ran)
+    plain = SchedulingDirector(
+        ds, replace(base, pre_request=[hook], response_complete=[Completion("c")]), producer_budget=0.5
+    )
+    assert plain.producer_budget == 0.5 and not plain.completes_before_last_answer
+    await plain.handle_request(chat("a"), defer_records=True)
+    assert ran == ["hook"]
+
+    ran.clear()
+    declared = SchedulingDirector(
+        ds,
+        replace(
+            base,
+            pre_request=[hook, booking],
+            response_complete=[Completion("c"), Reporter("r")],
+            producers=[StepProducer("p", []), Windowed("w", [])],
+        ),
+        producer_budget=0.5,
+    )
+    assert declared.producer_budget == 3.0 and declared.completes_before_last_answer
+    await declared.handle_request(chat("b"), defer_records=True)
+    assert ran == ["hook"]  # the booking waits for the answer
+    declared.run_deferred()
+    assert ran == ["hook", "booking"]

@@ -242,3 +242,90 @@ def test_nan_for_a_rate_does_not_reach_routing() -> None:
     text = "plugins:\n- type: prefill-cost-scorer\n  parameters:\n    prefillTokensPerSecond: .nan\n"
     with pytest.raises(ConfigError, match=r"^epp\.yaml:4: "):
         build(text)
+
+
+class AnyProfiles(Plugin):
+    """A profile handler that runs every profile (any number: it declares no `max_profiles`)."""
+
+    type_name = "any-profiles-handler"
+
+    def pick_profiles(self, state: Any, request: Any, profiles: Any, results: Any) -> list[str]:
+        return [] if results else list(profiles)
+
+    def process_results(self, state: Any, request: Any, results: Any) -> Any:
+        raise NotImplementedError
+
+
+class TwoProfiles(AnyProfiles):
+    type_name = "two-profiles-handler"
+    max_profiles = 2
+
+
+class Feeds(Plugin):
+    """A data source that declares ExtractorHost; `Polls` has an `attach` of its own but declares nothing."""
+
+    type_name = "feeds-source"
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name)
+        self.fed: list[str] = []
+
+    def attach_extractors(self, extractors: Sequence[Plugin]) -> None:
+        if any(e.type_name != "queue-scorer" for e in extractors):
+            raise ValueError("only queue scorers")
+        self.fed += [e.name for e in extractors]
+
+
+class Polls(Plugin):
+    type_name = "polls-source"
+
+    def attach(self, contributors: Sequence[Plugin], interval: float | None) -> None:
+        raise AssertionError("not an extractor host")
+
+
+def capability_registry() -> PluginRegistry:
+    reg = register_builtins(PluginRegistry())
+    for cls in (TwoProfiles, AnyProfiles, Feeds, Polls):
+        reg.register(cls)
+    return reg
+
+
+def profiles(handler: str, n: int) -> str:
+    text = f"plugins:\n- type: {handler}\n- type: queue-scorer\nschedulingProfiles:\n"
+    return text + "".join(f"- name: p{i}\n  plugins: [{{pluginRef: queue-scorer}}]\n" for i in range(n))
+
+
+def test_max_profiles_is_checked_only_for_a_handler_that_declares_it() -> None:
+    reg = capability_registry()
+    assert len(build(profiles("two-profiles-handler", 2), reg).scheduler.profiles) == 2
+    with pytest.raises(ConfigError, match="two-profiles-handler supports 2 profile, got 3"):
+        build(profiles("two-profiles-handler", 3), reg)
+    assert len(build(profiles("any-profiles-handler", 3), reg).scheduler.profiles) == 3
+    with pytest.raises(ConfigError, match="single-profile-handler supports 1 profile, got 2"):
+        build(profiles("single-profile-handler", 2), reg)
+
+
+def sourced(source: str, extractor: str) -> str:
+    return (
+        f"plugins:\n- type: {source}\n- type: {extractor}\ndataLayer:\n  sources:\n"
+        f"  - {{pluginRef: {source}, extractors: [{{pluginRef: {extractor}}}]}}\n"
+    )
+
+
+def test_data_source_extractors_go_to_an_extractor_host_only() -> None:
+    reg = capability_registry()
+    feeds = build(sourced("feeds-source", "queue-scorer"), reg).plugins["feeds-source"]
+    assert isinstance(feeds, Feeds) and feeds.fed == ["queue-scorer"]
+    with pytest.raises(ConfigError, match=r"^epp.yaml:6: dataLayer\.sources\[0\]\.extractors: only queue scorers"):
+        build(sourced("feeds-source", "kv-cache-utilization-scorer"), reg)
+    assert isinstance(build(sourced("polls-source", "queue-scorer"), reg).plugins["polls-source"], Polls)
+
+
+def test_a_lone_detector_is_the_pools_unless_it_is_an_admitter() -> None:
+    """Without a pluginRef, the one configured saturation detector is used; probabilistic-admitter measures saturation
+    for itself and leaves the default detector in place."""
+    lone = build("plugins: [{type: queue-scorer}, {name: cd, type: concurrency-detector}]")
+    assert lone.saturation_detector.name == "cd"
+    admitter = build("plugins: [{type: queue-scorer}, {name: pa, type: probabilistic-admitter}]")
+    assert isinstance(admitter.saturation_detector, Plugin)
+    assert admitter.saturation_detector.type_name == "utilization-detector"

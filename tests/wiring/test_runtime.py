@@ -10,6 +10,7 @@ from aiohttp import web
 
 from epp.config import parse_config
 from epp.discovery.kubernetes import KubernetesDiscoveryConfig, KubernetesEndpointSource
+from epp.framework import Plugin
 from epp.wiring.runtime import build_runtime
 from tests.fakekube.server import INFERENCE_OBJECTIVES, INFERENCE_POOLS, PODS, FakeKube, inference_objective, pod
 from tests.fakekube.server import inference_pool as pool_obj
@@ -71,3 +72,21 @@ async def test_scrapers_follow_discovered_pods(tmp_path: Path) -> None:
                 await t
         await kube.stop()
         await runner.cleanup()
+
+
+def test_eviction_waits_for_a_scrape_unless_the_detector_counts_live() -> None:
+    """live_saturation (concurrency-detector) paces eviction by the stream's end; a scraped signal waits for the
+    next fresh scrape."""
+    from epp.datalayer.datastore import Datastore
+    from epp.wiring import build_pipeline, plugin_context
+    from epp.wiring.runtime import build_evictor
+
+    def grace(detector: str) -> float:
+        cfg = parse_config(f"plugins: [{{type: queue-scorer}}, {{type: {detector}}}]")
+        pipeline = build_pipeline(cfg, plugin_context(Datastore()))
+        assert isinstance(pipeline.saturation_detector, Plugin) and pipeline.saturation_detector.type_name == detector
+        return build_evictor(cfg, pipeline).grace
+
+    cfg = parse_config("{}")
+    assert grace("concurrency-detector") == 0.01
+    assert grace("utilization-detector") == cfg.refresh_metrics_interval + cfg.metrics_staleness_threshold + 0.25

@@ -62,7 +62,7 @@ class PollingSource(Plugin):
             "interval": params.duration("interval", 1.0) or 1.0,
         }
 
-    def attach(self, extractors: Sequence[Plugin]) -> None:
+    def attach_extractors(self, extractors: Sequence[Plugin]) -> None:
         """The extractors `dataLayer.sources` wires to this source (the wiring checks their kind)."""
         for ex in extractors:
             if not isinstance(ex, PageExtractor) or (self.extractor_types and ex.type_name not in self.extractor_types):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
 from epp.framework import (
     DATA_PARALLEL_HEADER,
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 class DataParallelProfileHandler(Plugin):
     type_name = "data-parallel-profile-handler"
-    max_profiles: ClassVar[int] = 1
+    max_profiles = 1
 
     def __init__(self, name: str | None = None, primary_port: int = 8000) -> None:
         super().__init__(name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from epp.framework import CycleState, InferenceRequest, Plugin, PluginConfigError, ProfileResult, SchedulingResult
 
@@ -11,7 +11,7 @@ from epp.framework import CycleState, InferenceRequest, Plugin, PluginConfigErro
 class SingleProfileHandler(Plugin):
     type_name = "single-profile-handler"
     # The config builder checks this: GIE requires exactly one profile with this handler.
-    max_profiles: ClassVar[int] = 1
+    max_profiles = 1
 
     def pick_profiles(
         self,

@@ -31,6 +31,7 @@ _ZERO = InFlightLoad()
 
 class ConcurrencyDetector(Plugin):
     type_name = "concurrency-detector"
+    live_saturation = True  # the in-flight counts drop as a stream ends
 
     def __init__(
         self,
