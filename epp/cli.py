@@ -154,17 +154,17 @@ def _serve(opts: Options) -> int:
 
 
 def check_plugin_stability(runtime: Runtime, allow_experimental: bool) -> None:
-    """llm-d-router's ValidatePluginStability: an Alpha plugin needs --allow-experimental-plugins."""
-    from epp.server.options import ALPHA_PLUGIN_TYPES
+    """llm-d-router's ValidatePluginStability: an Alpha plugin (`stability` on its class) needs
+    --allow-experimental-plugins."""
+    from epp.framework import Stability
 
     if allow_experimental or runtime.pipeline is None:
         return
     for name in sorted(runtime.pipeline.plugins):
         plugin = runtime.pipeline.plugins[name]
-        type_name = getattr(plugin, "type_name", "")
-        if type_name in ALPHA_PLUGIN_TYPES:
+        if plugin.stability is Stability.ALPHA:
             raise ValueError(
-                f"plugin '{name}' (type: '{type_name}') has Alpha stability level, "
+                f"plugin '{name}' (type: '{plugin.type_name}') has {plugin.stability} stability level, "
                 "but command line flag --allow-experimental-plugins is not set"
             )
 

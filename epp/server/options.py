@@ -14,23 +14,6 @@ from typing import Any
 
 from epp.server.goflags import Flag, FlagError, FlagSet, Parsed, parse_quantity_bytes
 
-# Types llm-d-router v0.10 registers with StabilityAlpha (cmd/epp/runner/runner.go): loading one needs
-# --allow-experimental-plugins.
-ALPHA_PLUGIN_TYPES = frozenset(
-    {
-        "disaggregatedset-rollout-screener", "session-affinity-filter", "endpoint-attribute-filter",
-        "topology-affinity-filter", "utilization-filter", "session-affinity-scorer", "header-label-affinity-scorer",
-        "topology-extractor", "dcgm-data-source", "dcgm-extractor", "header-profile-handler",
-        "endpoint-attribute-scorer", "topology-affinity-scorer", "burst-prefix-cache-producer", "p2p-source-producer",
-        "multicluster-session-affinity-filter", "multicluster-queue-scorer",
-        "multicluster-kv-cache-utilization-scorer", "multicluster-prefix-cache-scorer",
-        "multicluster-approx-prefix-cache-producer", "sheddable-eviction-filter",
-        "priority-then-time-eviction-order-policy", "priority-holdback-policy", "soft-reflective-ceiling-policy",
-        "multicluster-metrics-data-source", "multicluster-metrics-extractor", "multicluster-file-discovery",
-        "agent-identity",
-    }
-)  # fmt: skip
-
 # Rejected when set (v0.10 and GIE v1.5): metric names come from engineConfigs in the EndpointPickerConfig.
 DEPRECATED_METRIC_FLAGS = (
     "total-queued-requests-metric",

@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Self
 
 from epp.datalayer.plugins._polling_source import PollingSource
-from epp.framework import Params, PluginContext
+from epp.framework import Params, PluginContext, Stability
 
 
 class DCGMDataSource(PollingSource):
     type_name = "dcgm-data-source"
+    stability = Stability.ALPHA
     extractor_types = ("dcgm-extractor",)
 
     @classmethod

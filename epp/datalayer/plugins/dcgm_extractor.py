@@ -8,7 +8,7 @@ from collections.abc import Collection
 from typing import Any
 
 from epp.datalayer.promtext import find_family
-from epp.framework import DataKey, Endpoint, Plugin
+from epp.framework import DataKey, Endpoint, Plugin, Stability
 
 FAMILY = "DCGM_FI_DEV_GPU_UTIL"
 ATTRIBUTE = "GPUUtilization"
@@ -16,6 +16,7 @@ ATTRIBUTE = "GPUUtilization"
 
 class DCGMExtractor(Plugin):
     type_name = "dcgm-extractor"
+    stability = Stability.ALPHA
 
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name)

@@ -18,7 +18,7 @@ from typing import Self
 import aiohttp
 
 from epp.datalayer.plugins._polling_source import PollingSource
-from epp.framework import Params, PluginContext
+from epp.framework import Params, PluginContext, Stability
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,7 @@ MAX_RESPONSE_BYTES = 8 << 20
 
 class MultiClusterMetricsDataSource(PollingSource):
     type_name = "multicluster-metrics-data-source"
+    stability = Stability.ALPHA
     extractor_types = ("multicluster-metrics-extractor",)
     max_bytes = MAX_RESPONSE_BYTES
 

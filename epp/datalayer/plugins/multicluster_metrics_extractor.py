@@ -11,7 +11,7 @@ from typing import Any, Self
 
 from epp.datalayer.extractor import Selector, parse_spec
 from epp.datalayer.promtext import find_family
-from epp.framework import DataKey, Endpoint, Params, Plugin, PluginContext
+from epp.framework import DataKey, Endpoint, Params, Plugin, PluginContext, Stability
 from epp.framework.keys import MULTICLUSTER_KV_CACHE_UTILIZATION, MULTICLUSTER_QUEUE_SIZE
 
 log = logging.getLogger(__name__)
@@ -22,6 +22,7 @@ DEFAULT_QUEUE_METRIC = "llm_d_epp_average_queue_size"
 
 class MultiClusterMetricsExtractor(Plugin):
     type_name = "multicluster-metrics-extractor"
+    stability = Stability.ALPHA
 
     def __init__(self, name: str | None = None, kv: str = DEFAULT_KV_METRIC, queue: str = DEFAULT_QUEUE_METRIC) -> None:
         super().__init__(name)

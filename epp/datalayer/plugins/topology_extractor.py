@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, Self
 
-from epp.framework import DataKey, Endpoint, Params, Plugin, PluginContext
+from epp.framework import DataKey, Endpoint, Params, Plugin, PluginContext, Stability
 from epp.framework.attributes import TOPOLOGY, Topology
 
 DEFAULT_LABELS = {
@@ -23,6 +23,7 @@ DEFAULT_LABELS = {
 
 class TopologyExtractor(Plugin):
     type_name = "topology-extractor"
+    stability = Stability.ALPHA
 
     def __init__(self, name: str, labels: dict[str, str] | None = None) -> None:
         super().__init__(name)

@@ -13,7 +13,7 @@ import logging
 import re
 
 from epp.discovery.plugins.file_discovery import FileDiscovery
-from epp.framework import Endpoint
+from epp.framework import Endpoint, Stability
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ def host_or_ip(address: str) -> str | None:
 
 class MultiClusterFileDiscovery(FileDiscovery):
     type_name = "multicluster-file-discovery"
+    stability = Stability.ALPHA
 
     @staticmethod
     def check_address(address: str) -> str | None:

@@ -11,7 +11,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Self
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext
+from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext, Stability
 from epp.plugins.contracts.attribute import attribute_reader
 
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
@@ -26,6 +26,7 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
 
 class EndpointAttributeFilter(Plugin):
     type_name = "endpoint-attribute-filter"
+    stability = Stability.ALPHA
 
     def __init__(
         self,

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Self
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, Params, PluginContext
+from epp.framework import CycleState, Endpoint, InferenceRequest, Params, PluginContext, Stability
 from epp.plugins.contracts.session import SessionAffinityPlugin, SessionBinding
 
 
 class SessionAffinityFilter(SessionAffinityPlugin):
     type_name = "session-affinity-filter"
+    stability = Stability.ALPHA
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Self
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext
+from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext, Stability
 from epp.framework.attributes import Topology
 from epp.framework.state import DataKey
 from epp.plugins.contracts.topology import LEVELS, common_level, peer_topology, topology_key
@@ -18,6 +18,7 @@ from epp.plugins.contracts.topology import LEVELS, common_level, peer_topology, 
 
 class TopologyAffinityFilter(Plugin):
     type_name = "topology-affinity-filter"
+    stability = Stability.ALPHA
 
     def __init__(self, name: str, key: DataKey[Topology], min_affinity: str = "host") -> None:
         super().__init__(name)

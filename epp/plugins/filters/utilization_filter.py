@@ -11,7 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Self
 
-from epp.framework import INFLIGHT_LOAD, CycleState, DataKey, Endpoint, InferenceRequest, Params, Plugin, PluginContext
+from epp.framework import (
+    INFLIGHT_LOAD,
+    CycleState,
+    DataKey,
+    Endpoint,
+    InferenceRequest,
+    Params,
+    Plugin,
+    PluginContext,
+    Stability,
+)
 from epp.plugins.contracts.load import INFLIGHT, INFLIGHT_PRODUCER
 
 METRICS = ("active-requests", "running-requests", "waiting-queue", "kv-cache-utilization")
@@ -19,6 +29,7 @@ METRICS = ("active-requests", "running-requests", "waiting-queue", "kv-cache-uti
 
 class UtilizationFilter(Plugin):
     type_name = "utilization-filter"
+    stability = Stability.ALPHA
 
     def __init__(
         self,

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Self
 
-from epp.framework import Params, Plugin, PluginContext
+from epp.framework import Params, Plugin, PluginContext, Stability
 
 
 class PriorityHoldbackPolicy(Plugin):
     type_name = "priority-holdback-policy"
+    stability = Stability.ALPHA
 
     def __init__(self, name: str, min_ceiling: float, max_ceiling: float = 1.0, domain: str = "rank") -> None:
         super().__init__(name)

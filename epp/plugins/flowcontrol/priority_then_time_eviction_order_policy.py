@@ -3,11 +3,12 @@ in-flight request, and among equals the most recently dispatched (the least KV-c
 
 from __future__ import annotations
 
-from epp.framework import Plugin
+from epp.framework import Plugin, Stability
 
 
 class PriorityThenTimeEvictionOrderPolicy(Plugin):
     type_name = "priority-then-time-eviction-order-policy"
+    stability = Stability.ALPHA
 
     def victim_key(self, priority: int, dispatched: float) -> tuple[int, float]:
         """Smaller is evicted first."""

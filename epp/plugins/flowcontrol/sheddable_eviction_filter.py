@@ -3,11 +3,12 @@ may be evicted; higher-priority traffic is never revoked. The eviction built int
 
 from __future__ import annotations
 
-from epp.framework import Plugin
+from epp.framework import Plugin, Stability
 
 
 class SheddableEvictionFilter(Plugin):
     type_name = "sheddable-eviction-filter"
+    stability = Stability.ALPHA
 
     def eligible(self, priority: int) -> bool:
         return priority < 0

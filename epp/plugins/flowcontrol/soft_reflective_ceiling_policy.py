@@ -6,13 +6,14 @@ continuously with saturation; at saturation >= 1 every band is held. No paramete
 
 from __future__ import annotations
 
-from epp.framework import Plugin
+from epp.framework import Plugin, Stability
 
 OPEN, CLOSED = float("inf"), 0.0
 
 
 class SoftReflectiveCeilingPolicy(Plugin):
     type_name = "soft-reflective-ceiling-policy"
+    stability = Stability.ALPHA
     threshold = 1.0
 
     def __init__(self, name: str | None = None) -> None:

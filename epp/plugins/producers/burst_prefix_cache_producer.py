@@ -34,6 +34,7 @@ from epp.framework import (
     Plugin,
     PluginContext,
     PrefixCacheMatchInfo,
+    Stability,
 )
 from epp.plugins.contracts.prompt import AVERAGE_CHARS_PER_TOKEN, request_text
 from epp.plugins.producers.approx_prefix_cache_producer import block_hashes
@@ -70,6 +71,7 @@ def token_block_hashes(tokens: Sequence[int], block: int, max_blocks: int, seed:
 
 class BurstPrefixCacheProducer(Plugin):
     type_name = "burst-prefix-cache-producer"
+    stability = Stability.ALPHA
 
     def __init__(
         self,

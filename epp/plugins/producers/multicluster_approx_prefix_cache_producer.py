@@ -3,8 +3,10 @@ multi-cluster name: a hub's record of which cluster it sent each prompt prefix t
 
 from __future__ import annotations
 
+from epp.framework import Stability
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 
 
 class MultiClusterApproxPrefixCacheProducer(ApproxPrefixCacheProducer):
     type_name = "multicluster-approx-prefix-cache-producer"
+    stability = Stability.ALPHA

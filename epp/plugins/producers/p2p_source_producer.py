@@ -27,6 +27,7 @@ from epp.framework import (
     PluginContext,
     PrefixCacheMatchInfo,
     SchedulingResult,
+    Stability,
 )
 from epp.plugins.contracts.disagg import upstream_headers
 from epp.plugins.contracts.prefix import APPROX_PRODUCER, PREFIX_MATCH
@@ -47,6 +48,7 @@ def fnv1a32(s: str) -> int:
 
 class P2PSourceProducer(Plugin):
     type_name = "p2p-source-producer"
+    stability = Stability.ALPHA
 
     def __init__(
         self, name: str | None = None, producer: str = APPROX_PRODUCER, min_delta: int = 1, prefill: str = "prefill"

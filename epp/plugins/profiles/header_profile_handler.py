@@ -11,7 +11,16 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Self
 
-from epp.framework import CycleState, InferenceRequest, Params, Plugin, PluginContext, ProfileResult, SchedulingResult
+from epp.framework import (
+    CycleState,
+    InferenceRequest,
+    Params,
+    Plugin,
+    PluginContext,
+    ProfileResult,
+    SchedulingResult,
+    Stability,
+)
 from epp.framework.verbosity import VERBOSE, V
 from epp.plugins.profiles.single_profile_handler import one_profile_result
 
@@ -20,6 +29,7 @@ log = logging.getLogger(__name__)
 
 class HeaderProfileHandler(Plugin):
     type_name = "header-profile-handler"
+    stability = Stability.ALPHA
 
     def __init__(self, name: str | None = None, header: str = "epp-profile", default: str = "decode") -> None:
         super().__init__(name)

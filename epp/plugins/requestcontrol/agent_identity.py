@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Self
 
-from epp.framework import InferenceRequest, Params, Plugin, PluginContext
+from epp.framework import InferenceRequest, Params, Plugin, PluginContext, Stability
 from epp.framework.attributes import AGENT_ID
 
 DEFAULT_HEADERS = ("x-claude-code-session-id", "x-session-affinity", "session-id", "session_id")
@@ -19,6 +19,7 @@ MAX_ID_CHARS = 256
 
 class AgentIdentity(Plugin):
     type_name = "agent-identity"
+    stability = Stability.ALPHA
 
     def __init__(self, name: str | None = None, additional: tuple[str, ...] = ()) -> None:
         super().__init__(name)

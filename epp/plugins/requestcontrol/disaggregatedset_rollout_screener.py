@@ -28,6 +28,7 @@ from epp.framework import (
     PluginContext,
     Response,
     ServiceUnavailable,
+    Stability,
 )
 from epp.plugins.contracts.labels import Requirement
 
@@ -81,6 +82,7 @@ class HeaderSelector:
 
 class DisaggregatedSetRolloutScreener(Plugin):
     type_name = "disaggregatedset-rollout-screener"
+    stability = Stability.ALPHA
 
     def __init__(
         self,

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Self
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext
+from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext, Stability
 from epp.plugins.contracts.attribute import attribute_reader
 
 
 class EndpointAttributeScorer(Plugin):
     type_name = "endpoint-attribute-scorer"
+    stability = Stability.ALPHA
 
     def __init__(
         self,

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Self
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext
+from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext, Stability
 
 
 class HeaderLabelAffinityScorer(Plugin):
     type_name = "header-label-affinity-scorer"
+    stability = Stability.ALPHA
 
     def __init__(self, name: str, header: str, label: str) -> None:
         super().__init__(name)

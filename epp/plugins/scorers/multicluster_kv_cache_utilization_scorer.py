@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from epp.framework import CycleState, DataKey, Endpoint, InferenceRequest, Plugin
+from epp.framework import CycleState, DataKey, Endpoint, InferenceRequest, Plugin, Stability
 from epp.framework.keys import MULTICLUSTER_KV_CACHE_UTILIZATION
 
 
 class MultiClusterKVCacheUtilizationScorer(Plugin):
     type_name = "multicluster-kv-cache-utilization-scorer"
+    stability = Stability.ALPHA
 
     def consumes(self) -> Collection[DataKey[Any]]:
         return (MULTICLUSTER_KV_CACHE_UTILIZATION,)

@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from epp.framework import CycleState, DataKey, Endpoint, InferenceRequest, Plugin
+from epp.framework import CycleState, DataKey, Endpoint, InferenceRequest, Plugin, Stability
 from epp.framework.keys import MULTICLUSTER_QUEUE_SIZE
 from epp.plugins.scorers._normalize import min_max_inverted
 
 
 class MultiClusterQueueScorer(Plugin):
     type_name = "multicluster-queue-scorer"
+    stability = Stability.ALPHA
 
     def consumes(self) -> Collection[DataKey[Any]]:
         return (MULTICLUSTER_QUEUE_SIZE,)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Self
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, Params, PluginContext
+from epp.framework import CycleState, Endpoint, InferenceRequest, Params, PluginContext, Stability
 from epp.plugins.contracts.session import SessionAffinityPlugin, SessionBinding, encode_session_token
 
 __all__ = ["SessionAffinityScorer", "encode_session_token"]
@@ -15,6 +15,7 @@ __all__ = ["SessionAffinityScorer", "encode_session_token"]
 
 class SessionAffinityScorer(SessionAffinityPlugin):
     type_name = "session-affinity-scorer"
+    stability = Stability.ALPHA
 
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:

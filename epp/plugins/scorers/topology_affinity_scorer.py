@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Self
 
-from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext
+from epp.framework import CycleState, Endpoint, InferenceRequest, Params, Plugin, PluginContext, Stability
 from epp.framework.attributes import Topology
 from epp.framework.state import DataKey
 from epp.plugins.contracts.topology import common_level, peer_topology, topology_key
@@ -17,6 +17,7 @@ LEVEL_SCORES = (1.0, 0.2, 0.05, 0.02)
 
 class TopologyAffinityScorer(Plugin):
     type_name = "topology-affinity-scorer"
+    stability = Stability.ALPHA
 
     def __init__(self, name: str, key: DataKey[Topology]) -> None:
         super().__init__(name)

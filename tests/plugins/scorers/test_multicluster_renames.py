@@ -7,14 +7,13 @@ import pytest
 
 from epp.config import ConfigError, parse_config
 from epp.datalayer.datastore import Datastore
-from epp.framework import Plugin
+from epp.framework import Plugin, Stability
 from epp.plugins.filters.multicluster_session_affinity_filter import MultiClusterSessionAffinityFilter
 from epp.plugins.filters.session_affinity_filter import SessionAffinityFilter
 from epp.plugins.producers.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from epp.plugins.producers.multicluster_approx_prefix_cache_producer import MultiClusterApproxPrefixCacheProducer
 from epp.plugins.scorers.multicluster_prefix_cache_scorer import MultiClusterPrefixCacheScorer
 from epp.plugins.scorers.prefix_cache_scorer import PrefixCacheScorer
-from epp.server.options import ALPHA_PLUGIN_TYPES
 from epp.wiring import build_pipeline, known_types, plugin_context
 from tests.helpers import build
 
@@ -30,7 +29,7 @@ from tests.helpers import build
 def test_renamed_types(cls: type[Plugin], stock: type[Plugin], params: dict[str, object]) -> None:
     p = build(cls, params)
     assert isinstance(p, stock) and p.type_name == cls.type_name != stock.type_name
-    assert cls.type_name in known_types() and cls.type_name in ALPHA_PLUGIN_TYPES
+    assert cls.type_name in known_types() and cls.stability is Stability.ALPHA
     with pytest.raises(ConfigError, match="unknown parameter 'noSuchParameter'"):
         text = f"plugins:\n- {{type: {cls.type_name}, parameters: {{noSuchParameter: 1}}}}\n"
         build_pipeline(parse_config(text), plugin_context(Datastore()))
