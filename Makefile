@@ -58,6 +58,9 @@ system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "installing redis-server (apt)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@command -v h2load >/dev/null 2>&1 || { \
+	  echo "installing h2load (apt nghttp2-client, for e2e/test_cost_external.py and the picks benchmark)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nghttp2-client >/dev/null; }
 
 lint: setup
 	$(PY) -m ruff check epp tests e2e examples fuzz

@@ -21,13 +21,14 @@ import shlex
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from e2e.harness.procs import EppPorts, EppProcess, StartError, _Process
+from e2e.harness.simconfig import Pod, pod_name
 
 COMMAND_KEYS = ("config", "grpc_port", "health_port", "metrics_port", "endpoints_file", "workdir", "python")
 CONFIG_KEYS = (
@@ -119,6 +120,14 @@ def parse_external(items: str, base: Path | None = None) -> dict[str, ExternalEp
     return out
 
 
+def checked_externals(items: str) -> dict[str, ExternalEpp]:
+    """`parse_external`, each spec checked (`check_spec`): the --external flag of the suite and the cost benches."""
+    specs = parse_external(items)
+    for spec in specs.values():
+        check_spec(spec)
+    return specs
+
+
 class ExternalEppProcess(EppProcess):
     """An external EPP on free loopback ports; ready once its ext_proc port accepts connections (the first request
     through Envoy, retried, tells when it routes). Its metrics and health are where its command put them."""
@@ -152,6 +161,33 @@ def file_discovery_yaml(pods: list[tuple[str, str, int]]) -> str:
     for name, address, port in pods:
         lines += [f"- name: {name}", f'  address: "{address}"', f'  port: "{port}"']
     return "\n".join(lines) + "\n"
+
+
+def pool_values(
+    pods: Sequence[Pod], workdir: Path, *, endpoints: str, block_size: int, prefill_tps: float, model: str,
+    render_url: str, events_endpoint: str = "",
+) -> dict[str, object]:  # fmt: skip
+    """What an external EPP's config placeholders (`CONFIG_KEYS`) stand for over `pods`; writes the file-discovery
+    endpoints file into `workdir`. `endpoints` is pyepp's static `endpoints:` section over them; `events_endpoint`
+    is where the pods send their events when they dial the EPP (an engine pool), else the EPP finds each pod's by
+    pod discovery (one event port shared by all pods) or finds none."""
+    endpoints_file = workdir / "endpoints.yaml"
+    endpoints_file.write_text(file_discovery_yaml([(pod_name(p), p.host, p.http_port) for p in pods]))
+    ports = {p.event_port for p in pods}
+    events_port: int | None = next(iter(ports)) if len(ports) == 1 else None
+    if events_endpoint:
+        events_port = int(events_endpoint.rpartition(":")[2])
+        kv_events = f'{{topicFilter: "kv@", concurrency: 8, discoverPods: false, zmqEndpoint: "{events_endpoint}"}}'
+    elif events_port is not None:
+        discovery = f"podDiscoveryConfig: {{socketPort: {events_port}}}"
+        kv_events = f'{{topicFilter: "kv@", concurrency: 8, discoverPods: true, {discovery}}}'
+    else:
+        kv_events = '{topicFilter: "kv@", discoverPods: false}'
+    return {
+        "endpoints_file": endpoints_file, "endpoints": endpoints, "block_size": block_size,
+        "prefill_tps": prefill_tps, "model": model, "render_url": render_url, "kv_events": kv_events,
+        "events_port": events_port if events_port is not None else "", "events_endpoint": events_endpoint,
+    }  # fmt: skip
 
 
 def check_spec(spec: ExternalEpp) -> None:

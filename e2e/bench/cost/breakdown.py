@@ -310,11 +310,15 @@ class FloorProcess(_Process):
                 time.sleep(0.05)
         raise self.fail("floor not ready")
 
-    def envoy_in_front(self, workdir: Path, response_path: bool = True) -> EnvoyProcess:
-        """Wait for the floor, then start (and wait for) an Envoy whose ext_proc cluster is this floor."""
+    def envoy_in_front(self, workdir: Path, response_path: bool = True,
+                       overrides: dict[str, object] | None = None) -> EnvoyProcess:  # fmt: skip
+        """Wait for the floor, then start (and wait for) an Envoy whose ext_proc cluster is this floor (`overrides`:
+        more EnvoyOptions, as start_stack's `envoy_overrides`)."""
         self.wait_ready()
         lp, ap = free_ports(2)
         opts = EnvoyOptions(listener_port=lp, admin_port=ap, ext_proc_port=self.port, response_path=response_path)
+        for k, v in (overrides or {}).items():
+            setattr(opts, k, v)
         envoy = EnvoyProcess(opts, workdir)
         envoy.wait_ready()
         return envoy

@@ -12,11 +12,19 @@ simulators (metrics scraped, KV events subscribed) with the given strategy.
         --sources 'default,si=--gil-switch-interval 500us'          # this checkout with and without a flag
         --sources 'default,floor'                                    # beside the Python floor (below)
         --sources 'default,floor' --pythons 'venv,image=.venv-image/bin/python'  # and under the image's interpreter
+    LLMD_EPP=/path/to/epp python -m e2e.bench.cost.picks --workers 1 --strategy llm-d-default,pyepp-default \
+        --external llm-d-default=e2e/external/llm-d-default.yaml --sources 'default,floor'  # another EPP beside ours
 
 With `--sources` every run uses the same simulators and the same frames; each checkout's EPP serves in turn
 (`python -m epp` from that checkout), `--repeats` times, and the medians are compared. The source named `floor` is
 `e2e/bench/cost/floor.py` instead of an EPP: a minimal grpc.aio ext_proc server answering every stream with a
 fixed destination, i.e. what the same h2load load costs any Python ext_proc server (transport and protobuf only).
+
+`--external NAME=SPEC.yaml` makes strategy NAME another EPP started from the spec's command line
+(`e2e.harness.external`; specs in `e2e/external/`) on the same simulators and frames, its CPU read from /proc like
+ours (the process and its children). It runs once per repeat: sources, `--workers` and `--pythons` are pyepp's. Its
+picks are counted from the same metric (llm-d's EPP exports it too); it starts measuring once a stream is answered
+with a destination.
 
 `--pythons` runs every source (the floor too) under each named interpreter in turn, alternated like the sources: a
 bare name is the one running this benchmark, `name=PATH` another with the project's dependencies installed. The
@@ -39,20 +47,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from e2e.bench.procstat import cpu_seconds
+from e2e.harness.external import ExternalEpp, ExternalEppProcess, checked_externals, pool_values
 from e2e.harness.http import metric_value, request
 from e2e.harness.ports import free_port_run, free_ports
 from e2e.harness.procs import EppPorts, EppProcess
-from e2e.sim.launch import start_simulators
-from e2e.strategies import config_text
+from e2e.sim.launch import SimProcess, start_simulators
+from e2e.strategies import config_text, endpoints_yaml
 from e2e.workloads.text import TextFactory
 
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+DEST = "x-gateway-destination-endpoint"
 
-def grpc_frames(body: bytes, path: str = "/v1/completions") -> bytes:
-    """The two ProcessingRequest messages of one request, each with gRPC's 5-byte length prefix."""
+
+def request_messages(body: bytes, path: str = "/v1/completions") -> list[pb.ProcessingRequest]:
+    """The two ProcessingRequest messages Envoy sends for one request: its headers, then its whole body."""
     hdrs = base_pb2.HeaderMap(
         headers=[
             base_pb2.HeaderValue(key=":method", raw_value=b"POST"),
@@ -62,12 +76,16 @@ def grpc_frames(body: bytes, path: str = "/v1/completions") -> bytes:
             base_pb2.HeaderValue(key="content-length", raw_value=str(len(body)).encode()),
         ]
     )
-    msgs = [
+    return [
         pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=hdrs, end_of_stream=False)),
         pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
     ]
+
+
+def grpc_frames(body: bytes, path: str = "/v1/completions") -> bytes:
+    """`request_messages`, each with gRPC's 5-byte length prefix (h2load's request body)."""
     out = b""
-    for m in msgs:
+    for m in request_messages(body, path):
         data = m.SerializeToString()
         out += b"\x00" + len(data).to_bytes(4, "big") + data
     return out
@@ -128,6 +146,29 @@ def _has_kit_flags(tree: Path) -> bool:
 FLOOR = "floor"
 
 
+def wait_picking(port: int, body: bytes, within: float = 60.0) -> None:
+    """Returns once a stream sent to the ext_proc server on `port` is answered with a destination: an external EPP
+    may listen before it has found its pods."""
+    deadline = time.monotonic() + within
+    last = "no answer"
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.ExternalProcessorStub(channel)
+        while True:
+            try:
+                for resp in stub.Process(iter(request_messages(body)), timeout=10):
+                    kind = resp.WhichOneof("response")
+                    if kind in ("request_headers", "request_body"):
+                        mutation = getattr(resp, kind).response.header_mutation
+                        if any(h.header.key == DEST for h in mutation.set_headers):
+                            return
+                    last = f"answered {kind} without a destination"
+            except grpc.RpcError as e:
+                last = f"{e.code()}: {e.details()}"
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the EPP on port {port} picked nothing within {within:.0f} s ({last})")
+            time.sleep(0.5)
+
+
 def _warm(sims: Sequence[Any], run: int) -> None:
     """One request per simulator, salted per run so that its blocks are new to the engine: each publishes a
     BlockStored the running EPP ingests, which makes its endpoints publishers (the precise index, not the
@@ -182,6 +223,39 @@ def _floor_run(tmp: Path, frames: Path, ns: argparse.Namespace, python: str | No
     return res
 
 
+def _measure(pid: int, grpc_port: int, metrics: int, workers: int, frames: Path, ns: argparse.Namespace
+             ) -> dict[str, float]:  # fmt: skip
+    """A warm-up, then the h2load run; the EPP's CPU per pick (the process and its children: every worker's and the
+    parent's) and the picks its metrics counted."""
+    h2load(grpc_port, frames, min(2000, ns.streams), ns.clients, ns.per_client)  # warm up
+    before = counted_picks(metrics, workers)
+    cpu0 = cpu_seconds(pid, children=True)
+    res = h2load(grpc_port, frames, ns.streams, ns.clients, ns.per_client)
+    # what a loaded box does not inflate
+    res["cpu_us_per_pick"] = (cpu_seconds(pid, children=True) - cpu0) / ns.streams * 1e6
+    res["picks_counted"] = counted_picks(metrics, workers) - before
+    return res
+
+
+def _external_run(spec: ExternalEpp, sims: Sequence[SimProcess], workdir: Path, frames: Path, body: bytes,
+                  ns: argparse.Namespace) -> dict[str, float]:  # fmt: skip
+    """The same h2load run against another EPP from its spec, its config filled over the same simulators."""
+    workdir.mkdir(parents=True)
+    values = pool_values(sims, workdir, endpoints=endpoints_yaml(sims), block_size=16, prefill_tps=15928.0,
+                         model=MODEL, render_url=sims[0].url)  # fmt: skip
+    cfg = workdir / "epp-config.yaml"
+    cfg.write_text(spec.config_text(values))
+    ports = EppPorts(*free_ports(3))
+    epp = ExternalEppProcess(spec, cfg, workdir, ports, values)
+    try:
+        epp.wait_ready(120)
+        wait_picking(ports.grpc, body)
+        time.sleep(1.0)  # scraping
+        return _measure(epp.proc.pid, ports.grpc, ports.metrics, 1, frames, ns)
+    finally:
+        epp.stop()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m e2e.bench.cost.picks")
     p.add_argument("--workers", default="1,2")
@@ -208,8 +282,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="before each run, one request to every simulator: their KV events reach the EPP (a pool whose engines "
         "publish), instead of a cold one where pyepp-default's approximateFallback matches every pick",
     )
+    p.add_argument(
+        "--external",
+        default="",
+        help="name=spec.yaml,...: strategy <name> is another EPP run from the spec's command line (e2e/external/)",
+    )
     p.add_argument("--json", help="write results here")
     ns = p.parse_args(argv)
+    try:
+        externals = checked_externals(ns.external)
+    except (ValueError, OSError) as e:
+        p.error(str(e))
     sources: list[tuple[str, Path | None, list[str]]] = [("", None, [])]
     if ns.sources:
         sources = []
@@ -225,26 +308,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     if shutil.which("h2load") is None:
         raise SystemExit("h2load not found: apt-get install nghttp2-client")
     prompt = TextFactory(5).text("picks", ns.prompt_tokens)
-    body = json.dumps({"model": "Qwen/Qwen2.5-0.5B-Instruct", "prompt": prompt, "max_tokens": 16}).encode()
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 16}).encode()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pyepp-picks-") as tmp, start_simulators(4) as sims:
         frames = Path(tmp) / "frames.bin"
         frames.write_bytes(grpc_frames(body))
+        strategies = ns.strategy.split(",")
         cfgs = {}
-        for strategy in ns.strategy.split(","):
-            cfgs[strategy] = Path(tmp) / f"epp-{strategy}.yaml"
-            cfgs[strategy].write_text(config_text(strategy, sims))
+        for strategy in strategies:
+            if strategy not in externals:
+                cfgs[strategy] = Path(tmp) / f"epp-{strategy}.yaml"
+                cfgs[strategy].write_text(config_text(strategy, sims))
         runs = [
             (w, strategy, src, py)
             for w in (int(x) for x in ns.workers.split(","))
             for _ in range(ns.repeats)
-            for strategy in cfgs
+            for strategy in strategies
             for src in sources
             for py in pythons
         ]
+        # The floor once per round (with the first strategy); another EPP once per round: one process, this
+        # interpreter, with the first EPP source (or the floor when there is none).
+        anchor = next((src for src in sources if src[0] != FLOOR), sources[0])
         for w, strategy, (src_name, tree, flags), (py_name, python) in runs:
+            if strategy in externals:
+                if w == 1 and (src_name, tree, flags) == anchor and python == pythons[0][1]:
+                    res = _external_run(externals[strategy], sims, Path(tmp) / f"ext-{len(rows)}", frames, body, ns)
+                    rows.append({**res, "workers": 1, "source": "", "strategy": strategy, "python": ""})
+                    print(f"{strategy}: {res['picks_per_s']:.0f} picks/s ({res['succeeded']:.0f} ok, "
+                          f"{res['failed']:.0f} failed; p50 {res.get('p50_ms', float('nan')):.1f} ms, p99 "
+                          f"{res.get('p99_ms', float('nan')):.1f} ms; EPP counted {res['picks_counted']:.0f} picks; "
+                          f"EPP CPU {res['cpu_us_per_pick']:.0f} µs/pick)", flush=True)  # fmt: skip
+                if src_name != FLOOR:
+                    continue
             if src_name == FLOOR:
-                if w != 1:
+                if w != 1 or strategy != strategies[0]:
                     continue
                 res = _floor_run(Path(tmp), frames, ns, python)
                 label = f"{FLOOR} {py_name}".strip()
@@ -264,13 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 time.sleep(1.0 + w)  # every worker up, subscribed and scraping
                 if ns.warm_sims:
                     _warm(sims, len(rows))
-                h2load(grpc_port, frames, min(2000, ns.streams), ns.clients, ns.per_client)  # warm up
-                before = counted_picks(metrics, w)
-                cpu0 = cpu_seconds(epp.proc.pid, children=True)
-                res = h2load(grpc_port, frames, ns.streams, ns.clients, ns.per_client)
-                # the EPP's CPU per pick (every worker's and the parent's): what a loaded box does not inflate
-                res["cpu_us_per_pick"] = (cpu_seconds(epp.proc.pid, children=True) - cpu0) / ns.streams * 1e6
-                res["picks_counted"] = counted_picks(metrics, w) - before
+                res = _measure(epp.proc.pid, grpc_port, metrics, w, frames, ns)
             finally:
                 epp.stop()
             src_label = f"{src_name} {py_name}".strip()

@@ -50,7 +50,7 @@ from e2e.bench.progress import Progress
 from e2e.bench.routing.affinity_trace import lost_reuse
 from e2e.harness import picklog
 from e2e.harness.engines import EnginePool, EngineSpec, load_engine, render_ids
-from e2e.harness.external import ExternalEpp, check_spec, file_discovery_yaml, parse_external
+from e2e.harness.external import ExternalEpp, checked_externals, pool_values
 from e2e.harness.http import post_json
 from e2e.harness.ports import free_ports
 from e2e.harness.simconfig import pod_name
@@ -429,27 +429,11 @@ class Stacks:
 def external_values(
     sims: Sequence[SimProcess], workdir: Path, block_size: int, prefill_tps: float, events_endpoint: str = ""
 ) -> dict[str, object]:
-    """What an external EPP's placeholders stand for over `sims` (see e2e.harness.external.CONFIG_KEYS):
-    `events_endpoint` is where the pods send their events when they dial the EPP (an engine pool), else the EPP
-    finds each pod's by pod discovery."""
-    endpoints_file = workdir / "endpoints.yaml"
-    endpoints_file.write_text(file_discovery_yaml([(pod_name(s), s.host, s.http_port) for s in sims]))
-    ports = {s.event_port for s in sims}
-    events_port: int | None = next(iter(ports)) if len(ports) == 1 else None
-    if events_endpoint:
-        events_port = int(events_endpoint.rpartition(":")[2])
-        kv_events = f'{{topicFilter: "kv@", concurrency: 8, discoverPods: false, zmqEndpoint: "{events_endpoint}"}}'
-    elif events_port is not None:
-        discovery = f"podDiscoveryConfig: {{socketPort: {events_port}}}"
-        kv_events = f'{{topicFilter: "kv@", concurrency: 8, discoverPods: true, {discovery}}}'
-    else:
-        kv_events = '{topicFilter: "kv@", discoverPods: false}'
+    """An external EPP's placeholders over the suite's pods (e2e.harness.external.pool_values), tokenizing through
+    the engine's render API or the suite's render server."""
     render = sims.render_url if isinstance(sims, EnginePool) else RENDER_URL
-    return {
-        "endpoints_file": endpoints_file, "endpoints": endpoints_yaml(sims), "block_size": block_size,
-        "prefill_tps": prefill_tps, "model": MODEL, "render_url": render or sims[0].url, "kv_events": kv_events,
-        "events_port": events_port if events_port is not None else "", "events_endpoint": events_endpoint,
-    }  # fmt: skip
+    return pool_values(sims, workdir, endpoints=endpoints_yaml(sims), block_size=block_size, prefill_tps=prefill_tps,
+                       model=MODEL, render_url=render or sims[0].url, events_endpoint=events_endpoint)  # fmt: skip
 
 
 def engine_ids(req: Request, pool: EnginePool) -> list[int]:
@@ -1061,9 +1045,7 @@ def needs_render(strategies: Sequence[str]) -> bool:
 def add_external(items: str) -> None:
     """--external: registers each spec as a strategy and puts the pods on their own addresses (pod discovery)."""
     global DISTINCT_HOSTS
-    specs = parse_external(items)
-    for spec in specs.values():
-        check_spec(spec)
+    specs = checked_externals(items)
     EXTERNAL.update(specs)
     DISTINCT_HOSTS = DISTINCT_HOSTS or bool(specs)
 
