@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import http.client
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -50,10 +51,12 @@ def sims() -> Iterator[list[SimProcess]]:
 
 
 def ask(url: str, i: int, max_tokens: int = 1) -> int:
+    """The status, or -1 when there is none to read: the connection failed (OSError) or the response was cut
+    before its end (http.client.HTTPException, e.g. IncompleteRead when the replica streaming it was killed)."""
     body = {"model": QWEN25_MODEL, "prompt": f"question {i}", "max_tokens": max_tokens}
     try:
         return post_json(url + "/v1/completions", body, timeout=30).status
-    except OSError:
+    except (OSError, http.client.HTTPException):
         return -1
 
 
