@@ -18,6 +18,7 @@ from epp.wiring.builder import build_pipeline
 from tests.deploy import helm
 from tests.deploy.test_anchor_values import (
     AGW,
+    CASES,
     GIE_POOL,
     LABELS,
     NO_POOL,
@@ -273,6 +274,13 @@ def test_gke_managed_prometheus() -> None:
     docs = render(values, name="qwen-pool", namespace="llm")
     collectors = [b for b in by_kind(docs, "RoleBinding") if "collector" in b["metadata"]["name"]]
     assert [b["subjects"][0]["namespace"] for b in collectors] == ["gke-gmp-system"]
+    # GIE's layout (its chart README): provider.gke.autopilot with provider.name gke, our own
+    # monitoring.provider.gmp.autopilot default (false) notwithstanding.
+    files, extra = CASES["gie-site-latency-predictor"]
+    docs = render(layered(*files, extra=deep_merge(extra, sets(("provider.gke.autopilot", True)))), name="qwen-pool",
+                  namespace="llm")  # fmt: skip
+    binding = named(docs, "RoleBinding", "gke-gmp-system:collector:llm-qwen-pool-metrics-reader-secret-read")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "collector", "namespace": "gke-gmp-system"}]
     # Without auth, as the anchors: no PodMonitoring (and no ServiceMonitor on GKE).
     off = render(deep_merge(POOL_LABELS, sets(("provider.name", "gke"), ("monitoring.prometheus.enabled", True),
                                               ("monitoring.prometheus.auth.enabled", False))))  # fmt: skip
