@@ -52,6 +52,21 @@ def test_validate_rejects_a_broken_config(tmp_path: Path) -> None:
     assert r.returncode != 0
 
 
+LOG_FORMAT = (
+    "%RESPONSE_CODE% %UPSTREAM_HOST% %RESPONSE_FLAGS% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% "
+    "%RESPONSE_CODE_DETAILS% %UPSTREAM_TRANSPORT_FAILURE_REASON%"
+)
+ACCESS_LOG = """{indent}access_log:
+{indent}  - name: envoy.access_loggers.file
+{indent}    typed_config:
+{indent}      "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+{indent}      path: {path}
+{indent}      log_format:
+{indent}        text_format_source:
+{indent}          inline_string: "{fmt}\\n"
+"""
+
+
 class ExampleEnvoy(_Process):
     """config/envoy-bootstrap.yaml as shipped, on free ports, its pool listing `pool_ports`; `retry=False` removes
     the route's retry policy (the control: without it a dead pod's requests fail)."""
@@ -68,6 +83,14 @@ class ExampleEnvoy(_Process):
         if not retry:
             text, n = re.subn(r"\n +retry_policy:\n(?: {30,}.*\n)+", "\n", text)
             assert n == 1
+        # An access log beside the file as shipped: which pod each attempt went to and why one failed.
+        self.access_log = tmp_path / f"access-{self.port}.log"
+        text, n = re.subn(
+            r"\n( +)stat_prefix: http\n",
+            lambda m: m.group(0) + ACCESS_LOG.format(indent=m.group(1), path=self.access_log, fmt=LOG_FORMAT),
+            text,
+        )
+        assert n == 1
         path = tmp_path / f"example-{self.port}.yaml"
         path.write_text(text)
         argv = [envoy_binary(), "-c", str(path), "--disable-hot-restart", "--concurrency", "1", "-l", "warning"]
@@ -83,6 +106,15 @@ class ExampleEnvoy(_Process):
             if time.monotonic() > deadline or not self.running():
                 raise self.fail("not ready")
             time.sleep(0.05)
+
+    def logged(self, lines: int, timeout: float = 10.0) -> str:
+        """The access log once it holds `lines` lines (Envoy flushes it about once a second)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.access_log.read_text() if self.access_log.exists() else ""
+            if text.count("\n") >= lines or time.monotonic() > deadline:
+                return text
+            time.sleep(0.1)
 
 
 @pytest.mark.parametrize("picks", [2, 1])
@@ -118,7 +150,11 @@ def test_example_bootstrap_retries_a_dead_pod_on_the_next_endpoint(tmp_path: Pat
             for e in envoys
         }
         with_retry, without = statuses[envoys[0].port], statuses[envoys[1].port]
-        assert with_retry == [200] * 20, with_retry
+        log = envoys[0].logged(20)
+        assert with_retry == [200] * 20, (with_retry, log)
+        # The one retry a dead pick costs goes to the live pod: never a second attempt at the dead one.
+        attempts = [int(a) for a in re.findall(r" attempts=(\d+) ", log)]
+        assert len(attempts) == 20 and 2 in attempts and max(attempts) == 2, log
         assert 503 in without and 200 in without, without
     finally:
         for e in envoys:
