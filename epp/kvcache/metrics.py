@@ -27,6 +27,12 @@ class PoolMetrics:
         self.active = Gauge(p + "active_subscribers", "Subscribers currently running", registry=r)
         self.replays = Counter(p + "replays", "Replay requests to a publisher's ROUTER socket", ["result"], registry=r)
         self.dropped = Counter(p + "dropped", "Messages dropped before reaching the index", ["reason"], registry=r)
+        self.evicted = Counter(
+            p + "state_evicted",
+            "Per-pod KV-event state forgotten, least recently used first, to make room within its bound",
+            ["kind"],
+            registry=r,
+        )
         self.decode_errors = Counter(p + "decode_errors", "Payloads that failed to decode", registry=r)
         self.blocks = Counter(p + "blocks", "Block events applied to the index", ["op"], registry=r)
         self.skipped = Counter(p + "skipped", "Events skipped by the applier", ["reason"], registry=r)
@@ -38,8 +44,10 @@ class PoolMetrics:
             self.blocks.labels(op)
         for result in ("ok", "timeout", "error"):
             self.replays.labels(result)
-        for reason in ("queue_full", "queue_bytes", "unknown_pod", "rewound", "too_many_models", "too_many_ranks"):
+        for reason in ("queue_full", "queue_bytes", "unknown_pod", "rewound"):
             self.dropped.labels(reason)
+        for kind in ("model", "rank"):  # a pod's topic models and DP ranks
+            self.evicted.labels(kind)
         for reason in ("block_size", "too_many_hashes", "budget", "rate"):  # the EventGuard's refusals
             self.skipped.labels(reason)
         self.config_errors.labels("bad_port_label")

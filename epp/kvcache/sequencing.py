@@ -55,8 +55,17 @@ class SequenceTracker:
         return sorted(r for p, r in self._applied if p == pod)
 
     def applied(self, pod: str, rank: int, seq: int, crc: int = 0) -> None:
+        self._applied.pop((pod, rank), None)  # re-inserted last: the dict's order is the order of last use
         self._applied[(pod, rank)] = seq
         self._crc[(pod, rank)] = crc
+
+    def forget_least_recent_rank(self, pod: str) -> int | None:
+        """Forget the rank of `pod` whose last batch was applied longest ago (to make room for a new one)."""
+        rank = next((r for p, r in self._applied if p == pod), None)
+        if rank is not None:
+            for d in (self._live, self._applied, self._crc):
+                d.pop((pod, rank), None)
+        return rank
 
     def last_crc(self, pod: str, rank: int) -> int | None:
         return self._crc.get((pod, rank))

@@ -16,6 +16,7 @@ import gc
 import logging
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -110,7 +111,8 @@ class ShardedWorkers:
         self._queues = [asyncio.Queue[_Item](cfg.queue_size) for _ in range(cfg.concurrency)]
         self._shard_of: dict[str, int] = {}
         self._replay_eps: dict[str, str | None] = {}  # pod -> replay endpoint, for messages that name none
-        self._models: dict[str, set[str]] = {}  # pod -> the models its topics named (bounded per pod)
+        # pod -> the models its topics named, least recently named first (bounded per pod)
+        self._models: dict[str, OrderedDict[str, None]] = {}
         # Central bind: the pods in the Datastore (set by the subscriptions); messages naming others are dropped.
         self.known_pods: set[str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -204,16 +206,20 @@ class ShardedWorkers:
                 pod[:80],
             )  # fmt: skip
             return False
-        models = self._models.setdefault(pod, set())
-        if model not in models:
+        models = self._models.setdefault(pod, OrderedDict())
+        if model in models:
+            models.move_to_end(model)
+        else:
             if len(models) >= MAX_MODELS_PER_POD:
-                m.dropped.labels("too_many_models").inc()
+                # Forget the least recently named model rather than refuse the new one: topics forged in central
+                # mode must not fill a real pod's room before (or while) its own model's events come.
+                old, _ = models.popitem(last=False)
+                m.evicted.labels("model").inc()
                 _throttle.log(
-                    log, logging.WARNING, "too_many_models", "dropping KV-event message for %s: its topics named "
-                    "%d models already, not %r", pod[:80], len(models), model[:80],
+                    log, logging.WARNING, "too_many_models", "KV events: the topics naming %s named %d models; "
+                    "forgetting the least recent, %r, for %r", pod[:80], MAX_MODELS_PER_POD, old[:80], model[:80],
                 )  # fmt: skip
-                return False
-            models.add(model)
+            models[model] = None
         if replay is None and source_pod is None:
             replay = self._replay_eps.get(pod)
         return self._put(pod, (pod, model or self.cfg.default_model, int.from_bytes(seqb, "big"), payload, replay))
@@ -275,12 +281,14 @@ class ShardedWorkers:
         batch = await self.decode_sliced(pod, payload)
         rank = (batch.dp_rank or 0) if batch is not None else self._sole_rank(pod)
         if self.seq.last(pod, rank) is None and len(self.seq.ranks(pod)) >= MAX_RANKS_PER_POD:
-            self.metrics.dropped.labels("too_many_ranks").inc()
+            # Room for the new rank: forget the one applied longest ago, so forged ranks cannot lock a real one out
+            # (a forgotten real rank rejoins, replayed, with its next batch).
+            old = self.seq.forget_least_recent_rank(pod)
+            self.metrics.evicted.labels("rank").inc()
             _throttle.log(
-                log, logging.WARNING, "too_many_ranks", "KV events: dropping a batch from %s: rank %d beyond the "
-                "%d ranks it has", pod, rank, MAX_RANKS_PER_POD,
+                log, logging.WARNING, "too_many_ranks", "KV events: %s has %d ranks; forgetting rank %s, the least "
+                "recent, for rank %d", pod, MAX_RANKS_PER_POD, old, rank,
             )  # fmt: skip
-            return
         v = self.seq.check(pod, rank, seq)
         self.metrics.sequence.labels(v.value).inc()
         if v is Verdict.DUPLICATE:

@@ -109,17 +109,34 @@ async def test_timestamps_and_ranks_are_checked() -> None:
     assert reg.get_sample_value("kv_cache_events_decode_errors_total") == 5
     for rank in range(MAX_RANKS_PER_POD + 3):  # a new rank per batch: bounded per pod
         await w.process(EVIL, MODEL, 0, _batch(["AllBlocksCleared"], rank=rank), None)
-    assert len(w.seq.ranks(EVIL)) == MAX_RANKS_PER_POD
-    assert reg.get_sample_value("kv_cache_events_dropped_total", {"reason": "too_many_ranks"}) == 3
+    assert w.seq.ranks(EVIL) == list(range(3, MAX_RANKS_PER_POD + 3))  # the least recent ones forgotten
+    assert reg.get_sample_value("kv_cache_events_state_evicted_total", {"kind": "rank"}) == 3
     await w.process(REAL, MODEL, 0, _real_store(), None)
     assert await _routes_to_real(svc) == 12
 
 
-def test_forged_topics_in_central_mode_are_bounded_per_pod() -> None:
-    _svc, w, reg = _rig()
+async def test_forged_ranks_do_not_lock_a_real_rank_out() -> None:
+    """Central bind: ranks forged under a real pod's topic fill its room before its own rank 0 speaks; the real
+    rank still gets in (the least recent forged one makes room) and routes."""
+    svc, w, _reg = _rig()
+    for rank in range(1, MAX_RANKS_PER_POD + 1):
+        await w.process(REAL, MODEL, 0, _batch(["AllBlocksCleared"], rank=rank), None)
+    await w.process(REAL, MODEL, 0, _real_store(), None)
+    assert await _routes_to_real(svc) == 12
+    assert 0 in w.seq.ranks(REAL) and 1 not in w.seq.ranks(REAL)
+    assert len(w.seq.ranks(REAL)) == MAX_RANKS_PER_POD
+
+
+async def test_forged_topics_in_central_mode_are_bounded_per_pod() -> None:
+    svc, w, reg = _rig()
     w.known_pods = {REAL}  # central bind: only the pool's pods
     seq = (0).to_bytes(8, "big")
     for i in range(MAX_MODELS_PER_POD + 5):
         w.submit([f"kv@{REAL}@forged-{i}".encode(), seq, _batch(["AllBlocksCleared"])], None)
-    assert reg.get_sample_value("kv_cache_events_dropped_total", {"reason": "too_many_models"}) == 5
+    assert reg.get_sample_value("kv_cache_events_state_evicted_total", {"kind": "model"}) == 5
+    assert len(w._models[REAL]) == MAX_MODELS_PER_POD
     assert not w.submit([f"kv@{EVIL}@{MODEL}".encode(), seq, _batch(["AllBlocksCleared"])], None)
+    # The forged models filled the real pod's room first: its own model's events still get in, and route.
+    assert w.submit([f"kv@{REAL}@{MODEL}".encode(), seq, _real_store()], None)
+    await w.process(REAL, MODEL, 0, _real_store(), None)
+    assert await _routes_to_real(svc) == 12
