@@ -160,7 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="prompt tokens:rates per path; the simulator tokenizes every prompt, so big prompts get lower rates",
     )
     p.add_argument("--duration", type=float, default=8.0, help="seconds per point")
-    p.add_argument("--strategies", default="approximate,precise", help=f"ours, {FLOOR!r} or an --external name")
+    p.add_argument(
+        "--strategies",
+        default="approximate,precise",
+        help=f"ours, {FLOOR!r} or an --external name; one named twice runs twice (alternate them for medians)",
+    )
     p.add_argument("--external", default="", help="name=spec.yaml,...: strategy <name> is another EPP from its "
                    "command line (e2e/external/)")  # fmt: skip
     p.add_argument("--response-mode", default=None, help="Envoy response_body_mode, e.g. NONE (no usage metrics)")
@@ -183,8 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{'+p50':>8}{'+p99':>8}{'CPU µs':>8}{'net µs':>8}{'idle ms/s':>10}{'err':>5}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="pyepp-overhead-") as tmp, start_simulators(1, base_args=sim_args) as sims:
         sim = sims[0]
-        for strategy in ns.strategies.split(","):
-            work = Path(tmp) / strategy
+        for i, strategy in enumerate(ns.strategies.split(",")):
+            work = Path(tmp) / f"{i}-{strategy}"
             work.mkdir()
             with start_gateway(strategy, work, sim, externals, ns.response_mode) as gw_path:
                 wait_routing(gw_path.gateway)
