@@ -1,7 +1,7 @@
 """prefill-cost-scorer (pyepp's default scorer): each endpoint costs the work, in prompt tokens, that stands between
 this request and its first token there, and the cheapest wins.
 
-    cost(e) = (w(e) + evictionWeight x reuse x full(e) + saturationWeight x busy) x uncached(e)
+    cost(e) = (w(e) + evictionWeight x reuse x full(e)) x uncached(e)
             + backlog(e)                          prefill tokens already routed to e and not yet processed
             + decodeWeight x full(e) x active(e)  KV tokens the requests in flight on e hold (shared blocks once)
             + overflowWeight x max(0, working set(e) - capacity(e))
@@ -47,25 +47,11 @@ log = logging.getLogger(__name__)
 
 MAX_SHARED_KEYS = 8192  # block keys per shared booking (a longer prompt shares its first ones)
 MAX_REMOTE_BOOKINGS = 1 << 16  # the other replicas' bookings held at most
-WORKING_SET_WINDOW = 30.0  # workingSetWindow's default (s); also how long a prompt may wait for its next turn
+WORKING_SET_WINDOW = 30.0  # workingSetWindow's default (s)
 MAX_WORKING_SET = 1 << 18  # working-set blocks kept per endpoint while its KV capacity is unknown
 # a cap on one request's learned decode rate (output tokens/s): a first token estimated late (a prefill faster than
 # prefillTokensPerSecond) must not make every decode look instant
 MAX_DECODE_TPS = 1000.0
-# nextTurnWeight: how long (s) continued and uncontinued prompts are averaged over, the cap on the share continued (a
-# prompt always continued would be expected to grow without end), the prompts tracked at most, and how many blocks
-# below the deepest match the continued prompt's last block is looked for (its last full block ends the match on the
-# pod holding it; a few fewer when another pod holds less)
-CONTINUED_WINDOW = 60.0
-MAX_CONTINUED_SHARE = 0.9
-MAX_PENDING_PROMPTS = 1 << 16
-CONTINUATION_SEARCH = 3
-# the turns of a chain are told apart up to this depth (deeper ones share its share continued); a depth with less
-# than MIN_DEPTH_EVIDENCE (decayed: one prompt resolved there within the last 40 s) expects no continuation: no turn
-# is charged before one like it has been seen (a chain seen to go on at every depth so far is not assumed to go on
-# for ever)
-MAX_DEPTH = 8
-MIN_DEPTH_EVIDENCE = 0.5
 
 
 @dataclass(slots=True)
@@ -74,8 +60,6 @@ class _Cost:
 
     prompt_tokens: int
     uncached: dict[str, int]
-    continues: int | None = None  # the last block key of the pending prompt this one extends (nextTurnWeight)
-    depth: int = 0  # turns before this one in its chain (nextTurnWeight)
 
 
 @dataclass(slots=True)
@@ -123,21 +107,6 @@ class _Queue:
     recent: OrderedDict[int, float] = field(default_factory=OrderedDict)
     recent_block_tokens: int = 0
     traffic: _Decaying = field(default_factory=_Decaying)  # requests routed there (over trafficWindow)
-    # prompts placed there, not yet continued nor expired, per depth in their chains (nextTurnWeight)
-    pending: list[int] = field(default_factory=lambda: [0] * (MAX_DEPTH + 1))
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A prompt that may be continued (nextTurnWeight), keyed by its last full block's key. Once continued it stays
-    until it expires: its other continuations (a burst's sibling sub-agents, the agent's own next step) still find
-    the endpoint holding it."""
-
-    endpoint: str
-    tokens: int
-    at: float
-    depth: int
-    continued: bool = False
 
 
 COST = DataKey[_Cost]("prefill-cost")
@@ -160,18 +129,13 @@ class PrefillCostScorer(Plugin, RemovalListener):
         eviction_weight: float = 1.0,
         reuse_window: int = 50,
         dedup_in_flight_blocks: bool = False,
-        saturation_weight: float = 1.0,
         working_set_window: float = 0.0,
         needs_block_keys: bool = False,
         overflow_weight: float = 0.0,
         idle_uncached_weight: float | None = None,
         traffic_window: float = 10.0,
-        cold_arrival_weight: float = 0.0,
-        cold_share: float = 0.5,
-        arrival_weight: float = 0.0,
         decoding_share: float = 1.0,
         decoding_ends_first: bool = False,
-        next_turn_weight: float = 0.0,
         sync_cross_replica: bool = True,
     ) -> None:
         super().__init__(name)
@@ -190,26 +154,12 @@ class PrefillCostScorer(Plugin, RemovalListener):
         self.dedup = dedup_in_flight_blocks
         self.window = working_set_window
         self.needs_block_keys = needs_block_keys
-        self.saturation_weight = saturation_weight
         self.overflow_weight = overflow_weight
         self.idle_weight = uncached_weight if idle_uncached_weight is None else idle_uncached_weight
         self.traffic_window = traffic_window
-        self.cold_weight = cold_arrival_weight
-        self.cold_share = cold_share
-        self.arrival_weight = arrival_weight
         self.decoding_share = decoding_share
         self.decoding_ends_first = decoding_ends_first
-        self.next_turn_weight = next_turn_weight
-        self.pending: OrderedDict[int, _Pending] = OrderedDict()  # oldest first
-        # prompts continued, and expired uncontinued, per depth (the last pools the deeper), over CONTINUED_WINDOW
-        self.continued = [_Decaying() for _ in range(MAX_DEPTH + 1)]
-        self.uncontinued = [_Decaying() for _ in range(MAX_DEPTH + 1)]
-        self._futures: list[float] = [0.0] * (MAX_DEPTH + 1)  # the expected future per depth, as of _futures_at
-        self._futures_at = -math.inf
-        self.growth = 0.0  # tokens a continuation adds to the prompt it continues (running mean)
-        self.growth_samples = 0
         self.decode_tps = 0.0  # one request's decode rate (output tokens/s), learned from completions; 0: unknown
-        self.cold = _Decaying()  # cold requests (best pod caches < coldShare of the prompt), over trafficWindow
         self.reuse = 0.0  # moving average of the share of a prompt's tokens the best pod caches
         self.queues: dict[str, _Queue] = {}
         self._inflight: dict[int, _InFlight] = {}  # id(booking) -> booking
@@ -223,16 +173,11 @@ class PrefillCostScorer(Plugin, RemovalListener):
     @classmethod
     def from_config(cls, name: str, params: Params, context: PluginContext) -> Self:
         producer = context.producer_for(PRECISE_PREFIX_MATCH, params, requested_by=name, add_default=False)
-        # The block-key terms (dedupInFlightBlocks, workingSetWindow, nextTurnWeight) read the precise producer's
-        # keys: turned on with another prefix producer they would never take effect, so the config is refused.
+        # The block-key terms (dedupInFlightBlocks, workingSetWindow) read the precise producer's keys: turned on
+        # with another prefix producer they would never take effect, so the config is refused.
         dedup = params.bool("dedupInFlightBlocks", True)
         window = params.duration("workingSetWindow", WORKING_SET_WINDOW)
-        next_turn = params.float("nextTurnWeight", 0.0, min=0.0)
-        explicit = (
-            (dedup and params.has("dedupInFlightBlocks"))
-            or (window > 0 and params.has("workingSetWindow"))
-            or (next_turn > 0 and params.has("nextTurnWeight"))
-        )
+        explicit = (dedup and params.has("dedupInFlightBlocks")) or (window > 0 and params.has("workingSetWindow"))
         uncached_weight = params.float("uncachedWeight", 2.0, min=0.0)
         traffic_window = params.duration("trafficWindow", 10.0)
         if traffic_window <= 0:
@@ -252,18 +197,13 @@ class PrefillCostScorer(Plugin, RemovalListener):
             eviction_weight=params.float("evictionWeight", 1.0, min=0.0),
             reuse_window=params.int("reuseWindow", 50, min=1),
             dedup_in_flight_blocks=dedup,
-            saturation_weight=params.float("saturationWeight", 0.0, min=0.0),
             working_set_window=window,
             needs_block_keys=explicit,
             overflow_weight=overflow,
             idle_uncached_weight=params.float("idleUncachedWeight", 1.0, min=0.0),
             traffic_window=traffic_window,
-            cold_arrival_weight=params.float("coldArrivalWeight", 0.0, min=0.0),
-            cold_share=params.float("coldShare", 0.5, min=0.0, max=1.0),
-            arrival_weight=params.float("arrivalWeight", 0.0, min=0.0),
             decoding_share=params.float("decodingShare", 0.0, min=0.0, max=1.0),
             decoding_ends_first=params.bool("decodingEndsFirst", True),
-            next_turn_weight=next_turn,
             sync_cross_replica=params.bool("syncCrossReplicaState", True),
         )
         context.endpoints.subscribe(scorer)
@@ -276,16 +216,14 @@ class PrefillCostScorer(Plugin, RemovalListener):
         if self.queues.pop(endpoint.name, None) is not None:
             for rid in [rid for rid, e in self._inflight.items() if e.endpoint == endpoint.name]:
                 del self._inflight[rid]
-            for key in [key for key, p in self.pending.items() if p.endpoint == endpoint.name]:
-                del self.pending[key]
             for sid in [sid for sid, e in self._remote.items() if e.endpoint == endpoint.name]:
                 del self._remote[sid]
 
     def consumes(self) -> Collection[DataKey[Any]]:
-        # dedupInFlightBlocks, workingSetWindow and nextTurnWeight read the precise producer's block keys: a config
-        # naming another producer is refused (the parameters would never take effect)
+        # dedupInFlightBlocks and workingSetWindow read the precise producer's block keys: a config naming another
+        # producer is refused (the parameters would never take effect)
         keys: tuple[DataKey[Any], ...] = (self.info_key, TOKENIZED_PROMPT)
-        uses_keys = self.dedup or self.window > 0 or self.next_turn_weight > 0
+        uses_keys = self.dedup or self.window > 0
         return (*keys, self.match_key) if self.needs_block_keys and uses_keys else keys
 
     # --- scoring ----------------------------------------------------------------------------------------
@@ -304,27 +242,9 @@ class PrefillCostScorer(Plugin, RemovalListener):
         uncached: dict[str, int] = {}
         out: list[float] = []
         rate, dw, uw, queues = self.rate, self.decode_weight, self.uncached_weight, self.queues
-        aw, ds = self.arrival_weight, self.decoding_share
+        ds = self.decoding_share
         evict = self.eviction_weight * self.reuse
-        if self.saturation_weight > 0 and endpoints:
-            busy = min((q.active if (q := queues.get(ep.name)) is not None else 0) for ep in endpoints)
-            uw += self.saturation_weight * busy
         best = 0
-        # The pool's cold arrivals expected per idle endpoint and per prefill token: an idle endpoint taken for a
-        # recompute is not there for them (coldArrivalWeight; 0: off).
-        cold_per_token = 0.0
-        if self.cold_weight > 0 and self.idle_weight != uw and endpoints:
-            best_cached = max((matches.get(ep.name, 0) for ep in endpoints), default=0) * bs
-            if n > 0 and best_cached < self.cold_share * n:
-                # a request that holds little anywhere: taking an idle endpoint for it is charged the pool's
-                # cold arrivals (a request with much of its prompt cached is not: a burst spreads as before)
-                self.cold.add(now, self.traffic_window)
-                n_idle = sum(1 for ep in endpoints if self._idle(queues.get(ep.name), now))
-                if n_idle:
-                    cold_per_token = self.cold_weight * self.cold.rate(now, self.traffic_window) / self.rate / n_idle
-        continues, depth, future, holder = (
-            self._future(request, matches, now) if self.next_turn_weight > 0 else (None, 0, 0.0, "")
-        )
         for ep in endpoints:
             u = max(0, n - int(matches.get(ep.name, 0) * bs))
             uncached[ep.name] = u
@@ -347,16 +267,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
                     share = self._busy_share(q, full, u, now)
                     if not idle:
                         share = max(share, ds)
-                    if cold_per_token > 0:
-                        share = min(1.0, max(share, cold_per_token * u))
                     w = self.idle_weight + (uw - self.idle_weight) * share
             cost = (w + evict * full) * u
-            if aw > 0 and q is not None and q.traffic.value > 0:
-                # the wait of e's own arrivals during this prefill, on every endpoint, busy ones too: its arrival
-                # rate x the prefill's time x half of it (in tokens)
-                cost += aw * q.traffic.rate(now, self.traffic_window) * u * u / rate / 2
-            if future > 0 and ep.name != holder:
-                cost += self.next_turn_weight * self._overflow_by(ep, q, future)
             if q is not None:
                 if q.busy_until > now:
                     cost += (q.busy_until - now) * rate
@@ -369,67 +281,8 @@ class PrefillCostScorer(Plugin, RemovalListener):
             out.append(cost)
         if n > 0:
             self.reuse += self.reuse_alpha * (best / n - self.reuse)
-        request.data.put(self.cost_key, _Cost(n, uncached, continues, depth))
+        request.data.put(self.cost_key, _Cost(n, uncached))
         return out
-
-    def _future(
-        self, request: InferenceRequest, matches: dict[str, float], now: float
-    ) -> tuple[int | None, int, float, str]:
-        """The pending prompt this request continues (its last block key), the request's depth in its chain, the
-        tokens its later turns are expected to bring, and the endpoint holding the prompt it continues or, sent
-        again, the same prompt (whose future that endpoint already counts)."""
-        continues, holder, depth = None, "", 0
-        match = request.data.get(self.match_key)
-        if match is not None and match.keys:
-            keys = match.keys
-            m = min(int(max(matches.values(), default=0)), len(keys))
-            for i in range(m - 1, max(-1, m - 1 - CONTINUATION_SEARCH), -1):
-                p = self.pending.get(keys[i])
-                if p is None:
-                    continue
-                holder = p.endpoint
-                if i < len(keys) - 1:
-                    continues, depth = keys[i], min(MAX_DEPTH, p.depth + 1)
-                else:  # its own last block: the same prompt again, not a turn
-                    depth = p.depth
-                break
-        return continues, depth, self._expected_future(depth, now), holder
-
-    def _expected_future(self, depth: int, now: float) -> float:
-        """F(d) = p_d x (growth + F(d + 1)): the tokens a prompt at depth d is expected to bring in later turns, p_d
-        the share of prompts at that depth continued (a chain of known length expects fewer turns as it goes on),
-        0 at a depth not seen yet; the deepest depth's is memoryless, p x growth / (1 - p) with p capped.
-        Recomputed when what it is learned from changes, and every 50 ms as the counts decay."""
-        if now - self._futures_at >= 0.05:
-            self._futures_at = now
-            yes = [c.decayed(now, CONTINUED_WINDOW) for c in self.continued]
-            no = [c.decayed(now, CONTINUED_WINDOW) for c in self.uncontinued]
-            g, futures = self.growth, self._futures
-            after = 0.0
-            for d in range(MAX_DEPTH, -1, -1):
-                seen = yes[d] + no[d]
-                p = yes[d] / seen if seen >= MIN_DEPTH_EVIDENCE else 0.0
-                if d == MAX_DEPTH:
-                    p = min(MAX_CONTINUED_SHARE, p)
-                    after = p * g / (1.0 - p)
-                else:
-                    after = p * (g + after)
-                futures[d] = after
-        return self._futures[depth]
-
-    def _overflow_by(self, ep: Endpoint, q: _Queue | None, future: float) -> float:
-        """How far `future` more tokens push `ep`'s projected footprint (its working set and the expected later turns
-        of its pending prompts) past its KV capacity, in tokens; 0 when the capacity is unknown."""
-        capacity = ep.metrics.kv_capacity_tokens
-        if capacity <= 0:
-            return 0.0
-        if q is None:
-            projected = 0.0
-        else:
-            futures = self._futures  # as of this request's _future
-            waiting = sum(c * f for c, f in zip(q.pending, futures, strict=True) if c)
-            projected = len(q.recent) * q.recent_block_tokens + waiting
-        return max(0.0, projected + future - capacity) - max(0.0, projected - capacity)
 
     def fullness(self, ep: Endpoint, q: _Queue | None, now: float) -> float:
         """KV pressure on `ep`, 0..1, against its KV capacity (1 when the capacity is unknown): the working set
@@ -449,7 +302,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         """How far an idle endpoint is from free for a recompute of `uncached` tokens, 0..1: its KV pressure, or
         the requests of its own expected to arrive while the prefill runs (they would queue behind it), whichever is
         larger."""
-        if q is None or q.traffic.value <= 0 or self.arrival_weight > 0:  # (arrivalWeight charges them itself)
+        if q is None or q.traffic.value <= 0:
             return full
         arrivals = q.traffic.rate(now, self.traffic_window) * uncached / self.rate
         return min(1.0, max(full, arrivals / 2))
@@ -497,8 +350,6 @@ class PrefillCostScorer(Plugin, RemovalListener):
         if not keys:
             keys, bs = None, 0
         entry = self._book(name, uncached, cost.prompt_tokens, max(0, out), keys, bs, targets[0], now)
-        if self.next_turn_weight > 0 and keys:
-            self._track(self.queues[name], name, keys[-1], cost, now)
         self._inflight[id(entry)] = entry
         request.data.put(self.booked_key, entry)
         if self._send is not None:
@@ -521,7 +372,7 @@ class PrefillCostScorer(Plugin, RemovalListener):
         set. The same for this replica's picks and the others' (`cross_replica_receive`)."""
         q = self.queues.setdefault(name, _Queue())
         q.busy_until = max(q.busy_until, now) + uncached / self.rate
-        if self.idle_weight != self.uncached_weight or self.arrival_weight > 0:  # the two readers of the rate
+        if self.idle_weight != self.uncached_weight:  # the rate's only reader
             q.traffic.add(now, self.traffic_window)
         entry = _InFlight(name, prompt_tokens + out, now, first_token=q.busy_until)
         if self.decoding_ends_first:
@@ -547,49 +398,6 @@ class PrefillCostScorer(Plugin, RemovalListener):
         q.active += 1
         q.written += uncached + out
         return entry
-
-    def _track(self, q: _Queue, name: str, last_key: int, cost: _Cost, now: float) -> None:
-        """Learn from the prompt this request continues (if any) and keep this one pending on `name`."""
-        self._expire_pending(now)
-        if cost.continues is not None and (prev := self.pending.get(cost.continues)) is not None:
-            if not prev.continued:  # its first continuation: the prompt's future now rides on this request's
-                self._resolve(prev, True, now)
-                prev.continued = True
-            self.growth_samples += 1
-            alpha = max(0.05, 1.0 / self.growth_samples)
-            self.growth += alpha * (max(0, cost.prompt_tokens - prev.tokens) - self.growth)
-            self._futures_at = -math.inf
-        depth = cost.depth
-        if (same := self.pending.pop(last_key, None)) is not None:  # the same prompt again: one pending
-            depth = same.depth
-            if not same.continued:
-                self._resolve(same, None, now)
-        self.pending[last_key] = _Pending(name, cost.prompt_tokens, now, depth)
-        q.pending[depth] += 1
-
-    def _resolve(self, prompt: _Pending, continued: bool | None, now: float) -> None:
-        """A pending prompt continued (True), expired uncontinued (False) or sent again (None): its endpoint stops
-        counting its future, and the share continued at its depth learns which."""
-        if (q := self.queues.get(prompt.endpoint)) is not None and q.pending[prompt.depth] > 0:
-            q.pending[prompt.depth] -= 1
-        if continued is not None:
-            counts = self.continued if continued else self.uncontinued
-            counts[prompt.depth].add(now, CONTINUED_WINDOW)  # depths are capped at MAX_DEPTH where set
-            self._futures_at = -math.inf
-
-    def _expire_pending(self, now: float) -> None:
-        """Prompts not continued within the working-set window (30 s without one) count as never continued; continued
-        ones leave quietly."""
-        cutoff = now - (self.window if self.window > 0 else WORKING_SET_WINDOW)
-        pending = self.pending
-        while pending:
-            key = next(iter(pending))
-            prompt = pending[key]
-            if prompt.at >= cutoff and len(pending) <= MAX_PENDING_PROMPTS:
-                break
-            del pending[key]
-            if not prompt.continued:
-                self._resolve(prompt, False, now)
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
         entry = request.data.pop(self.booked_key)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
@@ -66,7 +66,6 @@ def test_backlog_moves_work_off_a_busy_cached_pod_and_drains() -> None:
             "decodeWeight": 0,
             "uncachedWeight": 1,
             "evictionWeight": 0,
-            "saturationWeight": 0,
         },
     )
     e = eps()
@@ -244,37 +243,6 @@ def test_private_blocks_of_in_flight_requests_count_in_full() -> None:
     assert pick(s, keyed("new", [*system, 9000, 9001], {"a": 32}, max_tokens=0), e).name == "b"
 
 
-def test_when_every_pod_is_busy_a_request_stays_with_its_cached_prefix() -> None:
-    """make demo's overload: a group's 1024-token prefix cached on a, which has three requests more in flight than
-    b. While b is idle, recomputing the prefix there is cheaper; once every pod carries requests, a recompute delays
-    the pool's queues and the request stays on a (with saturationWeight 0, the earlier cost, it moved to b)."""
-    for weight, expected in ((1.0, "a"), (0.0, "b")):
-        params = {"prefillTokensPerSecond": 1000, "saturationWeight": weight, "evictionWeight": 0, "decodeWeight": 1}
-        s = build(PrefillCostScorer, {**params, **WRITTEN})
-        e = eps()[:2]
-        for i in range(9):  # nine requests of the group in flight on a
-            place(s, req(f"g{i}", 1088, {"a": 64}), e, 0)
-        later = 1e12  # every prefill done, the requests still decoding
-        assert s.costs(req("idle", 1088, {"a": 64}), e, now=later)[1] < s.costs(req("x", 1088, {"a": 64}), e, later)[0]
-        for i in range(6):  # now b carries six requests of other groups
-            place(s, req(f"h{i}", 1088, {}), e, 1)
-        costs = s.costs(req("busy", 1088, {"a": 64}), e, now=later)
-        assert e[costs.index(min(costs))].name == expected
-
-
-def test_saturation_charges_only_uncached_tokens_and_is_uniform_without_reuse() -> None:
-    params = {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 1}
-    s = build(PrefillCostScorer, params)
-    e = eps()
-    for i, ep in enumerate((0, 1, 2, 2)):
-        place(s, req(f"r{i}", 100, {}, max_tokens=0), e, ep)
-    # one request in flight on the least-loaded pods: a recomputed token costs uncachedWeight + 1
-    r = req("q", 1024, {"a": 64})
-    assert s.costs(r, e, now=1e12) == [0.0, 3 * 1024.0, 3 * 1024.0]
-    # a prompt nobody caches costs the same everywhere, so the term does not change where it goes
-    assert s.score(S, req("cold", 1024, {}), e) == [1.0, 1.0, 1.0]
-
-
 def test_working_set_is_the_distinct_blocks_routed_there_within_the_window() -> None:
     s = build(PrefillCostScorer, {"prefillTokensPerSecond": 1e9, "workingSetWindow": "30s"})
     e = with_capacity(eps(), 64 * 16)  # 64 blocks
@@ -360,7 +328,7 @@ def test_an_endpoint_that_leaves_the_pool_starts_afresh_when_it_returns() -> Non
     ds = Datastore()
     for ep in eps():
         ds.upsert(ep)
-    params = {"prefillTokensPerSecond": 1, "uncachedWeight": 1, "evictionWeight": 0, "saturationWeight": 0}
+    params = {"prefillTokensPerSecond": 1, "uncachedWeight": 1, "evictionWeight": 0}
     s = build(PrefillCostScorer, params, ctx=plugin_context(ds))
     assert pick(s, req("r1", 1024, {"a": 64}), eps()).name == "a"  # a caches it all; its backlog is now 1024 s
     cost = s.costs(req("r2", 1024, {}), eps(), now=time.monotonic())
@@ -386,14 +354,14 @@ def test_working_set_window_needs_the_precise_producer() -> None:
     with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
         build_pipeline(parse_config(scorer_config(", workingSetWindow: 10s")), plugin_context(Datastore()))
     s = build(PrefillCostScorer, {})
-    assert s.dedup and s.window == 30.0 and s.saturation_weight == 0.0
+    assert s.dedup and s.window == 30.0
     assert s.idle_weight == 1.0 and s.overflow_weight == 1.0 and s.traffic_window == 10.0
 
 
 def test_a_recompute_on_an_idle_endpoint_with_free_kv_costs_the_idle_weight() -> None:
     """Multi-turn chat whose system prompt only a holds: on an idle pod with an empty cache the recompute delays and
     evicts nobody, so it is charged `idleUncachedWeight` per token instead of `uncachedWeight`."""
-    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0}
+    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0}
     s = build(PrefillCostScorer, {**params, "idleUncachedWeight": 1})
     e = with_capacity(eps(), 64 * 1024)
     place(s, req("busy", 100, {}, max_tokens=0), e, 0)  # a has a request in flight
@@ -408,7 +376,7 @@ def test_a_recompute_on_an_idle_endpoint_with_free_kv_costs_the_idle_weight() ->
 def test_the_idle_discount_shrinks_with_kv_pressure_and_with_the_endpoints_own_traffic() -> None:
     """The demo's overload: b is idle for a moment but holds its own groups and gets requests of its own several
     times a second; a 1000-token recompute there would make the next ones wait, so it costs uncachedWeight."""
-    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
+    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0,
               "idleUncachedWeight": 1, "trafficWindow": "10s", "workingSetWindow": "60s"}  # fmt: skip
     s = build(PrefillCostScorer, params)
     e = with_capacity(eps(), 128 * 16)  # 128 blocks each
@@ -431,7 +399,7 @@ def test_the_idle_discount_shrinks_with_kv_pressure_and_with_the_endpoints_own_t
 
 
 def test_a_working_set_beyond_capacity_is_charged_its_overflow() -> None:
-    params = {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
+    params = {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0,
               "workingSetWindow": "60s", "idleUncachedWeight": 2}  # fmt: skip
     e = with_capacity(eps(), 64 * 16)  # 64 blocks each
     for weight, extra in ((0, 0.0), (1, 36 * 16.0), (2, 2 * 36 * 16.0)):
@@ -453,76 +421,12 @@ def test_overflow_weight_needs_the_working_set() -> None:
         build(PrefillCostScorer, {"trafficWindow": 0})
 
 
-def test_cold_arrivals_charge_an_idle_endpoint_taken_by_a_request_that_holds_little() -> None:
-    """Mooncake at 8 pods: a prompt with a small prefix cached on a busy pod moved to an idle one, which the next
-    cold prompt then lacked. With `coldArrivalWeight` the idle endpoints are charged the pool's cold arrivals
-    expected during the recompute, shared over the idle endpoints; a request holding most of its prompt (a burst of
-    sub-agents sharing a prompt) is not charged and spreads as before."""
-    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
-              "idleUncachedWeight": 1, "trafficWindow": "10s"}  # fmt: skip
-    scorers = {w: build(PrefillCostScorer, {**params, "coldArrivalWeight": w}) for w in (0, 2)}
-    for s in scorers.values():
-        e = with_capacity(eps(), 64 * 1024)
-        place(s, req("busy", 96, {"a": 6}), e, 0)  # in flight on a, nothing left to prefill
-    now = time.monotonic() + 10
-    on, off = scorers[2], scorers[0]
-    for i in range(4):  # four prompts nobody holds, then this one: 5 cold arrivals in the 10 s window
-        on.costs(req(f"cold{i}", 1000, {}), e, now=now)
-    small = req("small", 1000, {"a": 12.5})  # a holds 200 of its 1000 tokens
-    assert off.costs(small, e, now=now) == [1600.0, 1000.0, 1000.0]
-    # 0.5 cold arrivals/s x 1 s of prefill x weight 2 / 2 idle endpoints = 0.5 -> weight 1 + (2 - 1) x 0.5
-    assert on.costs(small, e, now=now) == pytest.approx([1600.0, 1500.0, 1500.0])
-    large = req("large", 1000, {"a": 50})  # a holds 800 of its 1000 tokens: not charged
-    assert on.costs(large, e, now=now) == [400.0, 1000.0, 1000.0]
-    with pytest.raises(PluginConfigError, match="coldArrivalWeight"):
-        build(PrefillCostScorer, {"coldArrivalWeight": -1})
-    with pytest.raises(PluginConfigError, match="coldShare"):
-        build(PrefillCostScorer, {"coldShare": 1.5})
-
-
-def test_arrival_weight_charges_every_endpoint_the_wait_of_its_own_arrivals() -> None:
-    """A prompt nobody holds will keep coming back to where it is computed first: with `arrivalWeight` every
-    endpoint, busy or idle, is charged the wait its own arrivals would spend behind the prefill (arrival rate x the
-    prefill's time x half of it), so it goes to the endpoint with the least traffic rather than the one that
-    happens to be emptiest at this instant."""
-    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
-              "idleUncachedWeight": 1, "trafficWindow": "10s"}  # fmt: skip
-    scorers = {w: build(PrefillCostScorer, {**params, "arrivalWeight": w}) for w in (0, 1)}
-    e = with_capacity(eps(), 64 * 1024)
-    for s in scorers.values():
-        for i in range(4):  # four requests to a, one to b, all still in flight (busy), nothing left to prefill
-            place(s, req(f"a{i}", 16, {}, max_tokens=0), e, 0)
-        place(s, req("b0", 16, {}, max_tokens=0), e, 1)
-    now = time.monotonic() + 1
-    for s in scorers.values():
-        for q in s.queues.values():
-            q.busy_until = 0.0
-    off, on = scorers[0], scorers[1]
-    cold = req("cold", 1000, {})
-    assert off.costs(cold, e, now=now) == [2000.0, 2000.0, 1000.0]  # a and b busy (weight 2), c idle (1)
-    rate_a, rate_b = (on.queues[n].traffic.rate(now, 10.0) for n in "ab")
-    assert rate_a == pytest.approx(4 * rate_b, rel=1e-3)
-    # 1 s of prefill: a's arrivals meanwhile (rate_a x 1 s) wait 0.5 s each on average, in tokens at 1000/s
-    assert on.costs(cold, e, now=now) == pytest.approx([2000.0 + rate_a * 500, 2000.0 + rate_b * 500, 1000.0])
-    # quadratic in the uncached tokens: a request holding most of its prompt is hardly charged
-    assert on.costs(req("warm", 1000, {"a": 60}), e, now=now)[0] == pytest.approx(2 * 40 + rate_a * 40 * 40 / 1000 / 2)
-    # it takes effect without the idle discount too (the traffic is counted for it)
-    flat = {w: build(PrefillCostScorer, {**params, "idleUncachedWeight": 2, "arrivalWeight": w}) for w in (0, 1)}
-    for s in flat.values():
-        place(s, req("f0", 16, {}, max_tokens=0), e, 0)
-    later = time.monotonic() + 1
-    charge = flat[1].costs(cold, e, now=later)[0] - flat[0].costs(cold, e, now=later)[0]
-    assert charge == pytest.approx(flat[1].queues["a"].traffic.rate(later, 10.0) * 500) and charge > 0
-    with pytest.raises(PluginConfigError, match="arrivalWeight"):
-        build(PrefillCostScorer, {"arrivalWeight": -1})
-
-
 def test_decoding_share_discounts_a_decoding_endpoint_that_holds_part_of_the_prompt() -> None:
     """Mooncake at 8 pods lost its hits to this: the pod holding part of a prompt had one request decoding and no
     prefill queued, and was charged the busy weight for its recompute, so the prompt was recomputed whole on an idle
     pod. With `decodingShare` such an endpoint is discounted as an idle one, its share no lower than that; a request
     that holds nothing there, or an endpoint with prefill queued, is charged as before."""
-    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
+    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0,
               "idleUncachedWeight": 1, "trafficWindow": "10s", "decodingEndsFirst": False}  # fmt: skip
     scorers = {share: build(PrefillCostScorer, {**params, "decodingShare": share}) for share in (1.0, 0.5, 0.0)}
     e = with_capacity(eps(), 64 * 1024)
@@ -551,7 +455,7 @@ def test_decoding_ends_first_discounts_a_decoding_pod_only_when_its_decodes_end_
     """`decodingEndsFirst`: a pod that holds part of the prompt and only decodes gets the idle discount only if its
     in-flight decodes are expected to end before this request's prefill there would (their max_tokens at the decode
     rate learned from completions); with the rate unknown, or a longer decode, it is charged the busy weight."""
-    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0, "saturationWeight": 0,
+    params = {"prefillTokensPerSecond": 1000, "decodeWeight": 0, "evictionWeight": 0,
               "idleUncachedWeight": 1, "trafficWindow": "10s", "decodingShare": 0,
               "decodingEndsFirst": True}  # fmt: skip
     e = with_capacity(eps(), 64 * 1024)
@@ -588,116 +492,6 @@ def test_decoding_ends_first_discounts_a_decoding_pod_only_when_its_decodes_end_
     plain = build(PrefillCostScorer, {**params, "decodingEndsFirst": False})
     place(plain, req("busy", 96, {"a": 6}, max_tokens=10), e, 0)
     assert plain.costs(small, e, now=time.monotonic())[0] < 1000.0
-
-
-def sessions_on_a(s: PrefillCostScorer) -> tuple[list[Endpoint], list[list[int]]]:
-    """Multi-turn chat at start-up, on two pods of 1280 tokens of KV that both hold a 32-block system prompt: b one
-    request, a four sessions, the first of which has sent turns 2 and 3 (10 blocks more each). So a first and a
-    second turn have been seen continued, a third not yet: a first turn expects 320 more tokens, a second 160."""
-    system = list(range(32))
-    e = with_capacity(eps()[:2], 80 * 16)
-    place(s, keyed("warm-b", [*system, 999], {}), e, 1)
-    sessions = [[*system, 1000 * (i + 1), 1000 * (i + 1) + 1] for i in range(4)]
-    for i, keys in enumerate(sessions):
-        place(s, keyed(f"s{i}", keys, {"a": 32} if i else {}), e, 0)
-    turn2 = [*sessions[0], *range(5000, 5010)]
-    place(s, keyed("s0-2", turn2, {"a": 34, "b": 32}), e, 0)
-    place(s, keyed("s0-3", [*turn2, *range(5100, 5110)], {"a": 44, "b": 32}), e, 0)
-    for r in s._inflight.copy().values():
-        s._release(r)
-    return e, sessions
-
-
-NEXT_TURN_BASE = {"prefillTokensPerSecond": 1e9, "decodeWeight": 0, "evictionWeight": 0, "overflowWeight": 0}
-
-
-def test_a_new_session_is_charged_the_turns_it_will_still_send() -> None:
-    """a's working set (60 blocks, 960 tokens) and its three sessions' expected turns (3 x 320) project past its KV;
-    b's (528 + 320) leave room for another session. A new session goes to b; without nextTurnWeight the tie went to
-    a. A continuation stays with its history on a: its future is already in a's projection."""
-    for weight, expected in ((1, "b"), (0, "a")):
-        s = build(PrefillCostScorer, {**NEXT_TURN_BASE, "idleUncachedWeight": 2, "nextTurnWeight": weight})
-        e, sessions = sessions_on_a(s)
-        if weight:
-            assert s.growth == 160 and s.queues["a"].pending[:3] == [3, 0, 1] and sum(s.queues["b"].pending) == 1
-            assert s._future(keyed("x", [], {}), {}, time.monotonic())[2] == pytest.approx(320)
-        new = keyed("new", [*sessions[0][:32], 9000, 9001], {"a": 32, "b": 32})
-        assert pick(s, new, e).name == expected
-        again = keyed("s1-2", [*sessions[1], *range(6000, 6010)], {"a": 34, "b": 32})
-        assert pick(s, again, e).name == "a"
-        # the same prompt sent again (a retry, a trace's repeated request) replaces its pending self on a: no new
-        # future there, while b would gain one (64 tokens uncached on b, none on a plus 320 without the exemption)
-        assert pick(s, keyed("s2-again", sessions[2], {"a": 34, "b": 32}), e).name == "a"
-        s.endpoint_removed(e[0])  # a pod that leaves takes its pending prompts with it
-        assert {p.endpoint for p in s.pending.values()} == ({"b"} if weight else set())
-
-
-def test_prompts_never_continued_expect_no_future() -> None:
-    """A prompt not continued within the working-set window counts as never continued: shared-prefix groups (every
-    request a new question) expect no later turns, so nextTurnWeight charges them nothing."""
-    s = build(PrefillCostScorer, {"nextTurnWeight": 1, "workingSetWindow": "30s"})
-    e = with_capacity(eps(), 256 * 16)
-    for i in range(3):
-        place(s, keyed(f"q{i}", [*range(32), 100 + i], {"a": 32}), e, 0)
-    now = time.monotonic()
-    assert s._future(keyed("x", [], {}), {}, now)[2] == 0.0 and sum(s.queues["a"].pending) == 3
-    # one continuation seen (2 blocks added), then three prompts expire uncontinued: q1 and q2 at depth 0, the
-    # continuation at depth 1. So a first turn is continued with p = c / (c + 2), the continuation's count c decayed
-    # over the 31 s since, and a second turn never: a first turn expects p x 32 tokens more
-    place(s, keyed("q0-2", [*range(32), 100, 7, 8], {"a": 33}), e, 0)
-    s._expire_pending(now + 31)
-    assert sum(s.queues["a"].pending) == 0 and not s.pending and s.growth == 32
-    c = math.exp(-31 / 60)
-    p = c / (c + 2)
-    assert s._future(keyed("x", [], {}), {}, now + 31)[2] == pytest.approx(p * 32, rel=1e-2)
-    assert s._expected_future(1, now + 31) == 0.0
-
-
-def test_a_chain_of_known_length_expects_fewer_turns_as_it_goes_on() -> None:
-    """Every session sends three turns, each 10 blocks longer. Once that is seen, a first turn expects two more
-    (320 tokens), a second one (160) and a third none: the future is learned per depth, not one memoryless share
-    (0.9 x 160 / 0.1 = 1440 at every turn) that charged late turns a whole chain's."""
-    s = build(PrefillCostScorer, {"nextTurnWeight": 1, "workingSetWindow": "30s"})
-    e = with_capacity(eps(), 256 * 16)
-    now = time.monotonic()
-    for i in range(3):
-        turns = [[*range(32), *(1000 * (i + 1) + j for j in range(10 * t + 1))] for t in range(3)]
-        matches: list[dict[str, float]] = [{}, {"a": 33}, {"a": 43}]
-        for t, keys in enumerate(turns):
-            r = keyed(f"s{i}-{t}", keys, matches[t])
-            s.score(S, r, e)
-            assert s._future(r, matches[t], time.monotonic())[1] == t  # its depth in the chain
-            s.pre_request(r, SchedulingResult({"default": ProfileResult([e[0]])}, "default"))
-    s._expire_pending(now + 31)
-    assert s.growth == 160
-    assert [s._expected_future(d, now + 31) for d in range(3)] == [320.0, 160.0, 0.0]
-
-
-def test_every_continuation_of_a_prompt_stays_with_it() -> None:
-    """An agent's context on a, whose projection is past its KV: a burst of sub-agents extends it, and so does the
-    agent's own next step. The first sub-agent to arrive is not the only one that continues it: the siblings and the
-    next step also find the context's endpoint, are not charged a future there, and stay. When the first
-    continuation took the context out of the pending prompts, the second sub-agent (a new chain there: 64 + 320
-    tokens on a against 128 on b) left the context it shares."""
-    s = build(PrefillCostScorer, {**NEXT_TURN_BASE, "idleUncachedWeight": 2, "nextTurnWeight": 1})
-    e, sessions = sessions_on_a(s)
-    agent = sessions[1]
-    for j, tail in enumerate(([7000, 7001], [7100, 7101], [7200, 7201], [*range(7300, 7310)])):
-        sub = keyed(f"s1.{j}", [*agent, *tail], {"a": 34, "b": 32})
-        assert pick(s, sub, e).name == "a", j
-    assert s.pending[agent[-1]].continued and s.queues["a"].pending[:3] == [2, 4, 1]
-
-
-def test_next_turn_weight_is_checked_and_needs_block_keys() -> None:
-    from epp.config import ConfigError, parse_config
-    from epp.datalayer.datastore import Datastore
-    from epp.wiring import build_pipeline, plugin_context
-
-    with pytest.raises(PluginConfigError):
-        build(PrefillCostScorer, {"nextTurnWeight": -1})
-    text = scorer_config(", dedupInFlightBlocks: false, workingSetWindow: 0, overflowWeight: 0, nextTurnWeight: 1")
-    with pytest.raises(ConfigError, match="needs precise-prefix-match/approx-prefix-cache-producer"):
-        build_pipeline(parse_config(text), plugin_context(Datastore()))
 
 
 def linked(params: Mapping[str, object]) -> tuple[PrefillCostScorer, PrefillCostScorer, list[Endpoint]]:
@@ -744,3 +538,28 @@ def test_shared_bookings_are_checked_bounded_and_dropped_when_the_link_is_lost()
 def test_sync_cross_replica_state_false_shares_nothing() -> None:
     s = build(PrefillCostScorer, {"syncCrossReplicaState": False})
     assert s.cross_replica_channel() is None
+
+
+REMOVED = ("saturationWeight", "coldArrivalWeight", "coldShare", "arrivalWeight", "nextTurnWeight")
+
+
+@pytest.mark.parametrize("name", REMOVED)
+def test_a_removed_parameter_is_an_unknown_parameter_with_its_file_and_line(name: str, tmp_path: Path) -> None:
+    """Parameters the workload suite showed no cell needs were deleted: a config still naming one is refused like
+    any unknown parameter, with the file and line of the key (not accepted and ignored)."""
+    from epp.config import ConfigError, load_config
+    from epp.datalayer.datastore import Datastore
+    from epp.wiring import build_pipeline, plugin_context
+
+    shipped = Path(__file__).parents[3] / "config" / "pyepp-default.yaml"
+    build_pipeline(load_config(shipped), plugin_context(Datastore()))
+    anchor = "    prefillTokensPerSecond: 15928\n"
+    text = shipped.read_text()
+    assert anchor in text
+    path = tmp_path / "epp.yaml"
+    path.write_text(text.replace(anchor, f"{anchor}    {name}: 1\n"))
+    line = path.read_text().splitlines().index(f"    {name}: 1") + 1
+    with pytest.raises(ConfigError) as ei:
+        build_pipeline(load_config(path), plugin_context(Datastore()))
+    expected = f"{path}:{line}: plugins[1].parameters.{name}: prefill-cost-scorer: unknown parameter '{name}'"
+    assert str(ei.value).startswith(expected), str(ei.value)
