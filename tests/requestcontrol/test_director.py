@@ -525,3 +525,86 @@ async def test_the_director_reads_the_declared_capabilities() -> None:
     assert ran == ["hook"]  # the booking waits for the answer
     declared.run_deferred()
     assert ran == ["hook", "booking"]
+
+
+def _booked(d: SchedulingDirector) -> int:
+    producer = d.pipeline.plugins["inflight-load-producer"]
+    assert isinstance(producer, InFlightLoadProducer) and producer in d._records
+    return sum(load.requests for load in producer.loads.values())
+
+
+async def test_the_next_requests_producers_see_the_bookings_held_back_before_it() -> None:
+    """Request 1's answer is still being written (its booking held back) when request 2 arrives: request 2's data
+    producers, which run before its scheduling, already see request 1's booking."""
+    ds = pool(2)
+    d = director(ds, "plugins: [{type: active-request-scorer}]")
+    seen: list[tuple[str, int]] = []
+
+    class Looks(Plugin):
+        async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+            seen.append((request.request_id, _booked(d)))
+
+    d._producers = [Looks("looks"), *d._producers]
+    await d.handle_request(chat("a", rid="1"), defer_records=True)
+    await d.handle_request(chat("b", rid="2"), defer_records=True)
+    assert seen == [("1", 0), ("2", 1)]
+
+
+async def test_scheduling_after_the_last_producer_suspended_sees_the_picks_made_meanwhile() -> None:
+    """The last producer of request 1 waits while request 2 is picked (its booking held back): no producer runs
+    after the wait, yet request 1's scheduling sees request 2's booking and picks the other endpoint."""
+    ds = pool(2)
+    d = director(ds, "plugins: [{type: active-request-scorer}]", producer_budget=5.0)
+    gate = asyncio.Event()
+    seen: dict[str, int] = {}
+
+    class WaitsForRequest1(Plugin):
+        async def prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+            if request.request_id == "1":
+                await gate.wait()
+
+    schedule = d.scheduler.schedule
+
+    def looking(request: InferenceRequest, candidates: Any) -> Any:
+        seen[request.request_id] = _booked(d)
+        return schedule(request, candidates)
+
+    d.scheduler.schedule = looking  # type: ignore[method-assign]
+    d._producers = [*d._producers, WaitsForRequest1("waits")]
+    first = asyncio.ensure_future(d.handle_request(chat("a", rid="1"), defer_records=True))
+    await asyncio.sleep(0)
+    d2 = await d.handle_request(chat("b", rid="2"), defer_records=True)
+    assert _booked(d) == 0
+    gate.set()
+    d1 = await first
+    assert seen == {"2": 0, "1": 1}
+    assert d1.endpoints[0] is not d2.endpoints[0]
+
+
+async def test_response_hooks_see_the_bookings_held_back_before_them() -> None:
+    """Request 2's answer is still being written when request 1's response headers and chunks arrive: the
+    ResponseReceived and ResponseStreaming hooks already see request 2's booking."""
+    ds = pool(2)
+    d = director(ds, "plugins: [{type: active-request-scorer}]")
+    seen: list[tuple[str, int]] = []
+
+    class Hooks(Plugin):
+        def response_received(self, request: InferenceRequest, response: Any, endpoint: Endpoint | None) -> None:
+            seen.append(("headers", _booked(d)))
+
+        def response_chunk(self, request: InferenceRequest, chunk: Any, endpoint: Endpoint | None) -> None:
+            seen.append(("chunk", _booked(d)))
+
+    hooks = Hooks("hooks")
+    d._received.append(hooks)
+    d._streaming.insert(0, hooks)
+    r1 = chat("a", rid="1")
+    d1 = await d.handle_request(r1, defer_records=True)
+    d.run_deferred()  # request 1's answer is written
+    await d.handle_request(chat("b", rid="2"), defer_records=True)
+    assert _booked(d) == 1
+    d.handle_response_headers(r1, d1, 200, None, {})
+    assert seen == [("headers", 2)]
+    await d.handle_request(chat("c", rid="3"), defer_records=True)
+    d.handle_response_chunk(r1, d1, b"data: x\n\n", True, False)
+    assert seen == [("headers", 2), ("chunk", 3)]
