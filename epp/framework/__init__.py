@@ -81,6 +81,7 @@ from epp.framework.services import (
 )
 from epp.framework.state import CycleState, DataKey, DataMap
 from epp.framework.types import (
+    ApiKind,
     DisaggDecision,
     Endpoint,
     InferenceRequest,
@@ -117,6 +118,7 @@ __all__ = [
     "UPSTREAM_HEADERS",
     "AdmissionScope",
     "Admitter",
+    "ApiKind",
     "BackgroundTask",
     "BadRequest",
     "CountedReport",

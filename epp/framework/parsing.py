@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from epp.framework.types import MultiModalFeature
+from epp.framework.types import ApiKind, MultiModalFeature
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def match_path_suffix(path: str, suffix: str) -> bool:
 class ParsedRequest:
     """What a parser read from one request body."""
 
-    api: str  # "chat", "completions", "responses", "messages", "generate", "embeddings", "passthrough"...
+    api: ApiKind
     model: str = ""
     body: dict[str, Any] = field(default_factory=dict)  # the decoded JSON object ({} for opaque payloads)
     prompt: str | list[Any] | None = None

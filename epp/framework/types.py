@@ -4,9 +4,26 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from epp.framework.state import DataMap
+
+
+class ApiKind(StrEnum):
+    """The API a request speaks, as its parser read it (a str: logs and labels show the plain name)."""
+
+    CHAT = "chat"  # OpenAI chat completions
+    COMPLETIONS = "completions"
+    RESPONSES = "responses"
+    CONVERSATIONS = "conversations"
+    EMBEDDINGS = "embeddings"
+    IMAGES = "images"  # OpenAI image generations
+    MESSAGES = "messages"  # Anthropic Messages
+    COUNT_TOKENS = "count_tokens"  # Anthropic count_tokens
+    GENERATE = "generate"  # vLLM/SGLang native generate (HTTP or gRPC)
+    PASSTHROUGH = "passthrough"  # an opaque body routed without reading it
+    OTHER = "other"  # a request without a body (headers-only pick)
 
 
 def join_host_port(host: str, port: int) -> str:
@@ -100,7 +117,7 @@ class InferenceRequest:
 
     request_id: str
     path: str
-    api: str  # "completions" | "chat" | "responses" | "embeddings" | "conversations" | "other"
+    api: ApiKind
     model: str  # as sent by the client
     target_model: str  # after rewrites; what the model server receives
     body: dict[str, Any]

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping
 
 from epp.framework.parsing import ParsedRequest, request_path
-from epp.framework.types import InferenceRequest
+from epp.framework.types import ApiKind, InferenceRequest
 
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
@@ -67,7 +67,7 @@ def bodyless_request(headers: dict[str, str]) -> InferenceRequest:
     return InferenceRequest(
         request_id=headers.get(REQUEST_ID_HEADER) or str(uuid.uuid4()),
         path=path,
-        api="other",
+        api=ApiKind.OTHER,
         model="",
         target_model="",
         body={},

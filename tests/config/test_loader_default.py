@@ -15,7 +15,7 @@ from epp.config import load_config, parse_config
 from epp.config.loader import DEFAULT_PLUGINS_YAML
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.objectives import ObjectiveStore
-from epp.framework import Endpoint, InferenceRequest, Metrics
+from epp.framework import ApiKind, Endpoint, InferenceRequest, Metrics
 from epp.requestcontrol.director import SchedulingDirector
 from epp.wiring import plugin_context
 from epp.wiring.builder import build_pipeline
@@ -61,7 +61,7 @@ def pool(n: int) -> Datastore:
 def chat(text: str, rid: str) -> InferenceRequest:
     msgs = [{"role": "user", "content": text}]
     body = {"model": "m", "messages": msgs, "max_tokens": 16}
-    return InferenceRequest(rid, "/v1/chat/completions", "chat", "m", "m", body, messages=msgs,
+    return InferenceRequest(rid, "/v1/chat/completions", ApiKind.CHAT, "m", "m", body, messages=msgs,
                             body_size=len(json.dumps(body)))  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from epp.datalayer.datastore import Datastore
 from epp.datalayer.extractor import CoreMetricsExtractor
 from epp.datalayer.metrics import POOL_AVG_QUEUE, POOL_READY_PODS, PoolMetricsReporter
 from epp.datalayer.scraper import MetricsScraper
-from epp.framework import Endpoint
+from epp.framework import ApiKind, Endpoint
 from tests.datalayer.support_metrics import vllm_page
 
 
@@ -183,7 +183,7 @@ async def test_runtime_routes_away_from_a_loaded_server(metrics_servers: list[Fa
         async def route(n: int) -> set[str]:
             seen = set()
             for i in range(n):
-                r = InferenceRequest(str(i), "/v1/completions", "completions", "m", "m", {"prompt": f"p{i}"})
+                r = InferenceRequest(str(i), "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {"prompt": f"p{i}"})
                 seen.add((await rt.director.handle_request(r)).endpoints[0].name)
             return seen
 

@@ -11,7 +11,7 @@ from typing import Any
 from epp.config import parse_config
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.objectives import ObjectiveStore
-from epp.framework import CycleState, Endpoint, InferenceRequest, Metrics
+from epp.framework import ApiKind, CycleState, Endpoint, InferenceRequest, Metrics
 from epp.plugins.producers.predicted_latency_producer import PredictedLatencyProducer
 from epp.requestcontrol.director import SchedulingDirector
 from epp.wiring import plugin_context
@@ -21,7 +21,7 @@ from tests.deploy.test_helm_chart import BASE, one, render
 
 def completion(prompt: str, rid: str) -> InferenceRequest:
     body = {"model": "m", "prompt": prompt, "max_tokens": 8}
-    return InferenceRequest(rid, "/v1/completions", "completions", "m", "m", body, prompt=prompt)
+    return InferenceRequest(rid, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", body, prompt=prompt)
 
 
 async def test_cold_latency_profile_routes_on_affinity_and_load() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from epp.datalayer.datastore import Datastore
-from epp.framework import Endpoint, InferenceRequest, Metrics, Params, Plugin, PluginRegistry, Scorer
+from epp.framework import ApiKind, Endpoint, InferenceRequest, Metrics, Params, Plugin, PluginRegistry, Scorer
 from epp.framework.state import CycleState
 from epp.plugins.scorers.queue_scorer import QueueScorer
 from epp.wiring import plugin_context
@@ -98,7 +98,7 @@ def installed_types() -> list[str]:
 
 
 def request() -> InferenceRequest:
-    return InferenceRequest("r1", "/v1/completions", "completions", "m", "m", {"prompt": "hi"}, prompt="hi")
+    return InferenceRequest("r1", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {"prompt": "hi"}, prompt="hi")
 
 
 def test_an_entry_point_naming_a_plugin_class_builds_configured_instances(site: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from epp.framework import (
+    ApiKind,
     CycleState,
     Endpoint,
     InferenceRequest,
@@ -15,7 +16,7 @@ S = CycleState()
 
 
 def req(headers: dict[str, str] | None = None) -> InferenceRequest:
-    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {}, headers=headers or {})
+    return InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, headers=headers or {})
 
 
 def ep(i: int, running: int = 0, waiting: int = 0, kv: float = 0.0, labels: dict[str, str] | None = None) -> Endpoint:

@@ -11,6 +11,7 @@ from epp.config import parse_config
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.objectives import ObjectiveStore
 from epp.framework import (
+    ApiKind,
     Endpoint,
     InferenceRequest,
     Metrics,
@@ -24,7 +25,9 @@ from epp.wiring.builder import build_pipeline
 def chat(text: str, rid: str = "r", headers: dict[str, str] | None = None, content: Any = None) -> InferenceRequest:
     msgs = [{"role": "user", "content": content if content is not None else text}]
     body = {"model": "m", "messages": msgs}
-    return InferenceRequest(rid, "/v1/chat/completions", "chat", "m", "m", body, headers=headers or {}, messages=msgs)
+    return InferenceRequest(
+        rid, "/v1/chat/completions", ApiKind.CHAT, "m", "m", body, headers=headers or {}, messages=msgs
+    )
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"

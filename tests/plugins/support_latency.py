@@ -8,6 +8,7 @@ from epp.framework import (
     LATENCY_PREDICTION_INFO,
     PREFIX_CACHE_MATCH_INFO,
     TOKENIZED_PROMPT,
+    ApiKind,
     Endpoint,
     InferenceRequest,
     LatencyPrediction,
@@ -45,7 +46,9 @@ def endpoints(n: int, **metrics: float) -> list[Endpoint]:
 def request(
     rid: str, prompt: int, matches: dict[str, float] | None = None, headers: dict[str, str] | None = None
 ) -> InferenceRequest:
-    req = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {}, headers=headers or {}, stream=True)
+    req = InferenceRequest(
+        rid, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, headers=headers or {}, stream=True
+    )
     req.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(range(prompt))))
     req.data.put(PREFIX, PrefixCacheMatchInfo(prompt // 16, 16, dict(matches or {})))
     return req

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from epp.framework import CycleState, Endpoint, InferenceRequest
+from epp.framework import ApiKind, CycleState, Endpoint, InferenceRequest
 
 S = CycleState()
 
 
-R = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {})
+R = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {})
 
 
 def eps(n: int) -> list[Endpoint]:

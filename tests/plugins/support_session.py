@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from epp.framework import (
+    ApiKind,
     CycleState,
     Endpoint,
     InferenceRequest,
@@ -24,4 +25,4 @@ S = CycleState()
 
 
 def req(headers: dict[str, str] | None = None) -> InferenceRequest:
-    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {}, headers=headers or {})
+    return InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, headers=headers or {})

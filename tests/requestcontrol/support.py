@@ -12,7 +12,7 @@ from epp.config import parse_config
 from epp.config.loader import GIE_DEFAULT_PLUGINS_YAML
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.objectives import ObjectiveStore
-from epp.framework import Endpoint, InferenceRequest, Metrics
+from epp.framework import ApiKind, Endpoint, InferenceRequest, Metrics
 from epp.requestcontrol.director import SchedulingDirector
 from epp.wiring import plugin_context
 from epp.wiring.builder import build_pipeline
@@ -55,7 +55,7 @@ def chat(text: str, rid: str = "r", headers: dict[str, str] | None = None) -> In
     return InferenceRequest(
         rid,
         "/v1/chat/completions",
-        "chat",
+        ApiKind.CHAT,
         "m",
         "m",
         body,

@@ -7,7 +7,7 @@ import time
 
 from epp.config.loader import parse_config
 from epp.datalayer.datastore import Datastore
-from epp.framework import Endpoint, InferenceRequest, Metrics
+from epp.framework import ApiKind, Endpoint, InferenceRequest, Metrics
 from epp.plugins.flowcontrol.priority_then_time_eviction_order_policy import PriorityThenTimeEvictionOrderPolicy
 from epp.plugins.flowcontrol.sheddable_eviction_filter import SheddableEvictionFilter
 from epp.requestcontrol.director import SchedulingDirector
@@ -66,7 +66,7 @@ def req(rid: str, objective: str) -> InferenceRequest:
     return InferenceRequest(
         rid,
         "/v1/completions",
-        "completions",
+        ApiKind.COMPLETIONS,
         "m",
         "m",
         body,

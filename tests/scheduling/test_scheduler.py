@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from epp.framework import (
+    ApiKind,
     CycleState,
     Endpoint,
     InferenceRequest,
@@ -20,7 +21,7 @@ from epp.plugins.pickers.weighted_random_picker import WeightedRandomPicker
 from epp.plugins.profiles.single_profile_handler import SingleProfileHandler
 from epp.scheduling import Scheduler, SchedulerProfile, SchedulingFailed, WeightedScorer
 
-R = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {})
+R = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {})
 
 
 def eps(n: int) -> list[Endpoint]:

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from e2e.harness.aioserve import serve_app
 from epp.config import parse_config
-from epp.framework import TOKENIZED_PROMPT, InferenceRequest
+from epp.framework import TOKENIZED_PROMPT, ApiKind, InferenceRequest
 from epp.plugins.producers.token_producer import TokenProducer
 from epp.server.metrics import RequestMetrics
 from epp.server.runner import EppServer, ServeOptions
@@ -47,7 +47,7 @@ async def test_stop_closes_the_tokenizer_sessions(model_server: str) -> None:
     producer = runtime.pipeline.plugins["token-producer"]
     assert isinstance(producer, TokenProducer) and isinstance(producer.tokenizer, PromptTokenizer)
     tok = producer.tokenizer
-    req = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {"prompt": "hi"}, prompt="hi")
+    req = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {"prompt": "hi"}, prompt="hi")
     await producer.prepare(req, [])
     assert req.data.require(TOKENIZED_PROMPT).token_ids == [1, 2, 3]  # the backend's session is open
     assert await tok._media_bytes(model_server + "/cat.png")  # and the media session

@@ -23,7 +23,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, te
 
 from epp.config.loader import ConfigError, parse_config
 from epp.datalayer.datastore import Datastore
-from epp.framework import TOKENIZED_PROMPT, InferenceRequest
+from epp.framework import TOKENIZED_PROMPT, ApiKind, InferenceRequest
 from epp.plugins.producers.token_producer import TokenProducer
 from epp.tokenization.prompt import HFBackend, PromptTokenizer
 from epp.tokenization.qwen import qwen25_tokenizer_dir
@@ -237,7 +237,7 @@ async def test_the_sidecar_renders_chats_and_prompts_as_the_local_tokenizer_does
     init = sidecar.calls[0][1]
     assert sidecar.calls[0][0] == "InitializeTokenizer" and init.model_name == MODEL and init.add_generation_prompt
     assert sidecar.calls[1][0] == "RenderChatCompletion"  # the warm-up render
-    chat = InferenceRequest("c", "/v1/chat/completions", "chat", "alias", MODEL, {}, messages=CHAT, tools=TOOLS)
+    chat = InferenceRequest("c", "/v1/chat/completions", ApiKind.CHAT, "alias", MODEL, {}, messages=CHAT, tools=TOOLS)
     chat.chat_template_kwargs = {"enable_thinking": False}
     await p.prepare(chat, [])
     local = HFBackend({}, str(qwen25_tokenizer_dir()))
@@ -248,7 +248,7 @@ async def test_the_sidecar_renders_chats_and_prompts_as_the_local_tokenizer_does
     assert json.loads(req.tools_json) == TOOLS and json.loads(req.chat_template_kwargs) == {"enable_thinking": False}
     assert [len(m.content_parts) for m in req.messages] == [0, 2, 0, 0]
     assert json.loads(req.messages[2].tool_calls_json)[0]["function"]["name"] == "add"
-    prompt = InferenceRequest("p", "/v1/completions", "completions", "m", "m", {}, prompt="Hello there, world")
+    prompt = InferenceRequest("p", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, prompt="Hello there, world")
     await p.prepare(prompt, [])
     assert prompt.data.require(TOKENIZED_PROMPT).token_ids == await local.completion(MODEL, "Hello there, world")
     assert sidecar.calls[-1][0] == "RenderCompletion" and sidecar.calls[-1][1].model_name == MODEL
@@ -264,7 +264,7 @@ async def test_images_go_as_image_url_parts_and_other_parts_are_dropped(sidecar:
         {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
     ]
     r = InferenceRequest(
-        "i", "/v1/chat/completions", "chat", "m", "m", {}, messages=[{"role": "user", "content": content}]
+        "i", "/v1/chat/completions", ApiKind.CHAT, "m", "m", {}, messages=[{"role": "user", "content": content}]
     )
     await p.prepare(r, [])
     parts = sidecar.calls[-1][1].messages[0].content_parts
@@ -282,7 +282,7 @@ async def test_model_tokenizer_map_and_a_failing_sidecar(sidecar: Sidecar) -> No
     await tok(p).warm()
     assert sidecar.calls[0][1].model_name == "/models/qwen"  # a tokenizer.json path means its directory
     sidecar.fail_renders = True
-    r = InferenceRequest("f", "/v1/completions", "completions", "m", "m", {}, prompt="not cached before")
+    r = InferenceRequest("f", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, prompt="not cached before")
     await p.prepare(r, [])
     assert TOKENIZED_PROMPT not in r.data  # logged; scheduled without token data
 
@@ -293,7 +293,7 @@ async def test_an_unreachable_sidecar_is_retried_then_logged(caplog: pytest.LogC
     tok(p).backend.init_delay = 0.01  # type: ignore[attr-defined]
     await asyncio.wait_for(tok(p).warm(), 30)
     assert "failed after 5 tries" in caplog.text
-    r = InferenceRequest("u", "/v1/completions", "completions", "m", "m", {}, prompt="x")
+    r = InferenceRequest("u", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, prompt="x")
     await p.prepare(r, [])
     assert TOKENIZED_PROMPT not in r.data
 
@@ -336,7 +336,10 @@ async def test_the_legacy_scorers_tokenizers_pool_config_is_the_sidecar_with_its
     assert isinstance(backend, UDSBackend) and (backend.model, backend.max_in_flight) == (MODEL, 2)
     await tok(p).warm()
     sidecar.delay = 0.2
-    reqs = [InferenceRequest(f"w{i}", "/v1/completions", "completions", "m", "m", {}, prompt=f"p{i}") for i in range(6)]
+    reqs = [
+        InferenceRequest(f"w{i}", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, prompt=f"p{i}")
+        for i in range(6)
+    ]
     await asyncio.gather(*(p.prepare(r, []) for r in reqs))
     assert all(TOKENIZED_PROMPT in r.data for r in reqs)
     assert sidecar.max_in_flight == 2

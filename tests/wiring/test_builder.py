@@ -13,6 +13,7 @@ from epp.datalayer.datastore import Datastore
 from epp.framework import (
     PREFIX_CACHE_MATCH_INFO,
     TOKENIZED_PROMPT,
+    ApiKind,
     DataKey,
     Endpoint,
     InferenceRequest,
@@ -108,7 +109,7 @@ def registry() -> PluginRegistry:
 async def test_producers_run_after_what_they_consume_whatever_the_config_order() -> None:
     p = build("plugins: [{type: makes-y-from-x}, {type: queue-scorer}, {type: makes-x}]", registry())
     assert [x.name for x in p.producers] == ["makes-x", "makes-y-from-x"]
-    r = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {})
+    r = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {})
     for producer in p.producers:
         await producer.prepare(r, [])
     assert r.data.get(Y) == 1
@@ -146,7 +147,7 @@ plugins:
     assert isinstance(tok, TokenProducer) and isinstance(tok.tokenizer, PromptTokenizer)
     assert isinstance(tok.tokenizer.backend, HTTPBackend)
     prompt = "The quick brown fox jumps over the lazy dog. " * 8
-    r = InferenceRequest("r", "/v1/completions", "completions", QWEN25_MODEL, QWEN25_MODEL, {}, prompt=prompt)
+    r = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, QWEN25_MODEL, QWEN25_MODEL, {}, prompt=prompt)
     for producer in p.producers:
         await producer.prepare(r, [])
     got = r.data.get(TOKENIZED_PROMPT)
@@ -154,7 +155,9 @@ plugins:
     match = r.data.get(PREFIX_CACHE_MATCH_INFO.of("precise-prefix-cache-producer"))
     assert match is not None and match.total_blocks == len(got.token_ids) // 16
     thread_sim.stop()
-    r2 = InferenceRequest("r2", "/v1/completions", "completions", QWEN25_MODEL, QWEN25_MODEL, {}, prompt=prompt + "!")
+    r2 = InferenceRequest(
+        "r2", "/v1/completions", ApiKind.COMPLETIONS, QWEN25_MODEL, QWEN25_MODEL, {}, prompt=prompt + "!"
+    )
     for producer in p.producers:
         await producer.prepare(r2, [])
     assert TOKENIZED_PROMPT not in r2.data

@@ -19,7 +19,7 @@ import pytest
 
 from epp.config import ConfigError, load_config, parse_config
 from epp.datalayer.datastore import Datastore
-from epp.framework import Endpoint, InferenceRequest, Metrics, PluginRegistry
+from epp.framework import ApiKind, Endpoint, InferenceRequest, Metrics, PluginRegistry
 from epp.requestcontrol.director import SchedulingDirector
 from epp.wiring import build_pipeline, plugin_context, register_builtins
 from tests.helpers import install_distribution
@@ -55,7 +55,7 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plugin
 
 
 def request() -> InferenceRequest:
-    return InferenceRequest("r1", "/v1/completions", "completions", "m", "m", {"prompt": "hi"}, prompt="hi")
+    return InferenceRequest("r1", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {"prompt": "hi"}, prompt="hi")
 
 
 def endpoint(name: str, kv: float, queue: int) -> Endpoint:
@@ -145,7 +145,9 @@ async def test_the_warm_prefix_scorer_reads_the_producer_it_gets(registry: Plugi
     prompt = "The same long system prompt, sent again by the next request of the session. " * 40
 
     def req(rid: str) -> InferenceRequest:
-        return InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {"prompt": prompt}, prompt=prompt)
+        return InferenceRequest(
+            rid, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {"prompt": prompt}, prompt=prompt
+        )
 
     first = await director.handle_request(req("r1"))
     await asyncio.sleep(0)  # the producer records the pick right after the decision

@@ -18,6 +18,7 @@ from epp.datalayer.datastore import Datastore
 from epp.framework import (
     PREFIX_CACHE_MATCH_INFO,
     TOKENIZED_PROMPT,
+    ApiKind,
     Endpoint,
     InferenceRequest,
     Metrics,
@@ -32,7 +33,7 @@ PREFIX = PREFIX_CACHE_MATCH_INFO.of("approx-prefix-cache-producer")
 
 
 def request(rid: str, prompt: int, matches: dict[str, float]) -> InferenceRequest:
-    req = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {}, stream=True)
+    req = InferenceRequest(rid, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, stream=True)
     req.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(range(prompt))))
     req.data.put(PREFIX, PrefixCacheMatchInfo(prompt // 16, 16, matches))
     return req

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from epp.config import parse_config
 from epp.datalayer.datastore import Datastore
-from epp.framework import Endpoint, InferenceRequest, Metrics
+from epp.framework import ApiKind, Endpoint, InferenceRequest, Metrics
 from epp.requestcontrol.director import SchedulingDirector
 from epp.wiring import plugin_context
 from epp.wiring.builder import build_pipeline
@@ -125,7 +125,13 @@ def pool(n: int) -> Datastore:
 def request(i: int, prompt: str) -> InferenceRequest:
     msgs = [{"role": "user", "content": prompt}]
     return InferenceRequest(
-        f"req-{i}", "/v1/chat/completions", "chat", "qwen", "qwen", {"model": "qwen", "messages": msgs}, messages=msgs
+        f"req-{i}",
+        "/v1/chat/completions",
+        ApiKind.CHAT,
+        "qwen",
+        "qwen",
+        {"model": "qwen", "messages": msgs},
+        messages=msgs,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from epp.framework import TOKENIZED_PROMPT, InferenceRequest
+from epp.framework import TOKENIZED_PROMPT, ApiKind, InferenceRequest
 
 AVERAGE_CHARS_PER_TOKEN = 4
 # The producer of TOKENIZED_PROMPT, added for the plugins that need the token ids.
@@ -18,7 +18,7 @@ def request_text(request: InferenceRequest, limit: int | None = None) -> str:
     With `limit`, a chat or completions prompt is cut to its first `limit` characters (hashing needs no more), so a
     huge one is not copied whole."""
     body = request.body
-    if request.api == "chat" or request.messages is not None:
+    if request.api == ApiKind.CHAT or request.messages is not None:
         messages = request.messages if request.messages is not None else body.get("messages") or []
         parts = []
         size = 0
@@ -36,16 +36,16 @@ def request_text(request: InferenceRequest, limit: int | None = None) -> str:
             parts.append(part)
             size += len(part)
         return "".join(parts)
-    if request.api == "completions":
+    if request.api == ApiKind.COMPLETIONS:
         prompt = request.prompt if request.prompt is not None else body.get("prompt")
         if isinstance(prompt, str):
             return prompt if limit is None else prompt[:limit]
         return json.dumps(prompt, separators=(",", ":"))
-    if request.api == "responses":
+    if request.api == ApiKind.RESPONSES:
         obj: Any = [body.get("instructions"), body.get("tools"), body.get("input")]
-    elif request.api == "conversations":
+    elif request.api == ApiKind.CONVERSATIONS:
         obj = body.get("items")
-    elif request.api == "embeddings":
+    elif request.api == ApiKind.EMBEDDINGS:
         obj = body.get("input")
     else:
         obj = request.prompt if request.prompt is not None else body.get("prompt", body.get("messages"))

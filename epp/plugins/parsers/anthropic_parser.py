@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from epp.framework import BadRequest
+from epp.framework import ApiKind, BadRequest
 from epp.framework.parsing import ParsedRequest, match_path_suffix, request_path
 from epp.plugins.parsers._common import (
     ParserPlugin,
@@ -33,7 +33,7 @@ class AnthropicParser(ParserPlugin):
         if match_path_suffix(path, "/messages/count_tokens"):
             parsed = decode_json_object(body)
             return ParsedRequest(
-                api="count_tokens",
+                api=ApiKind.COUNT_TOKENS,
                 model=required_model(parsed),
                 body=parsed,
                 rewrite_model=json_model_rewriter(parsed),
@@ -49,7 +49,7 @@ class AnthropicParser(ParserPlugin):
         if kwargs is not None and not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be an object")
         return ParsedRequest(
-            api="messages",
+            api=ApiKind.MESSAGES,
             model=model,
             body=parsed,
             messages=messages,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from epp.framework import BadRequest
+from epp.framework import ApiKind, BadRequest
 from epp.framework.parsing import ParsedRequest, match_path_suffix, request_path
 from epp.plugins.parsers._common import (
     ParserPlugin,
@@ -25,24 +25,24 @@ from epp.plugins.parsers._convert import responses_to_chat
 from epp.plugins.parsers._media import check_media_parts
 
 # (path suffix, api), most specific first, as the router's determineAPITypeFromPath.
-_APIS: tuple[tuple[str, str], ...] = (
-    ("/conversations", "conversations"),
-    ("/responses", "responses"),
-    ("/chat/completions", "chat"),
-    ("/chat/completions/render", "chat"),
-    ("/completions", "completions"),
-    ("/completions/render", "completions"),
-    ("/embeddings", "embeddings"),
-    ("/images/generations", "images"),
+_APIS: tuple[tuple[str, ApiKind], ...] = (
+    ("/conversations", ApiKind.CONVERSATIONS),
+    ("/responses", ApiKind.RESPONSES),
+    ("/chat/completions", ApiKind.CHAT),
+    ("/chat/completions/render", ApiKind.CHAT),
+    ("/completions", ApiKind.COMPLETIONS),
+    ("/completions/render", ApiKind.COMPLETIONS),
+    ("/embeddings", ApiKind.EMBEDDINGS),
+    ("/images/generations", ApiKind.IMAGES),
 )
 
 
-def detect_api(path: str) -> str:
+def detect_api(path: str) -> ApiKind:
     """The API of an OpenAI path (the router defaults to completions)."""
     for suffix, api in _APIS:
         if match_path_suffix(path, suffix):
             return api
-    return "completions"
+    return ApiKind.COMPLETIONS
 
 
 def _empty(value: Any) -> bool:
@@ -66,7 +66,7 @@ class OpenAIParser(ParserPlugin):
         return parse_openai(detect_api(request_path(headers)), body)
 
 
-def parse_openai(api: str, body: bytes) -> ParsedRequest:
+def parse_openai(api: ApiKind, body: bytes) -> ParsedRequest:
     parsed = decode_json_object(body)
     model = required_model(parsed)
     out = ParsedRequest(
@@ -81,7 +81,7 @@ def parse_openai(api: str, body: bytes) -> ParsedRequest:
     if kwargs is not None and not isinstance(kwargs, dict):
         raise BadRequest("chat_template_kwargs must be an object")
     out.chat_template_kwargs = kwargs
-    if api == "chat":
+    if api == ApiKind.CHAT:
         messages = parsed.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("chat completions request must have at least one message")
@@ -95,7 +95,7 @@ def parse_openai(api: str, body: bytes) -> ParsedRequest:
         out.messages = messages
         out.tools = tools
         out.max_tokens = first_int(parsed, "max_completion_tokens", "max_tokens")
-    elif api == "completions":
+    elif api == ApiKind.COMPLETIONS:
         prompt = parsed.get("prompt")
         if _empty(prompt):
             raise BadRequest("prompt not found in request body")
@@ -104,22 +104,22 @@ def parse_openai(api: str, body: bytes) -> ParsedRequest:
         check_token_ids(prompt, "prompt")
         out.prompt = prompt
         out.max_tokens = first_int(parsed, "max_tokens")
-    elif api == "responses":
+    elif api == ApiKind.RESPONSES:
         if parsed.get("input") is None:
             raise BadRequest("input not found in request body")
         out.prompt = parsed["input"]
         out.messages, out.tools = responses_to_chat(parsed)
         check_media_parts(out.messages, "input")
         out.max_tokens = first_int(parsed, "max_output_tokens")
-    elif api == "embeddings":
+    elif api == ApiKind.EMBEDDINGS:
         if _empty(parsed.get("input")):
             raise BadRequest("input not found in request body")
         check_token_ids(parsed["input"], "input")
         out.prompt = parsed["input"]
-    elif api == "conversations":
+    elif api == ApiKind.CONVERSATIONS:
         if _empty(parsed.get("items")) or not isinstance(parsed["items"], list):
             raise BadRequest("items not found in request body")
-    elif api == "images":
+    elif api == ApiKind.IMAGES:
         prompt = parsed.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise BadRequest("images generations request must have a prompt")

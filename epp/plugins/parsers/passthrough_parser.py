@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from epp.framework import ApiKind
 from epp.framework.parsing import ParsedRequest
 from epp.plugins.parsers._common import ParserPlugin
 
@@ -17,4 +18,4 @@ class PassthroughParser(ParserPlugin):
     paths = ()
 
     def parse(self, headers: Mapping[str, str], body: bytes) -> ParsedRequest:
-        return ParsedRequest(api="passthrough")
+        return ParsedRequest(api=ApiKind.PASSTHROUGH)

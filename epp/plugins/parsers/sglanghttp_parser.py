@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from epp.framework import BadRequest
+from epp.framework import ApiKind, BadRequest
 from epp.framework.parsing import ParsedRequest, request_path
 from epp.plugins.parsers._common import ParserPlugin, cache_salt, decode_json_object, first_int, token_id_list
 
@@ -29,7 +29,7 @@ class SGLangHTTPParser(ParserPlugin):
         if sampling is not None and not isinstance(sampling, dict):
             raise BadRequest("sampling_params must be an object")
         out = ParsedRequest(
-            api="generate",
+            api=ApiKind.GENERATE,
             body=parsed,
             cache_salt=cache_salt(parsed, "extra_key"),
             stream=parsed.get("stream") is True,
@@ -48,7 +48,7 @@ class SGLangHTTPParser(ParserPlugin):
                 text = text[0]
             if not isinstance(text, str) or not text:
                 raise BadRequest("text must be a non-empty string or array of strings")
-            out.api = "completions"
+            out.api = ApiKind.COMPLETIONS
             out.prompt = text
         else:
             raise BadRequest("invalid generate request: input_ids or text must be provided")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from epp.framework import BadRequest
+from epp.framework import ApiKind, BadRequest
 from epp.framework.parsing import ParsedRequest
 from epp.plugins.parsers import _grpc as pw
 from epp.plugins.parsers._common import ParserPlugin
@@ -32,13 +32,13 @@ class VertexAIParser(ParserPlugin):
     def parse(self, headers: Mapping[str, str], body: bytes) -> ParsedRequest:
         path = headers.get(":path", "")
         if path.endswith(CHAT_COMPLETIONS):
-            method, api = "ChatCompletionsRequest", "chat"
+            method, api = "ChatCompletionsRequest", ApiKind.CHAT
         elif path.endswith(STREAM_RAW_PREDICT):
-            method, api = "StreamRawPredictRequest", "responses"
+            method, api = "StreamRawPredictRequest", ApiKind.RESPONSES
         elif path.endswith(RAW_PREDICT):
-            method, api = "RawPredictRequest", "responses"
+            method, api = "RawPredictRequest", ApiKind.RESPONSES
         else:
-            return ParsedRequest(api="passthrough", skip_response=True)
+            return ParsedRequest(api=ApiKind.PASSTHROUGH, skip_response=True)
         http_body = pw.last_bytes(pw.fields(pw.grpc_message(body)), _HTTP_BODY)
         if http_body is None:
             raise BadRequest(f"{method} has no HttpBody")

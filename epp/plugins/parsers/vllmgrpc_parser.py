@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from epp.framework import BadRequest
+from epp.framework import ApiKind, BadRequest
 from epp.framework.parsing import ParsedRequest
 from epp.framework.types import MultiModalFeature
 from epp.plugins.parsers import _grpc as pw
@@ -63,19 +63,19 @@ class VLLMGRPCParser(ParserPlugin):
     def parse(self, headers: Mapping[str, str], body: bytes) -> ParsedRequest:
         path = headers.get(":path", "")
         if not (path.endswith(GENERATE) or path.endswith(EMBED)):
-            return ParsedRequest(api="passthrough", skip_response=True)
+            return ParsedRequest(api=ApiKind.PASSTHROUGH, skip_response=True)
         f = pw.fields(pw.grpc_message(body))
         if path.endswith(EMBED):
             ids = _token_ids(pw.last_bytes(f, _REQ_TOKENIZED), "EmbedRequest")
-            return ParsedRequest(api="embeddings", token_ids=ids)
-        out = ParsedRequest(api="generate", stream=bool(pw.last_int(f, _REQ_STREAM)))
+            return ParsedRequest(api=ApiKind.EMBEDDINGS, token_ids=ids)
+        out = ParsedRequest(api=ApiKind.GENERATE, stream=bool(pw.last_int(f, _REQ_STREAM)))
         tokenized = pw.last_bytes(f, _REQ_TOKENIZED)
         text = pw.last_bytes(f, _REQ_TEXT)
         if tokenized is not None:
             out.token_ids = _token_ids(tokenized, "GenerateRequest")
             out.mm_features = _mm_features(pw.last_bytes(f, _REQ_MM))
         elif text is not None:
-            out.api = "completions"
+            out.api = ApiKind.COMPLETIONS
             out.prompt = pw.last_str(f, _REQ_TEXT)
         else:
             raise BadRequest("GenerateRequest has no input (tokenized or text)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from epp.framework import BadRequest
+from epp.framework import ApiKind, BadRequest
 from epp.framework.parsing import ParsedRequest, match_path_suffix, request_path
 from epp.framework.types import MultiModalFeature
 from epp.plugins.parsers._common import (
@@ -68,7 +68,7 @@ class VLLMHTTPParser(ParserPlugin):
         if sampling is not None and not isinstance(sampling, dict):
             raise BadRequest("sampling_params must be an object")
         return ParsedRequest(
-            api="generate",
+            api=ApiKind.GENERATE,
             model=optional_model(parsed),
             body=parsed,
             token_ids=token_id_list(parsed.get("token_ids"), "token_ids"),

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from epp.framework import InferenceRequest, Params, TokenizedPrompt
+from epp.framework import ApiKind, InferenceRequest, Params, TokenizedPrompt
 from epp.framework.types import MultiModalFeature
 
 BYTES_PER_TOKEN = 4
@@ -310,19 +310,19 @@ class EstimateBackend:
         if request.token_ids is not None:
             return TokenizedPrompt(list(request.token_ids), request.mm_features)
         body = request.body
-        if request.api == "messages":
+        if request.api == ApiKind.MESSAGES:
             s = self._anthropic(body)
             return TokenizedPrompt(pack(s.out), s.features or None)
-        if request.api == "chat" or (request.messages is not None and request.api not in ("responses",)):
+        if request.api == ApiKind.CHAT or (request.messages is not None and request.api != ApiKind.RESPONSES):
             s = self._chat(body, request.messages, request.headers)
             return TokenizedPrompt(pack(s.out), s.features or None)
-        if request.api == "completions":
+        if request.api == ApiKind.COMPLETIONS:
             prompt = request.prompt if request.prompt is not None else body.get("prompt")
             return TokenizedPrompt(_completion_tokens(prompt))
         raw: bytes
-        if request.api == "conversations":
+        if request.api == ApiKind.CONVERSATIONS:
             raw = _go_json(body.get("items"))
-        elif request.api == "responses":
+        elif request.api == ApiKind.RESPONSES:
             combined: list[dict[str, Any]] = []
             if body.get("instructions") is not None:
                 combined.append({"instructions": body["instructions"]})
@@ -330,7 +330,7 @@ class EstimateBackend:
                 combined.append({"tools": body["tools"]})
             combined.append({"input": body.get("input")})
             raw = _go_json(combined)
-        elif request.api == "embeddings":
+        elif request.api == ApiKind.EMBEDDINGS:
             inp = body.get("input")
             if isinstance(inp, list) and _is_token_ids(inp):
                 return TokenizedPrompt(list(inp))

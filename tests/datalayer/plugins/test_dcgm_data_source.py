@@ -13,7 +13,7 @@ from e2e.harness.aioserve import serve_app
 from epp.config.loader import parse_config
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.plugins.dcgm_data_source import DCGMDataSource
-from epp.framework import CycleState, DataKey, Endpoint, InferenceRequest
+from epp.framework import ApiKind, CycleState, DataKey, Endpoint, InferenceRequest
 from epp.wiring import build_pipeline, plugin_context
 from tests.datalayer.plugins.support_polling import CONFIG, DCGM_PAGE
 
@@ -47,5 +47,5 @@ async def test_gpu_utilization_from_the_node_exporter_filters_endpoints(exporter
     key = DataKey[float]("GPUUtilization").of("dcgm-extractor")
     assert a.attributes.get(key) == pytest.approx(0.91) and b.attributes.get(key) == pytest.approx(0.20)
     flt = pipeline.plugins["endpoint-attribute-filter"]
-    request = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {})
+    request = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {})
     assert flt.filter(CycleState(), request, [a, b]) == [b]  # type: ignore[attr-defined]

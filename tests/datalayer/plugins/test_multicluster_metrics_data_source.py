@@ -20,7 +20,7 @@ from epp.config import ConfigError
 from epp.config.loader import parse_config
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.plugins.multicluster_metrics_data_source import MultiClusterMetricsDataSource
-from epp.framework import CycleState, Endpoint, InferenceRequest, PluginContext
+from epp.framework import ApiKind, CycleState, Endpoint, InferenceRequest, PluginContext
 from epp.framework.keys import MULTICLUSTER_KV_CACHE_UTILIZATION, MULTICLUSTER_QUEUE_SIZE
 from epp.requestcontrol.pipeline import Pipeline
 from epp.server.tls import self_signed_dir
@@ -139,7 +139,7 @@ async def test_the_hub_load_guide_scores_clusters_on_their_pool_averages(
 
 
 def request() -> InferenceRequest:
-    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {}, prompt="hi")
+    return InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, prompt="hi")
 
 
 def test_a_cluster_without_the_attribute_scores_zero() -> None:

@@ -21,6 +21,7 @@ from epp.datalayer.plugins.redis_cross_replica_syncer import (
     sum_snapshots,
 )
 from epp.framework import (
+    ApiKind,
     CrossReplicaMessageCarrier,
     CrossReplicaMessenger,
     Endpoint,
@@ -59,7 +60,7 @@ def replica(url: str, rid: str, interval: str = "50ms", sync: bool = True) -> tu
 def book(pipeline: Pipeline, ds: Datastore, pod: str, tokens: int, rid: str) -> InferenceRequest:
     producer = pipeline.plugins["inflight-load-producer"]
     assert isinstance(producer, InFlightLoadProducer)
-    r = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {}, prompt="x" * (4 * tokens))
+    r = InferenceRequest(rid, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, prompt="x" * (4 * tokens))
     ep = ds.get(pod)
     assert ep is not None
     producer.pre_request(r, SchedulingResult({"default": ProfileResult([ep])}, "default"))
@@ -329,7 +330,7 @@ def test_a_received_booking_gives_way_to_the_snapshots() -> None:
     assert (load.remote_requests, load.remote_tokens) == (1, 500)
     sent: list[object] = []
     producer.cross_replica_connect(sent.append)
-    r = InferenceRequest("x", "/v1/completions", "completions", "m", "m", {}, prompt="y" * 40)
+    r = InferenceRequest("x", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, prompt="y" * 40)
     producer.pre_request(r, SchedulingResult({"default": ProfileResult([ep])}, "default"))
     assert sent == [["pod0", load.tokens]] and load.tokens > 0
 

@@ -15,7 +15,7 @@ from epp.config.loader import ConfigError, parse_config
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.plugins.redis_cross_replica_syncer import CONNECTED
 from epp.datalayer.plugins.worker_state_syncer import WorkerStateSyncer
-from epp.framework import Endpoint, InferenceRequest, ProfileResult, SchedulingResult
+from epp.framework import ApiKind, Endpoint, InferenceRequest, ProfileResult, SchedulingResult
 from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
 from epp.requestcontrol.pipeline import Pipeline
 from epp.server.workers import relay
@@ -37,7 +37,7 @@ def worker(sock: str, interval: str = "") -> tuple[Pipeline, Datastore, list]:
 def book(pipeline: Pipeline, ds: Datastore, pod: str, tokens: int, rid: str) -> InferenceRequest:
     producer = pipeline.plugins["inflight-load-producer"]
     assert isinstance(producer, InFlightLoadProducer)
-    r = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {}, prompt="x" * (4 * tokens))
+    r = InferenceRequest(rid, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, prompt="x" * (4 * tokens))
     ep = ds.get(pod)
     assert ep is not None
     producer.pre_request(r, SchedulingResult({"default": ProfileResult([ep])}, "default"))

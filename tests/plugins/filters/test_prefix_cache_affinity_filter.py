@@ -14,6 +14,7 @@ from epp.framework import (
     INFLIGHT_LOAD,
     LATENCY_PREDICTION_INFO,
     PREFIX_CACHE_MATCH_INFO,
+    ApiKind,
     CycleState,
     Endpoint,
     InferenceRequest,
@@ -49,7 +50,7 @@ def eps(*loads: int) -> list[Endpoint]:
 
 
 def req(matches: dict[str, float], total: int = 10) -> InferenceRequest:
-    r = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {})
+    r = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {})
     r.data.put(PREFIX, PrefixCacheMatchInfo(total, 16, matches))
     return r
 
@@ -63,7 +64,7 @@ def test_keeps_the_endpoints_at_or_above_the_threshold() -> None:
     a, b, c = eps(0, 0, 0)
     assert names(f.filter(S, req({"a": 8, "b": 7, "c": 10}), [a, b, c])) == ["a", "c"]  # 0.8 passes, 0.7 not
     assert names(f.filter(S, req({"a": 5}), [a, b, c])) == ["a", "b", "c"]  # nobody sticky → everyone
-    assert names(f.filter(S, InferenceRequest("x", "/", "other", "m", "m", {}), [a, b])) == ["a", "b"]
+    assert names(f.filter(S, InferenceRequest("x", "/", ApiKind.OTHER, "m", "m", {}), [a, b])) == ["a", "b"]
     assert names(build(PrefixCacheAffinityFilter, {"affinityThreshold": 0}).filter(S, req({"a": 10}), [a, b])) == [
         "a",
         "b",
@@ -144,7 +145,7 @@ def test_the_gate_uses_the_predicted_latency_producers_ttft_and_holds_while_it_i
     a, b = Endpoint("a", "10.0.0.1", 8000), Endpoint("b", "10.0.0.2", 8000)
 
     def request(rid: str, cached_on_a: bool) -> InferenceRequest:
-        r = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {})
+        r = InferenceRequest(rid, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {})
         r.data.put(PREFIX, PrefixCacheMatchInfo(64, 16, {"a": 64} if cached_on_a else {}))  # 1024 tokens
         return r
 

@@ -8,7 +8,7 @@ import time
 from epp.config.loader import parse_config
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.objectives import ObjectiveStore
-from epp.framework import Endpoint, InferenceRequest, Metrics
+from epp.framework import ApiKind, Endpoint, InferenceRequest, Metrics
 from epp.requestcontrol.director import SchedulingDirector
 from epp.requestcontrol.flowcontrol import FlowController
 from epp.requestcontrol.flowcontrol_spec import FlowControlSpec
@@ -33,7 +33,7 @@ def chat_req(rid: str, headers: dict[str, str] | None = None) -> InferenceReques
     msgs = [{"role": "user", "content": "hi"}]
     body = {"model": "m", "messages": msgs}
     return InferenceRequest(
-        rid, "/v1/chat/completions", "chat", "m", "m", body, headers=headers or {}, messages=msgs, body_size=40
+        rid, "/v1/chat/completions", ApiKind.CHAT, "m", "m", body, headers=headers or {}, messages=msgs, body_size=40
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.framework import InferenceRequest, PluginConfigError, SchedulingResult, Usage
+from epp.framework import ApiKind, InferenceRequest, PluginConfigError, SchedulingResult, Usage
 from epp.plugins.flowcontrol import program_aware_fairness as paf_module
 from epp.plugins.flowcontrol.program_aware_fairness import ProgramAwareFairness
 from epp.requestcontrol.flowcontrol_spec import FlowControlSpec, PriorityBandSpec
@@ -36,7 +36,7 @@ def test_program_aware_fairness_parameters() -> None:
 
 
 def req(fairness_id: str) -> InferenceRequest:
-    r = InferenceRequest(fairness_id, "/v1/completions", "completions", "m", "m", {"model": "m", "prompt": "x"})
+    r = InferenceRequest(fairness_id, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {"model": "m", "prompt": "x"})
     r.fairness_id = fairness_id
     return r
 

@@ -8,6 +8,7 @@ import pytest
 
 from epp.datalayer.datastore import Datastore
 from epp.framework import (
+    ApiKind,
     Endpoint,
     InferenceRequest,
     PluginConfigError,
@@ -29,7 +30,7 @@ def chat(text: str, model: str = "m", salt: str | None = None) -> InferenceReque
     body: dict[str, object] = {"model": model, "messages": msgs}
     if salt:
         body["cache_salt"] = salt
-    return InferenceRequest("r", "/v1/chat/completions", "chat", model, model, body, messages=msgs)
+    return InferenceRequest("r", "/v1/chat/completions", ApiKind.CHAT, model, model, body, messages=msgs)
 
 
 def test_block_hashes_chain_and_partial_block() -> None:
@@ -96,11 +97,13 @@ async def test_producer_records_pick_and_matches_next_request() -> None:
 
 
 def test_request_text_per_api() -> None:
-    comp = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {"prompt": "hi"}, prompt="hi")
+    comp = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {"prompt": "hi"}, prompt="hi")
     assert request_text(comp) == "hi"
-    emb = InferenceRequest("r", "/v1/embeddings", "embeddings", "m", "m", {"input": ["a", "b"]})
+    emb = InferenceRequest("r", "/v1/embeddings", ApiKind.EMBEDDINGS, "m", "m", {"input": ["a", "b"]})
     assert request_text(emb) == '["a","b"]'
-    resp = InferenceRequest("r", "/v1/responses", "responses", "m", "m", {"input": "q", "instructions": "be nice"})
+    resp = InferenceRequest(
+        "r", "/v1/responses", ApiKind.RESPONSES, "m", "m", {"input": "q", "instructions": "be nice"}
+    )
     assert request_text(resp) == '["be nice",null,"q"]'
     assert request_text(chat("hello")).endswith("hello\x01")
 

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from epp.framework import ApiKind
 from epp.framework.types import InferenceRequest
 from epp.plugins.contracts.prompt import request_text
 from epp.plugins.producers.approx_prefix_cache_producer import block_hashes
@@ -19,7 +20,7 @@ def _chat(rng: random.Random) -> InferenceRequest:
         if rng.random() < 0.2:
             content = [{"type": "text", "text": content}]
         messages.append({"role": rng.choice(["system", "user", "assistant"]), "content": content})
-    return InferenceRequest(request_id="r", path="/v1/chat/completions", api="chat", model="m", target_model="m",
+    return InferenceRequest(request_id="r", path="/v1/chat/completions", api=ApiKind.CHAT, model="m", target_model="m",
                             body={"messages": messages}, headers={}, messages=messages)  # fmt: skip
 
 
@@ -37,10 +38,10 @@ def test_bounded_text_hashes_like_the_whole_text(seed: int) -> None:
 
 def test_huge_prompt_is_not_copied_whole() -> None:
     prompt = "x" * 1_000_000
-    chat = InferenceRequest(request_id="r", path="/v1/chat/completions", api="chat", model="m", target_model="m",
+    chat = InferenceRequest(request_id="r", path="/v1/chat/completions", api=ApiKind.CHAT, model="m", target_model="m",
                             body={}, headers={}, messages=[{"role": "user", "content": prompt}] * 3)  # fmt: skip
     assert len(request_text(chat, 1000)) < 1010
-    completion = InferenceRequest(request_id="r", path="/v1/completions", api="completions", model="m",
+    completion = InferenceRequest(request_id="r", path="/v1/completions", api=ApiKind.COMPLETIONS, model="m",
                                   target_model="m", body={}, headers={}, prompt=prompt)  # fmt: skip
     assert request_text(completion, 1000) == "x" * 1000
     assert block_hashes(request_text(completion, 64 * 4), 64, 4, 1) == block_hashes(prompt, 64, 4, 1)

@@ -11,6 +11,7 @@ from epp.datalayer.datastore import Datastore
 from epp.framework import (
     PREFIX_CACHE_MATCH_INFO,
     TOKENIZED_PROMPT,
+    ApiKind,
     Endpoint,
     InferenceRequest,
     PluginConfigError,
@@ -29,7 +30,7 @@ def pods(n: int = 4) -> list[Endpoint]:
 
 
 def req(prompt: list[int], rid: str = "r") -> InferenceRequest:
-    r = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {})
+    r = InferenceRequest(rid, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {})
     r.data.put(TOKENIZED_PROMPT, TokenizedPrompt(prompt))
     return r
 
@@ -123,7 +124,7 @@ async def test_window_waits_and_the_director_budget_covers_it() -> None:
     t0 = loop.time()
     body = {"prompt": "x" * 2000}
     rs = [
-        InferenceRequest(f"r{i}", "/v1/completions", "completions", "m", "m", body, prompt=body["prompt"])
+        InferenceRequest(f"r{i}", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", body, prompt=body["prompt"])
         for i in range(3)
     ]
     decisions = await asyncio.gather(*(d.handle_request(r) for r in rs))

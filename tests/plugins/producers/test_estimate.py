@@ -14,7 +14,7 @@ import xxhash
 
 from epp.config.loader import ConfigError, parse_config
 from epp.datalayer.datastore import Datastore
-from epp.framework import TOKENIZED_PROMPT, InferenceRequest, PluginConfigError, TokenizedPrompt
+from epp.framework import TOKENIZED_PROMPT, ApiKind, InferenceRequest, PluginConfigError, TokenizedPrompt
 from epp.framework.types import MultiModalFeature
 from epp.plugins.producers._estimate import image_dimensions_from_payload
 from epp.plugins.producers.token_producer import TokenProducer
@@ -60,13 +60,13 @@ def estimate(request: InferenceRequest, parameters: dict[str, Any] | None = None
 
 def chat(messages: list[dict[str, Any]], headers: dict[str, str] | None = None, **body: Any) -> InferenceRequest:
     return InferenceRequest(
-        "r", "/v1/chat/completions", "chat", "m", "m", {"messages": messages, **body}, headers=headers or {},
+        "r", "/v1/chat/completions", ApiKind.CHAT, "m", "m", {"messages": messages, **body}, headers=headers or {},
         messages=messages,
     )  # fmt: skip
 
 
 def test_text_is_packed_four_bytes_a_token() -> None:
-    r = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {}, prompt="abcdefghij")
+    r = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, prompt="abcdefghij")
     assert estimate(r).token_ids == packed(b"abcdefghij") == [le32(b"abcd"), le32(b"efgh"), le32(b"ij")]
     r = chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "é"}]}])
     assert estimate(r).token_ids == packed("systemBe brief.useré".encode())
@@ -78,23 +78,25 @@ def test_text_is_packed_four_bytes_a_token() -> None:
 
 def test_pre_tokenized_input_passes_through() -> None:
     feats = [MultiModalFeature("image", "ab", 3, 4)]
-    r = InferenceRequest("r", "/inference/v1/generate", "other", "m", "m", {}, token_ids=[5, 6, 7], mm_features=feats)
+    r = InferenceRequest(
+        "r", "/inference/v1/generate", ApiKind.OTHER, "m", "m", {}, token_ids=[5, 6, 7], mm_features=feats
+    )
     got = estimate(r)
     assert got.token_ids == [5, 6, 7] and got.mm_features == feats
-    r = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {}, prompt=[11, 12])
+    r = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, prompt=[11, 12])
     assert estimate(r).token_ids == [11, 12]
-    r = InferenceRequest("r", "/v1/embeddings", "embeddings", "m", "m", {"input": [1, 2, 3]})
+    r = InferenceRequest("r", "/v1/embeddings", ApiKind.EMBEDDINGS, "m", "m", {"input": [1, 2, 3]})
     assert estimate(r).token_ids == [1, 2, 3]
-    r = InferenceRequest("r", "/v1/embeddings", "embeddings", "m", "m", {"input": "hello"})
+    r = InferenceRequest("r", "/v1/embeddings", ApiKind.EMBEDDINGS, "m", "m", {"input": "hello"})
     assert estimate(r).token_ids == packed(b'"hello"')
 
 
 def test_json_apis_are_packed_as_their_json() -> None:
     body = {"instructions": "be nice", "input": [{"role": "user", "content": "hi"}]}
-    r = InferenceRequest("r", "/v1/responses", "responses", "m", "m", body)
+    r = InferenceRequest("r", "/v1/responses", ApiKind.RESPONSES, "m", "m", body)
     raw = b'[{"instructions":"be nice"},{"input":[{"content":"hi","role":"user"}]}]'
     assert estimate(r).token_ids == packed(raw)
-    r = InferenceRequest("r", "/v1/conversations", "conversations", "m", "m", {"items": [{"b": 1, "a": 2}]})
+    r = InferenceRequest("r", "/v1/conversations", ApiKind.CONVERSATIONS, "m", "m", {"items": [{"b": 1, "a": 2}]})
     assert estimate(r).token_ids == packed(b'[{"a":2,"b":1}]')
 
 
@@ -207,7 +209,7 @@ def test_anthropic_messages() -> None:
             ]}]},
         ],
     }  # fmt: skip
-    r = InferenceRequest("r", "/v1/messages", "messages", "m", "m", body)
+    r = InferenceRequest("r", "/v1/messages", ApiKind.MESSAGES, "m", "m", body)
     got = estimate(r, {"image": {"dynamic": {"factor": 64}}})
     text = b'Sys.userQassistanthmt1get{"k":1}usera\nb'
     assert got.token_ids[: len(text) // 4] == packed(text)[: len(text) // 4]

@@ -11,6 +11,7 @@ from epp.framework import (
     PREFIX_CACHE_MATCH_INFO,
     TOKENIZED_PROMPT,
     UNCACHED_REQUEST_TOKENS,
+    ApiKind,
     Endpoint,
     InferenceRequest,
     PluginConfigError,
@@ -26,7 +27,7 @@ from tests.helpers import build
 
 
 def req(rid: str = "r", tokens: int = 100, max_tokens: int | None = None) -> InferenceRequest:
-    r = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {}, max_tokens=max_tokens)
+    r = InferenceRequest(rid, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, max_tokens=max_tokens)
     r.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(range(tokens))))
     return r
 
@@ -93,7 +94,7 @@ async def test_estimated_output_stays_until_the_end_and_prefill_target_leaves_at
 async def test_without_prefix_info_the_whole_prompt_counts_and_text_is_estimated() -> None:
     ds, a, _ = pool()
     p = build(InFlightLoadProducer, ctx=plugin_context(ds))
-    r = InferenceRequest("t", "/v1/completions", "completions", "m", "m", {}, prompt="x" * 400)
+    r = InferenceRequest("t", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, prompt="x" * 400)
     await p.prepare(r, [a])
     assert r.data.get(UNCACHED_REQUEST_TOKENS.of("inflight-load-producer")) == {"a": 100}
 

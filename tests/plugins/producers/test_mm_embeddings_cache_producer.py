@@ -9,6 +9,7 @@ from epp.config import ConfigError, parse_config
 from epp.datalayer.datastore import Datastore
 from epp.framework import (
     TOKENIZED_PROMPT,
+    ApiKind,
     CycleState,
     Endpoint,
     InferenceRequest,
@@ -34,7 +35,7 @@ def ep(i: int) -> Endpoint:
 
 
 def req(rid: str, *hashes: str, modality: str = "image") -> InferenceRequest:
-    r = InferenceRequest(rid, "/v1/chat/completions", "chat", "m", "m", {})
+    r = InferenceRequest(rid, "/v1/chat/completions", ApiKind.CHAT, "m", "m", {})
     feats = [MultiModalFeature(modality, h, 10 * i, 4) for i, h in enumerate(hashes)]
     r.data.put(TOKENIZED_PROMPT, TokenizedPrompt([1] * 64, feats or None))
     return r

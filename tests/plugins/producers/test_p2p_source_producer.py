@@ -12,6 +12,7 @@ import pytest
 from epp.framework import (
     PREFIX_CACHE_MATCH_INFO,
     UPSTREAM_HEADERS,
+    ApiKind,
     Endpoint,
     InferenceRequest,
     Metrics,
@@ -33,7 +34,7 @@ def ep(i: int, waiting: int = 0) -> Endpoint:
 
 
 def req(rid: str, matches: dict[str, float]) -> InferenceRequest:
-    r = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {})
+    r = InferenceRequest(rid, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {})
     r.data.put(KEY, PrefixCacheMatchInfo(total_blocks=100, block_size_tokens=64, matches=matches))
     return r
 

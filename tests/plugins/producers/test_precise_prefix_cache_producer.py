@@ -17,6 +17,7 @@ from epp.config import parse_config
 from epp.datalayer.datastore import Datastore
 from epp.framework import (
     TOKENIZED_PROMPT,
+    ApiKind,
     CountedReport,
     CycleState,
     Endpoint,
@@ -77,7 +78,7 @@ def chat_request(text: str, rid: str = "r1") -> InferenceRequest:
     return InferenceRequest(
         request_id=rid,
         path="/v1/chat/completions",
-        api="chat",
+        api=ApiKind.CHAT,
         model=QWEN25_MODEL,
         target_model=QWEN25_MODEL,
         body={"model": QWEN25_MODEL, "messages": msgs},
@@ -186,7 +187,7 @@ async def test_cache_salt_isolates_and_tiers_weigh(vllm_kv: Any) -> None:
 
 async def test_untokenizable_request_scores_zero_without_error() -> None:
     plugin, rig = make()
-    req = InferenceRequest("r", "/v1/completions", "completions", "m", "unknown-model", body={}, prompt=None)
+    req = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "unknown-model", body={}, prompt=None)
     await rig.prepare(req, EPS)
     assert TOKENIZED_PROMPT not in req.data and plugin.match_key not in req.data
     assert plugin.score(CycleState(), req, EPS) == [0.0, 0.0, 0.0]
@@ -409,7 +410,7 @@ async def test_multimodal_items_key_the_blocks_as_the_engines_events_do(vllm_kv:
         feats = [MultiModalFeature("image", item, offset, length)] if item else None
         body = {"token_ids": toks}
         return InferenceRequest(
-            rid, "/inference/v1/generate", "completions", QWEN25_MODEL, QWEN25_MODEL, body, token_ids=toks,
+            rid, "/inference/v1/generate", ApiKind.COMPLETIONS, QWEN25_MODEL, QWEN25_MODEL, body, token_ids=toks,
             mm_features=feats,
         )  # fmt: skip
 
@@ -484,9 +485,11 @@ async def test_lone_surrogates_are_no_traceback(caplog: pytest.LogCaptureFixture
     line without a stack dump; was `TypeError: TextInputSequence must be str` / `UnicodeEncodeError` tracebacks."""
     plugin, rig = make()
     reqs = [
-        InferenceRequest("c", "/v1/completions", "completions", QWEN25_MODEL, QWEN25_MODEL, body={}, prompt="x\ud800y"),
+        InferenceRequest(
+            "c", "/v1/completions", ApiKind.COMPLETIONS, QWEN25_MODEL, QWEN25_MODEL, body={}, prompt="x\ud800y"
+        ),
         chat_request("hello \udc00 there", rid="chat"),
-        InferenceRequest("m", "/v1/completions", "completions", "a\ud800", "a\ud800", body={}, prompt="x"),
+        InferenceRequest("m", "/v1/completions", ApiKind.COMPLETIONS, "a\ud800", "a\ud800", body={}, prompt="x"),
     ]
     for req in reqs:
         await rig.prepare(req, EPS)  # raises nothing

@@ -16,6 +16,7 @@ from epp.config import parse_config
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.plugins.redis_cross_replica_syncer import RedisCrossReplicaSyncer
 from epp.framework import (
+    ApiKind,
     CrossReplicaMessenger,
     Endpoint,
     InferenceRequest,
@@ -70,7 +71,7 @@ class Replica:
 
 
 def request(text: str, rid: str) -> InferenceRequest:
-    return InferenceRequest(rid, "/v1/completions", "completions", QWEN25_MODEL, QWEN25_MODEL, {}, prompt=text)
+    return InferenceRequest(rid, "/v1/completions", ApiKind.COMPLETIONS, QWEN25_MODEL, QWEN25_MODEL, {}, prompt=text)
 
 
 def connect(a: Replica, b: Replica) -> None:

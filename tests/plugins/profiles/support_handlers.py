@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from epp.framework import InferenceRequest
+from epp.framework import ApiKind, InferenceRequest
 
 
 def req(headers: dict[str, str] | None = None) -> InferenceRequest:
-    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {"prompt": "x"}, headers=headers or {})
+    return InferenceRequest(
+        "r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {"prompt": "x"}, headers=headers or {}
+    )

@@ -9,7 +9,7 @@ import pytest
 
 from epp.config.loader import parse_config
 from epp.datalayer.datastore import Datastore
-from epp.framework import Endpoint, InferenceRequest, PluginConfigError, Response, ServiceUnavailable
+from epp.framework import ApiKind, Endpoint, InferenceRequest, PluginConfigError, Response, ServiceUnavailable
 from epp.plugins.requestcontrol.disaggregatedset_rollout_screener import (
     DisaggregatedSetRolloutScreener,
     parse_label_selector,
@@ -64,7 +64,9 @@ def screener(ds: Datastore, mode: str, **extra: object) -> DisaggregatedSetRollo
 
 
 def req(headers: dict[str, str] | None = None) -> InferenceRequest:
-    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {"prompt": "x"}, headers=headers or {})
+    return InferenceRequest(
+        "r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {"prompt": "x"}, headers=headers or {}
+    )
 
 
 def test_weights_by_mode() -> None:

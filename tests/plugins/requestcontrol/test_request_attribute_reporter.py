@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.framework import InferenceRequest, PluginConfigError, Usage
+from epp.framework import ApiKind, InferenceRequest, PluginConfigError, Usage
 from epp.framework.attributes import RESPONSE_METADATA
 from epp.plugins.requestcontrol.request_attribute_reporter import RequestAttributeReporter
 from tests.helpers import build
@@ -17,7 +17,7 @@ def reporter(expression: str, condition: str = "", namespace: str = "") -> Reque
 
 
 def req() -> InferenceRequest:
-    return InferenceRequest("r", "/v1/completions", "completions", "m", "m", {})
+    return InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {})
 
 
 def test_expression_condition_and_namespace() -> None:

@@ -6,13 +6,21 @@ import pytest
 
 from epp.config.loader import parse_config
 from epp.datalayer.datastore import Datastore
-from epp.framework import INFLIGHT_LOAD, CycleState, Endpoint, InferenceRequest, InFlightLoad, PluginConfigError
+from epp.framework import (
+    INFLIGHT_LOAD,
+    ApiKind,
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    InFlightLoad,
+    PluginConfigError,
+)
 from epp.plugins.saturation.concurrency_detector import ConcurrencyDetector
 from epp.wiring import build_pipeline, plugin_context
 from tests.helpers import build
 
 S = CycleState()
-R = InferenceRequest("r", "/", "other", "m", "m", {})
+R = InferenceRequest("r", "/", ApiKind.OTHER, "m", "m", {})
 LOAD = INFLIGHT_LOAD.of("inflight-load-producer")
 
 

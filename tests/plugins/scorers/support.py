@@ -6,6 +6,7 @@ import time
 
 from epp.framework import (
     PREFIX_CACHE_MATCH_INFO,
+    ApiKind,
     CycleState,
     Endpoint,
     InferenceRequest,
@@ -23,7 +24,7 @@ def ep(name: str, **metrics: object) -> Endpoint:
 
 
 def req(model: str = "m", headers: dict[str, str] | None = None, rid: str = "r1") -> InferenceRequest:
-    return InferenceRequest(rid, "/v1/completions", "completions", model, model, {}, headers=headers or {})
+    return InferenceRequest(rid, "/v1/completions", ApiKind.COMPLETIONS, model, model, {}, headers=headers or {})
 
 
 S = CycleState()

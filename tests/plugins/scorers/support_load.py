@@ -5,6 +5,7 @@ from __future__ import annotations
 from epp.datalayer.datastore import Datastore
 from epp.framework import (
     TOKENIZED_PROMPT,
+    ApiKind,
     CycleState,
     Endpoint,
     InferenceRequest,
@@ -20,7 +21,7 @@ S = CycleState()
 
 
 def req(rid: str = "r", tokens: int = 100) -> InferenceRequest:
-    r = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {})
+    r = InferenceRequest(rid, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {})
     r.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(range(tokens))))
     return r
 

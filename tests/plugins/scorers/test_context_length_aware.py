@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from epp.framework import TOKENIZED_PROMPT, CycleState, Endpoint, InferenceRequest, PluginConfigError, TokenizedPrompt
+from epp.framework import (
+    TOKENIZED_PROMPT,
+    ApiKind,
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    PluginConfigError,
+    TokenizedPrompt,
+)
 from epp.plugins.scorers.context_length_aware import ContextLengthAware, range_score
 from tests.helpers import build
 
@@ -17,7 +25,7 @@ def ep(name: str, value: str | None) -> Endpoint:
 
 
 def req(tokens: int) -> InferenceRequest:
-    r = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {})
+    r = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {})
     r.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(range(tokens))))
     return r
 
@@ -42,7 +50,7 @@ def test_filtering() -> None:
 
 
 def test_text_estimate_without_a_token_producer_and_label_required() -> None:
-    r = InferenceRequest("r", "/v1/completions", "completions", "m", "m", {}, prompt="x" * 4000)
+    r = InferenceRequest("r", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, prompt="x" * 4000)
     assert build(ContextLengthAware).score(S, r, [ep("a", "1000-1000")]) == [1.0]
     with pytest.raises(PluginConfigError, match="label"):
         build(ContextLengthAware, {"label": ""})

@@ -11,6 +11,7 @@ import pytest
 from epp.framework import (
     PREFIX_CACHE_MATCH_INFO,
     TOKENIZED_PROMPT,
+    ApiKind,
     CycleState,
     Endpoint,
     InferenceRequest,
@@ -37,7 +38,7 @@ def eps() -> list[Endpoint]:
 
 
 def req(rid: str, n_tokens: int, matches: dict[str, float], max_tokens: int = 10) -> InferenceRequest:
-    r = InferenceRequest(rid, "/v1/completions", "completions", "m", "m", {}, max_tokens=max_tokens)
+    r = InferenceRequest(rid, "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, max_tokens=max_tokens)
     r.data.put(TOKENIZED_PROMPT, TokenizedPrompt(list(range(n_tokens))))
     r.data.put(KEY, PrefixCacheMatchInfo(total_blocks=n_tokens // 16, block_size_tokens=16, matches=matches))
     return r
@@ -126,10 +127,10 @@ def test_lost_completions_time_out() -> None:
 def test_without_a_match_or_tokens_it_balances_load() -> None:
     s = build(PrefillCostScorer, {"decodeWeight": 1})
     e = eps()
-    bare = InferenceRequest("x", "/v1/completions", "completions", "m", "m", {}, max_tokens=5)
+    bare = InferenceRequest("x", "/v1/completions", ApiKind.COMPLETIONS, "m", "m", {}, max_tokens=5)
     assert s.score(S, bare, e) == [1.0, 1.0, 1.0]
     s.pre_request(bare, SchedulingResult({"default": ProfileResult([e[1]])}, "default"))
-    assert s.score(S, InferenceRequest("y", "/", "completions", "m", "m", {}), e) == [1.0, 0.0, 1.0]
+    assert s.score(S, InferenceRequest("y", "/", ApiKind.COMPLETIONS, "m", "m", {}), e) == [1.0, 0.0, 1.0]
 
 
 def test_parameters_are_checked() -> None:

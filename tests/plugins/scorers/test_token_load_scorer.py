@@ -7,6 +7,7 @@ import pytest
 from epp.config.loader import ConfigError, parse_config
 from epp.datalayer.datastore import Datastore
 from epp.framework import (
+    ApiKind,
     InferenceRequest,
 )
 from epp.plugins.producers.inflight_load_producer import InFlightLoadProducer
@@ -27,7 +28,7 @@ async def test_token_load_scorer_counts_in_flight_plus_this_requests_uncached_to
     assert s.score(S, r, [a, b, c]) == pytest.approx([0.4, 0.0, 0.9])
     p.loads["c"].remote_tokens = 400  # another replica's load counts too
     assert s.score(S, r, [a, b, c])[2] == pytest.approx(0.5)
-    assert s.score(S, InferenceRequest("x", "/", "other", "m", "m", {}), [a])[0] == pytest.approx(0.5)
+    assert s.score(S, InferenceRequest("x", "/", ApiKind.OTHER, "m", "m", {}), [a])[0] == pytest.approx(0.5)
 
 
 def test_token_load_scorer_defaults() -> None:
