@@ -153,7 +153,9 @@ def test_a_request_in_flight_in_one_worker_is_seen_by_the_other(tmp_path: Path, 
                 held[1].cancel()
                 await held[0].close()
                 return held[2], dest
-            await asyncio.sleep(0.05)
+            # that one landed on A and was cancelled: its release must reach B before B picks, or B sees both pods
+            # busy and may break the tie onto A's held pod
+            await asyncio.sleep(0.3)
         raise AssertionError("no connection landed on the other worker")
 
     try:
