@@ -37,9 +37,10 @@ from typing import Any
 
 import yaml
 
+from epp.framework.keys import DESTINATION_HEADER
+
 REPLAY_HEADER = "x-replay-index"  # the request's index in the workload, sent by the load generator
 REQUEST_ID_HEADER = "x-request-id"
-DESTINATION_KEY = "x-gateway-destination-endpoint"
 SCORES_KEY = "x-gateway-destination-endpoint-scores"
 TIE_EPS = 1e-9
 
@@ -47,7 +48,7 @@ TIE_EPS = 1e-9
 ACCESS_LOG_FORMAT: dict[str, str] = {
     "replay": f"%REQ({REPLAY_HEADER.upper()})%",
     "request_id": f"%REQ({REQUEST_ID_HEADER.upper()})%",
-    "pick": f"%DYNAMIC_METADATA(envoy.lb:{DESTINATION_KEY})%",
+    "pick": f"%DYNAMIC_METADATA(envoy.lb:{DESTINATION_HEADER})%",
     "scores": f"%DYNAMIC_METADATA(envoy.lb:{SCORES_KEY})%",
     "upstream": "%UPSTREAM_HOST%",
     "status": "%RESPONSE_CODE%",

@@ -45,6 +45,17 @@ RESPONSE_STATUS: Final = DataKey[int]("response-status")
 # prefill profile's plugins; prefill-first: the prefill pick, seen by the decode profile's).
 PEER_ENDPOINT: Final = DataKey[Endpoint]("disagg-peer-endpoint")
 
+# The request headers the EPP reads (GIE's names, and llm-d-router's where it has its own) and the one it writes for
+# Envoy (header and `envoy.lb` metadata).
+DESTINATION_HEADER: Final = "x-gateway-destination-endpoint"
+REQUEST_ID_HEADER: Final = "x-request-id"
+OBJECTIVE_HEADER: Final = "x-gateway-inference-objective"
+FAIRNESS_HEADER: Final = "x-gateway-inference-fairness-id"
+LLMD_FAIRNESS_HEADER: Final = "x-llm-d-inference-fairness-id"
+# Claude Code's per-request text block ("x-anthropic-billing-header: ..."): vLLM drops it from the prompt, and so do
+# the parsers, the tokenizer and the estimates that must count the tokens vLLM sees.
+BILLING_HEADER_PREFIX: Final = "x-anthropic-billing-header"
+
 # The headers the decode-side routing sidecar reads (llm-d pkg/common/routing).
 PREFILL_HEADER: Final = "x-prefiller-host-port"
 ENCODER_HEADER: Final = "x-encoder-hosts-ports"

@@ -11,13 +11,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 
+from epp.framework.keys import FAIRNESS_HEADER, OBJECTIVE_HEADER, REQUEST_ID_HEADER
 from epp.framework.parsing import ParsedRequest, request_path
 from epp.framework.types import ApiKind, InferenceRequest
 
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
-FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_FAIRNESS_ID = "default-flow"
 
 __all__ = ["bodyless_request", "build_request", "request_path"]

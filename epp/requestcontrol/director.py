@@ -37,6 +37,7 @@ from epp.framework import (
 )
 from epp.framework.attributes import AGENT_ID
 from epp.framework.errors import DROPPED_NO_ENDPOINTS, DROPPED_SATURATED
+from epp.framework.keys import FAIRNESS_HEADER, LLMD_FAIRNESS_HEADER, OBJECTIVE_HEADER
 from epp.framework.labels import MODEL_LABELS
 from epp.framework.logthrottle import LogThrottle
 from epp.requestcontrol.deferred import DeferredRecords
@@ -49,9 +50,6 @@ from epp.scheduling.metrics import SCHEDULER_ATTEMPTS
 log = logging.getLogger(__name__)
 _throttle = LogThrottle()
 
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
-FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-LLMD_FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"  # llm-d-router's name
 PRODUCER_BUDGET_SECONDS = 0.4
 NO_ENDPOINT_POLL = 0.05
 

@@ -26,7 +26,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.framework.errors import InternalError, RequestError
-from epp.server.stages.answer import BODY_CHUNK_LIMIT, DESTINATION_KEY, immediate
+from epp.server.stages.answer import BODY_CHUNK_LIMIT, immediate
 from epp.server.stages.receive import PayloadTooLarge
 from epp.server.stages.response import Respond
 from epp.server.stages.state import (
@@ -45,7 +45,6 @@ __all__ = [
     "DEFAULT_BODY_TIMEOUT",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_INFLIGHT_BODY_BYTES",
-    "DESTINATION_KEY",
     "ExtProcServicer",
     "RequestStream",
     "ServerState",

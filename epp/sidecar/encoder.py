@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 
+from epp.framework.keys import REQUEST_ID_HEADER
 from epp.sidecar.options import EC_NIXL
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ async def run_encoders(
     async def one(idx: int, item: dict[str, Any]) -> dict[str, Any]:
         host = hosts[idx % len(hosts)]
         payload = json.dumps(encoder_body(body, item)).encode()
-        headers = {"content-type": "application/json", "x-request-id": f"{rid}-enc-{idx}"}
+        headers = {"content-type": "application/json", REQUEST_ID_HEADER: f"{rid}-enc-{idx}"}
         try:
             async with session.post(
                 f"{scheme}://{host}{CHAT_PATH}", data=payload, headers=headers, timeout=client_timeout

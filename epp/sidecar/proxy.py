@@ -22,7 +22,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from epp.framework.keys import ENCODER_HEADER, PREFILL_HEADER
+from epp.framework.keys import ENCODER_HEADER, PREFILL_HEADER, REQUEST_ID_HEADER
 from epp.sidecar.allowlist import ENCODE_ROLES, Allowlist
 from epp.sidecar.encoder import CHAT_PATH, EncoderFailed, run_encoders
 from epp.sidecar.options import NIXLV2, SHARED_STORAGE, SidecarConfig
@@ -186,7 +186,7 @@ class SidecarProxy:
         if not isinstance(parsed, dict):
             self.metrics.rejected.labels("bad_json").inc()
             return _error(400, "request body must be a JSON object", "BadRequestError")
-        rid = request.headers.get("x-request-id") or str(uuid.uuid4())
+        rid = request.headers.get(REQUEST_ID_HEADER) or str(uuid.uuid4())
         if allowed:
             c = self.config
             try:
@@ -261,7 +261,7 @@ class SidecarProxy:
         c = self.config
         payload = json.dumps(self.prefill_body(parsed)).encode()
         headers = {k: v for k, v in _forward_headers(request).items() if k.lower() != "accept-encoding"}
-        headers["x-request-id"] = rid
+        headers[REQUEST_ID_HEADER] = rid
         headers["content-type"] = "application/json"
         url = f"{c.prefiller_scheme}://{target}{request.path_qs}"
         session = await self.session()

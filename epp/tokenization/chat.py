@@ -20,11 +20,11 @@ from functools import lru_cache
 from typing import Any
 
 from epp.framework.errors import TokenizationError
+from epp.framework.keys import BILLING_HEADER_PREFIX
 
 _TEXT_KEYS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
 _MEDIA = {"image_url", "input_image", "image_pil", "image_embeds", "audio_url", "input_audio", "audio_embeds",
           "video_url", "video_embeds", "prompt_embeds"}  # fmt: skip
-_BILLING_HEADER = "x-anthropic-billing-header"
 
 
 class MultimodalContent(TokenizationError):
@@ -45,7 +45,7 @@ def _strip_billing(parts: list[Any]) -> list[Any]:
         text = part if isinstance(part, str) else part.get("text") if isinstance(part, dict) else None
         if not (isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text")):
             text = None
-        if not (isinstance(text, str) and text.startswith(_BILLING_HEADER)):
+        if not (isinstance(text, str) and text.startswith(BILLING_HEADER_PREFIX)):
             out.append(part)
             continue
         rest = text.partition("\n")[2]

@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 from epp.framework import BadRequest
+from epp.framework.keys import BILLING_HEADER_PREFIX
 
-_BILLING_HEADER = "x-anthropic-billing-header"  # Claude Code's per-request header, dropped by vLLM
 _CUSTOM_TOOL_INPUT_KEY = "input"
 
 
@@ -41,9 +41,9 @@ def _image_url(source: Any) -> str:
 
 def _system_text(content: Any, where: str) -> str | None:
     if isinstance(content, str):
-        return None if content.startswith(_BILLING_HEADER) else content
+        return None if content.startswith(BILLING_HEADER_PREFIX) else content
     parts = [_text(b) for b in _blocks(content, where) if b["type"] == "text" and _text(b)]
-    kept = [t for t in parts if not t.startswith(_BILLING_HEADER)]
+    kept = [t for t in parts if not t.startswith(BILLING_HEADER_PREFIX)]
     return "".join(kept) if kept else None
 
 
@@ -61,7 +61,7 @@ def anthropic_to_chat(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[
             text = "".join(
                 _text(b)
                 for b in _blocks(system, "system")
-                if b["type"] == "text" and _text(b) and not _text(b).startswith(_BILLING_HEADER)
+                if b["type"] == "text" and _text(b) and not _text(b).startswith(BILLING_HEADER_PREFIX)
             )
             if text:
                 out.append({"role": "system", "content": text})

@@ -27,6 +27,7 @@ import numpy as np
 import xxhash
 
 from epp.framework import ApiKind, InferenceRequest, Params, TokenizedPrompt
+from epp.framework.keys import BILLING_HEADER_PREFIX
 from epp.framework.types import MultiModalFeature
 
 BYTES_PER_TOKEN = 4
@@ -40,7 +41,6 @@ SAMPLED, STRIDED = "sampled", "strided"
 VIDEO_FPS_HEADER = "x-llm-d-video-fps"
 VIDEO_DURATION_HEADER = "x-llm-d-video-duration-seconds"
 VIDEO_RESOLUTION_HEADER = "x-llm-d-video-resolution"
-_BILLING_HEADER = "x-anthropic-billing-header"
 _HEADER_CHUNK = 64 * 1024  # base64 characters decoded at a time while looking for an image's dimensions
 
 
@@ -436,7 +436,7 @@ def _anthropic_system(system: Any) -> str:
     return "".join(
         str(b.get("text"))
         for b in _blocks(system)
-        if b.get("type") == "text" and b.get("text") and not str(b["text"]).startswith(_BILLING_HEADER)
+        if b.get("type") == "text" and b.get("text") and not str(b["text"]).startswith(BILLING_HEADER_PREFIX)
     )
 
 

@@ -14,13 +14,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 
 from epp.framework.errors import DROPPED_REASON_HEADER, RequestError
-from epp.framework.keys import DISAGG_HEADERS
+from epp.framework.keys import DESTINATION_HEADER, DISAGG_HEADERS
 from epp.server.stages.decide import Decide
 from epp.server.stages.state import BUFFERED, COMPLETE
 
 log = logging.getLogger("epp.server.extproc")
 
-DESTINATION_KEY = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE = "envoy.lb"
 SCORES_KEY = "x-gateway-destination-endpoint-scores"  # envoy.lb metadata with --emit-endpoint-scores
 BODY_CHUNK_LIMIT = 62_000  # GIE's BodyByteLimit: Envoy takes at most 64 KiB per streamed chunk
@@ -47,7 +46,7 @@ def immediate(err: RequestError, error_format: str = "openai") -> pb.ProcessingR
         return pb.ProcessingResponse(
             immediate_response=pb.ImmediateResponse(
                 status=http_status_pb2.HttpStatus(code=err.status),
-                headers=pb.HeaderMutation(set_headers=dropped, remove_headers=[DESTINATION_KEY]),
+                headers=pb.HeaderMutation(set_headers=dropped, remove_headers=[DESTINATION_HEADER]),
                 grpc_status=pb.GrpcStatus(status=_GRPC_STATUS.get(err.status, 2)),
                 body=err.message.encode(),
                 details=f"epp_{err.code}",
@@ -56,7 +55,7 @@ def immediate(err: RequestError, error_format: str = "openai") -> pb.ProcessingR
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=err.status),
-            headers=pb.HeaderMutation(set_headers=[_JSON_CT, *dropped], remove_headers=[DESTINATION_KEY]),
+            headers=pb.HeaderMutation(set_headers=[_JSON_CT, *dropped], remove_headers=[DESTINATION_HEADER]),
             body=err.body(error_format),
             details=f"epp_{err.code}",
         )
@@ -78,7 +77,7 @@ def split_chunks(parts: list[bytes], limit: int = BODY_CHUNK_LIMIT) -> list[byte
 
 # BUFFERED mode answers the headers before the decision: any client-sent destination or prefiller header goes.
 _STRIP_CLIENT_ROUTING = pb.CommonResponse(
-    header_mutation=pb.HeaderMutation(remove_headers=[DESTINATION_KEY, *DISAGG_HEADERS])
+    header_mutation=pb.HeaderMutation(remove_headers=[DESTINATION_HEADER, *DISAGG_HEADERS])
 )
 
 
@@ -173,7 +172,7 @@ class Answer(Decide):
         """The header mutation (and the dynamic metadata, set by the caller's response) for the decision."""
         assert self.decision is not None
         destination = self.decision.destination
-        set_headers = [set_header(DESTINATION_KEY, destination)]
+        set_headers = [set_header(DESTINATION_HEADER, destination)]
         if content_length is not None:
             set_headers.append(set_header("content-length", str(content_length)))
         for k, v in self.decision.headers.items():
@@ -205,7 +204,7 @@ class Answer(Decide):
     def dynamic_metadata(self) -> dict[str, Any]:
         assert self.decision is not None
         lb: dict[str, Any] = dict(self.decision.metadata)
-        lb[DESTINATION_KEY] = self.decision.destination
+        lb[DESTINATION_HEADER] = self.decision.destination
         result = self.decision.result
         if self.s.emit_endpoint_scores and result is not None:
             primary = result.profile_results.get(result.primary_profile)

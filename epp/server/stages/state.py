@@ -10,6 +10,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 
 from epp.framework.context import EndpointView
 from epp.framework.errors import DROPPED_NO_ENDPOINTS, ServiceUnavailable
+from epp.framework.keys import DESTINATION_HEADER, REQUEST_ID_HEADER
 from epp.framework.parsing import NoParser, ParserRegistry, request_path
 from epp.framework.types import InferenceRequest
 from epp.protocol.rewrite import ModelNameRewriter
@@ -159,7 +160,7 @@ class StreamState:
     def _request_id(self) -> str:
         if self.request is not None:
             return self.request.request_id
-        return self.headers.get("x-request-id", "?")
+        return self.headers.get(REQUEST_ID_HEADER, "?")
 
     def _format(self) -> str:
         """The error shape of the request's API: its parser's, also before the body is parsed (a 413 or 503 while
@@ -177,8 +178,8 @@ class StreamState:
         attributes = {
             "gen_ai.request.model": req.model if req is not None else None,
             "gen_ai.request.target_model": req.target_model if req is not None else None,
-            "x-request-id": self.headers.get("x-request-id"),
-            "x-gateway-destination-endpoint": decision.destination if decision is not None else None,
+            REQUEST_ID_HEADER: self.headers.get(REQUEST_ID_HEADER),
+            DESTINATION_HEADER: decision.destination if decision is not None else None,
             "http.response.status_code": self.status or None,
         }
         self.s.tracing.finish(span, attributes, error)
