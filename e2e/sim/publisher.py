@@ -86,6 +86,10 @@ class EventPublisher:
         self._pub: zmq.Socket[bytes] | None = None
         self._replay: zmq.asyncio.Socket | None = None
         self._replay_task: asyncio.Task[None] | None = None
+        # Subscribers' connections to the PUB (a bound PUB's socket monitor): accepted so far, and open now.
+        self.connections = 0
+        self.subscribers = 0
+        self._monitor_task: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -93,6 +97,8 @@ class EventPublisher:
         pub.setsockopt(zmq.SNDHWM, self.hwm)
         pub.setsockopt(zmq.LINGER, 0)
         if self.force_bind or _is_bind(self.endpoint):
+            mon = pub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+            self._monitor_task = asyncio.get_running_loop().create_task(self._count_connections(mon))
             self.endpoint = _bind(pub, self.endpoint)
         else:
             pub.connect(self.endpoint)
@@ -106,12 +112,35 @@ class EventPublisher:
             self._replay_task = asyncio.get_running_loop().create_task(self._serve_replay(rep))
         log.info("kv events: PUB %s replay %s topic %s", self.endpoint, self.replay_endpoint, self.topic.decode())
 
+    async def _count_connections(self, mon: zmq.Socket[bytes]) -> None:
+        from zmq.utils.monitor import parse_monitor_message
+
+        amon = zmq.asyncio.Socket.shadow(mon.underlying)
+        try:
+            while True:
+                event = parse_monitor_message(await amon.recv_multipart())["event"]
+                if event == zmq.EVENT_ACCEPTED:
+                    self.connections += 1
+                    self.subscribers += 1
+                elif event == zmq.EVENT_DISCONNECTED:
+                    self.subscribers = max(0, self.subscribers - 1)
+        except (asyncio.CancelledError, zmq.ZMQError):
+            pass
+        finally:
+            mon.close(linger=0)
+
     async def close(self) -> None:
         if self._replay_task is not None:
             self._replay_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._replay_task
             self._replay_task = None
+        if self._monitor_task is not None:
+            self._monitor_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor_task
+            self._monitor_task = None
+            self.subscribers = 0
         for sock in (self._pub, self._replay):
             if sock is not None:
                 sock.close(linger=0)

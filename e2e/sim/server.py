@@ -84,6 +84,7 @@ class Simulator:
         self.rng = random.Random(cfg.seed)
         self._drop_rng = random.Random(cfg.seed + 1)
         self.events_lost = 0  # --kv-events-drop-rate
+        self.metrics_requests = 0  # GET /metrics served (a test counts the EPP's scrapes)
         self.created = int(time.time())
 
     @property
@@ -549,6 +550,7 @@ async def render_completion(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     sim = request.app[APP_KEY]
+    sim.metrics_requests += 1
     return web.Response(body=sim.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
@@ -580,6 +582,8 @@ async def admin_state(request: web.Request) -> web.Response:
             "next_seq": p.seq,
             "mode": p.mode,
             "events_lost": sim.events_lost,
+            "connections": p.connections,
+            "subscribers": p.subscribers,
         }
         for p in sim.publishers
     ]
@@ -591,6 +595,7 @@ async def admin_state(request: web.Request) -> web.Response:
             "publishers": events,
             "config": {k: getattr(sim.cfg, k) for k in sorted(RUNTIME_SETTABLE)},
             "role": sim.cfg.role,
+            "metrics_requests": sim.metrics_requests,
         }
     )
 
