@@ -1,5 +1,6 @@
 """`epp serve --workers 2`: two EPP processes share the ext_proc and health ports (SO_REUSEPORT), see each other's
-picks through the parent's relay, and a worker that dies is restarted."""
+picks through the parent's relay, scrape and subscribe to each pod once between them (worker 0, through the
+workers' feed), and a worker that dies is restarted."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import os
 import signal
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -18,10 +21,14 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from e2e.harness.http import metric_value
+from e2e.harness.envoy_config import EnvoyOptions
+from e2e.harness.http import metric_value, post_json
 from e2e.harness.ports import free_port_run, free_ports
-from e2e.harness.procs import EppPorts, EppProcess
+from e2e.harness.procs import EnvoyProcess, EppPorts, EppProcess
+from e2e.harness.simconfig import sim_endpoints_yaml
+from e2e.sim.launch import SimProcess, start_simulators
 from epp.server.workers import STARTUP_GRACE, worker_argv
+from epp.tokenization.qwen import QWEN25_MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +51,8 @@ def test_worker_argv_drops_workers_flag() -> None:
     argv = worker_argv(["serve", "--config", "c.yaml", "--workers", "3", "--workers=3", "--grpc-port", "1"], 2, "/s")
     assert argv[1:] == ["-m", "epp", "serve", "--config", "c.yaml", "--grpc-port", "1", "--worker-index", "2",
                         "--worker-state-socket", "/s"]  # fmt: skip
+    argv = worker_argv(["serve"], 0, "/s", "ipc:///f")
+    assert argv[-4:] == ["--worker-state-socket", "/s", "--worker-feed", "ipc:///f"]
 
 
 def test_free_port_run_hands_out_disjoint_runs_below_the_ephemeral_range() -> None:
@@ -211,3 +220,107 @@ def test_a_worker_that_dies_is_restarted_and_sigterm_stops_all(tmp_path: Path) -
     finally:
         epp.stop()
     assert not epp.running() and _worker_pids(epp.proc.pid) == []
+
+
+def _sim_state(sim: SimProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(sim.url + "/admin/state", timeout=5) as r:
+        state: dict[str, Any] = json.loads(r.read())
+    return state
+
+
+def _worker_pid(parent: int, index: int) -> int:
+    for pid in _worker_pids(parent):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if argv[argv.index(b"--worker-index") + 1] == str(index).encode():
+            return pid
+    raise AssertionError(f"no worker {index}")
+
+
+def _wait(what: str, cond: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_each_pod_is_scraped_and_subscribed_once_for_both_workers(tmp_path: Path) -> None:
+    """`--workers 2` against two simulators, through Envoy: each pod's /metrics is fetched once per interval (not
+    once per worker) and its KV-event publisher has one subscriber, yet both workers have fresh metrics and apply
+    every KV event to their own index. Worker 0 killed: the other says the feed is gone and keeps routing; worker 0
+    restarted: the feed is back, still one scrape and one subscription per pod."""
+    interval = 0.1
+    with start_simulators(2, base_args=["--block-size", "16", "--model", QWEN25_MODEL]) as sims:
+        cfg = tmp_path / "epp.yaml"
+        cfg.write_text(
+            "plugins:\n"
+            "- {type: precise-prefix-cache-scorer, parameters: {tokenProcessorConfig: {blockSize: 16, hashSeed: '7'},"
+            " kvEventsConfig: {topicFilter: 'kv@'}}}\n"
+            "- {type: queue-scorer}\n"
+            "schedulingProfiles: [{name: default, plugins: [{pluginRef: precise-prefix-cache-scorer},"
+            " {pluginRef: queue-scorer}]}]\n" + sim_endpoints_yaml(sims)
+        )
+        grpc_port, health, listener, admin = free_ports(4)
+        metrics = free_port_run(2)
+        started = time.monotonic()
+        epp = EppProcess(
+            cfg, tmp_path, EppPorts(grpc_port, health, metrics),
+            extra_args=["--workers", "2", "--refresh-metrics-interval", f"{interval * 1000:g}ms"],
+        )  # fmt: skip
+        envoy = EnvoyProcess(
+            EnvoyOptions(listener_port=listener, admin_port=admin, ext_proc_port=grpc_port,
+                         ext_proc_streams_per_connection=1),
+            tmp_path,
+        )  # fmt: skip
+        workers = (metrics, metrics + 1)
+
+        def value(port: int, name: str, labels: dict[str, str] | None = None) -> float:
+            return metric_value(_metrics(port), name, labels, 0.0)
+
+        def fed() -> float:
+            return value(metrics + 1, "pyepp_worker_feed_received_total", {"kind": "metrics", "outcome": "applied"})
+
+        def scrape_rates(seconds: float = 3.0) -> list[float]:
+            """GET /metrics per pod per interval, over `seconds`."""
+            before, t0 = [_sim_state(s)["metrics_requests"] for s in sims], time.monotonic()
+            time.sleep(seconds)
+            after, t1 = [_sim_state(s)["metrics_requests"] for s in sims], time.monotonic()
+            return [(b - a) * interval / (t1 - t0) for a, b in zip(before, after, strict=True)]
+
+        try:
+            epp.wait_ready(180)
+            envoy.wait_ready()
+            for port in workers:
+                _metrics(port, 180)
+            _wait("worker 1 fed", lambda: fed() > 0, 60)
+            rates = scrape_rates()
+            assert all(0.5 <= r <= 1.4 for r in rates), rates  # with each worker scraping: ~2
+            assert [p["subscribers"] for s in sims for p in _sim_state(s)["publishers"]] == [1, 1]
+            assert value(metrics, "kv_cache_events_active_subscribers") == 2
+            assert value(metrics + 1, "kv_cache_events_active_subscribers") == 0
+            for i in range(6):  # KV events from both pods (the prompts differ: queue-scorer spreads them)
+                prompt = f"Request {i}: " + " ".join(f"word{i}-{j}" for j in range(120))
+                r = post_json(envoy.url + "/v1/completions", {"model": QWEN25_MODEL, "prompt": prompt, "max_tokens": 2})
+                assert r.status == 200, r.body
+
+            def stored(port: int) -> float:
+                return value(port, "kv_cache_events_blocks_total", {"op": "stored"})
+
+            _wait(
+                "both indexes hold the events", lambda: stored(metrics) > 0 and stored(metrics) == stored(metrics + 1)
+            )
+            # worker 0 dies: the other says so and keeps routing on its last state
+            time.sleep(max(0.0, started + STARTUP_GRACE + 0.5 - time.monotonic()))
+            os.kill(_worker_pid(epp.proc.pid, 0), signal.SIGKILL)
+            _wait("feed gone said", lambda: "workers' feed: worker 0" in epp.log_text() and "is gone" in epp.log_text())
+            assert value(metrics + 1, "pyepp_worker_feed_connected") == 0
+            r = post_json(envoy.url + "/v1/completions", {"model": QWEN25_MODEL, "prompt": "still", "max_tokens": 2})
+            assert r.status == 200, r.body
+            # restarted: the feed is back, and still one scrape and one subscriber per pod
+            _wait("worker 0 back", lambda: value(metrics + 1, "pyepp_worker_feed_connected") == 1, 180)
+            _wait("worker 0 subscribed", lambda: value(metrics, "kv_cache_events_active_subscribers") == 2, 60)
+            rates = scrape_rates()
+            assert all(0.5 <= r <= 1.4 for r in rates), rates
+            assert [p["subscribers"] for s in sims for p in _sim_state(s)["publishers"]] == [1, 1]
+        finally:
+            envoy.stop()
+            epp.stop()

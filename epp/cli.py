@@ -124,6 +124,10 @@ def _serve(opts: Options) -> int:
         runtime = build_runtime(config)
         check_plugin_stability(runtime, opts.allow_experimental_plugins)
         _apply_scrape_flags(runtime, opts)
+        if opts.worker_feed:  # `--workers N`: worker 0 scrapes and subscribes, the others are fed from it
+            from epp.wiring.feed import attach_feed
+
+            attach_feed(runtime, opts.worker_feed, publish=opts.worker_index == 0)
         k8s = kubernetes_source_from_args(_discovery_args(opts), objectives=runtime.objectives)
         options = ServeOptions.from_flags(opts, kubernetes=k8s is not None)
     except (ConfigError, ValueError) as e:

@@ -14,6 +14,10 @@ half-updated one). A failed scrape keeps the old Metrics, which then goes stale;
 takes dead and hung endpoints out of the candidates. The ticks keep to a grid (`interval` apart), so the pods'
 scrapes share one wake-up: a scrape is due `interval` (or its failure backoff) after the tick it started on, and at
 once when its GET took longer than that.
+
+`epp serve --workers N` scrapes each pod once whatever N is: worker 0's scraper hands every outcome to `tap` (the
+workers' feed, epp.wiring.feed), and the other workers' scrapers are `fed`: they make no GET and apply the outcomes
+the feed brings (`receive`) as if they had scraped, page, parse, health and all.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import logging
 import math
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 
 from epp.datalayer import health
@@ -35,6 +40,13 @@ from epp.framework.verbosity import DEFAULT, V
 log = logging.getLogger(__name__)
 
 _EARLY = 1e-6  # in ticks: float slack when comparing loop times with the grid
+
+# A scrape's outcome as the workers' feed carries it: (endpoint name, HTTP status or 0, page, why it failed or "").
+ScrapeTap = Callable[[str, int, bytes, str], None]
+
+
+class FedScrapeError(Exception):
+    """A scrape that failed in the worker that made it (its reason, as that worker saw it)."""
 
 
 class _Target:
@@ -107,6 +119,9 @@ class MetricsScraper:
         self.scrapes = 0
         self.failures = 0
         self.reparses_skipped = 0
+        self.tap: ScrapeTap | None = None  # told every outcome (worker 0 of `--workers`: the feed)
+        self.fed = False  # no GETs: the outcomes come through `receive` (the other workers of `--workers`)
+        self.received = 0
 
     def url(self, endpoint: Endpoint) -> str:
         return f"{self.scheme}://{endpoint.metrics_hostport}{self.path}"
@@ -138,7 +153,8 @@ class MetricsScraper:
         assert self._loop is not None
         t = _Target(self, endpoint, self._client(endpoint), self._loop.time())
         self._targets[endpoint.name] = t
-        self._begin(t, t.due)  # the first scrape at once; then on the ticks
+        if not self.fed:
+            self._begin(t, t.due)  # the first scrape at once; then on the ticks
 
     def _stop(self, t: _Target) -> None:
         t.stopped = True
@@ -217,7 +233,7 @@ class MetricsScraper:
 
     def _arm(self, when: float) -> None:
         """The one timer, at `when` unless it already fires earlier."""
-        if not self._running:
+        if not self._running or self.fed:
             return
         if self._timer is not None:
             if self._timer_at <= when:
@@ -264,6 +280,8 @@ class MetricsScraper:
             else:
                 ok, why = self._apply(t, status, body)
             self._outcome(t, ok, why)
+            if self.tap is not None:
+                self.tap(t.endpoint.name, status, body, "" if ok or error is None else why)
         except Exception:  # never into the connection's callbacks
             log.exception("endpoint %s: scrape bookkeeping failed", t.endpoint.name)
         # Failing endpoints are retried with exponential backoff (capped): their metrics are stale either way. The
@@ -316,6 +334,17 @@ class MetricsScraper:
             else:
                 log.warning("endpoint %s: metrics scrape of %s failed: %s", ep.name, t.url, why)
 
+    def receive(self, name: str, status: int, body: bytes, why: str = "") -> bool:
+        """A scrape of endpoint `name` made by another worker (`why`: it failed there), applied as if this scraper
+        had made it. False when this scraper does not follow `name` (not discovered here yet, or gone)."""
+        t = self._targets.get(name)
+        if t is None or not self._running:
+            return False
+        self.received += 1
+        t.busy = True
+        self._finish(t, status, body, FedScrapeError(why) if why else None)
+        return True
+
     async def scrape_once(self, endpoint: Endpoint, client: KeepAliveGet | None = None) -> tuple[bool, str]:
         """One scrape outside the ticks (over `client`'s kept-alive connection, else a fresh one); on success the
         endpoint's Metrics object is replaced. Returns (ok, reason)."""
@@ -347,4 +376,5 @@ class MetricsScraper:
             "scrapes": self.scrapes,
             "failures": self.failures,
             "reparses_skipped": self.reparses_skipped,
+            "received": self.received,
         }

@@ -7,6 +7,11 @@ connect to; the pod comes from the topic `kv@<pod>@<model>`. A socket monitor co
 every (re)connect of a pod with a replay socket queues a resync, so the workers replay what the publisher sent
 while we were not subscribed (and notice a publisher that restarted meanwhile). Frames go to the workers as
 received; they validate them.
+
+`epp serve --workers N` subscribes to each publisher once whatever N is: worker 0's subscriptions hand every frame
+to `tap` (the workers' feed, epp.wiring.feed); the other workers' are `fed`: they follow the endpoints as usual
+(addresses, replay sockets, known pods) but open no socket, and `receive` the frames the feed brings into their
+own shard workers and index (one index per worker). `fed_connected` has them replay what they missed.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -35,6 +41,10 @@ REPLAY_ENDPOINT_ATTR = DataKey[str]("kv-events-replay-endpoint")
 EVENTS_PORT_LABEL = "kv-events.pyepp.io/port"
 REPLAY_PORT_LABEL = "kv-events.pyepp.io/replay-port"
 _RANK_RE = re.compile(r"-rank-(\d+)$")
+
+# A received frame as the workers' feed carries it: (the pod it came from, "" in central mode; its replay
+# socket, "" for none; the ZMQ frames).
+FrameTap = Callable[[str, str, list[bytes]], None]
 
 
 def endpoint_rank(ep: Endpoint) -> int:
@@ -91,6 +101,9 @@ class Subscriptions:
         self._subs: dict[str, tuple[str, str | None, asyncio.Task[None] | None]] = {}  # pod -> (pub, replay, task)
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.tap: FrameTap | None = None  # told every frame received (worker 0 of `--workers`: the feed)
+        self.fed = False  # no sockets: the frames come through `receive` (the other workers of `--workers`)
+        self._fed_up = False  # fed: the feed is connected
         if cfg.zmq_endpoint:  # central bind: accept topics of the pool's endpoints only
             workers.known_pods = set()
 
@@ -132,6 +145,11 @@ class Subscriptions:
         self.workers.applier.guard.endpoints[pod] = ep  # its scraped facts (block size) check its events
         if not self.cfg.discover_pods or eps.pub is None or (cur is not None and cur[1] == eps.replay):
             return
+        if self.fed:
+            self._subs[pod] = (eps.pub, eps.replay, None)
+            if self._fed_up and eps.replay:  # what it published before this worker followed it
+                self.workers.resync(pod, eps.replay, self.workers.checkpoints(pod))
+            return
         self._stop_sub(pod)
         task = self._loop.create_task(self._subscribe(pod, eps.pub, eps.replay)) if self._loop else None
         self._subs[pod] = (eps.pub, eps.replay, task)
@@ -145,6 +163,8 @@ class Subscriptions:
     def start(self) -> None:
         """Open the subscriptions of the endpoints added so far (and the central socket); later ones open at once."""
         self._loop = asyncio.get_running_loop()
+        if self.fed:
+            return
         for pod, (pub, replay, task) in list(self._subs.items()):
             if task is None:
                 self._subs[pod] = (pub, replay, asyncio.create_task(self._subscribe(pod, pub, replay)))
@@ -159,6 +179,31 @@ class Subscriptions:
             with contextlib.suppress(BaseException):
                 await t
         self._tasks = []
+
+    # ------------------------------------------------------------ fed (the workers' feed)
+    def receive(self, pod: str, replay: str, frames: list[bytes]) -> bool:
+        """Frames another worker received from `pod`'s publisher ("": its central socket), into this worker's
+        shards (which validate them as their own). False when this worker does not follow `pod` (not discovered
+        here yet, or gone)."""
+        if pod:
+            cur = self._subs.get(pod)
+            if cur is None:
+                return False
+            replay = cur[1] or ""  # this worker's view of the pod's replay socket
+        self.workers.submit(frames, pod or None, replay or None)
+        return True
+
+    def fed_connected(self) -> None:
+        """The feed (re)connected: what the publishers sent while this worker had no feed (all of it, for a worker
+        just started) is replayed from each pod's replay socket, as on a subscription's (re)connect; so is a pod
+        followed later, at once."""
+        self._fed_up = True
+        for pod, (_, replay, _) in list(self._subs.items()):
+            if replay:
+                self.workers.resync(pod, replay, self.workers.checkpoints(pod))
+
+    def fed_disconnected(self) -> None:
+        self._fed_up = False
 
     # ------------------------------------------------------------ receiving
     async def _recv_loop(self, sock: zmq.asyncio.Socket, source_pod: str | None, replay: str | None) -> None:
@@ -186,6 +231,8 @@ class Subscriptions:
                     except zmq.Again:
                         break
                     self.workers.submit(frames, source_pod, replay)
+                    if self.tap is not None:
+                        self.tap(source_pod or "", replay or "", frames)
                     n += 1
                     if n % 32 == 0:
                         await asyncio.sleep(0)  # a ready socket never suspends; let workers and requests run

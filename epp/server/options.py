@@ -133,6 +133,7 @@ class Options:
     gil_switch_interval: float = 0.0
     worker_index: int = -1
     worker_state_socket: str = ""
+    worker_feed: str = ""
     kubeconfig: str = ""
     cross_replica_address: str = ""
 
@@ -366,6 +367,8 @@ FLAGS: tuple[Flag, ...] = (
          "(grpc's poller thread hands every message to the loop); 0 keeps Python's 5ms (pyepp)."),
     Flag("worker-index", "int", "internal: this worker's index", hidden=True),
     Flag("worker-state-socket", "string", "internal: the workers' relay (worker-state-syncer)", hidden=True),
+    Flag("worker-feed", "string", "internal: the workers' feed of scrapes and KV events (worker 0 publishes)",
+         hidden=True),
     Flag("kubeconfig", "string", "kubeconfig file (default: $KUBECONFIG, in-cluster, else ~/.kube/config) (pyepp)."),
     Flag("cross-replica-address", "string",
          "redis://, rediss://, valkey:// or unix:// URL of the Redis/Valkey the EPP replicas share in-flight load and "

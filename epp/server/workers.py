@@ -3,10 +3,12 @@
 One Python process is bound by the GIL to about one core. The kernel spreads the gateway's connections over the
 workers. What one worker books at a pick (its in-flight load, the speculative prefix entries, prefill-cost
 bookings) reaches the others through a relay in this parent process, on a Unix socket (the workers'
-worker-state-syncer), so the next pick in any worker sees it. Each worker still runs its own discovery, scrapes and
-KV-event subscriptions. A worker that dies is restarted (one that dies within `STARTUP_GRACE` of its start stops
-them all: a bad flag or config would only crash again); SIGTERM/SIGINT go to every worker, which drain as one EPP
-does. Worker i serves metrics on `--metrics-port + i`.
+worker-state-syncer), so the next pick in any worker sees it. Each worker runs its own discovery, but only worker 0
+scrapes the pods and subscribes to their KV events: it publishes what it gets on the workers' feed (ZMQ on ipc://
+in this process's private directory) and the others apply that as their own (epp.wiring.feed). A worker that dies
+is restarted (one that dies within `STARTUP_GRACE` of its start stops them all: a bad flag or config would only
+crash again); SIGTERM/SIGINT go to every worker, which drain as one EPP does. Worker i serves metrics on
+`--metrics-port + i`.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ STARTUP_GRACE = 10.0  # seconds: a worker that exits sooner is not restarted
 MAX_BUFFERED = 8 << 20  # bytes waiting for one slow worker; frames for it are dropped beyond
 
 
-def worker_argv(argv: Sequence[str], index: int, socket_path: str = "") -> list[str]:
+def worker_argv(argv: Sequence[str], index: int, socket_path: str = "", feed: str = "") -> list[str]:
     """The child's command line: the parent's `serve` arguments without --workers, plus --worker-index (and the
-    relay's socket)."""
+    relay's socket, and the feed's address)."""
     out: list[str] = []
     skip = False
     for a in argv:
@@ -44,6 +46,8 @@ def worker_argv(argv: Sequence[str], index: int, socket_path: str = "") -> list[
             continue
         out.append(a)
     extra = ["--worker-state-socket", socket_path] if socket_path else []
+    if feed:
+        extra += ["--worker-feed", feed]
     return [sys.executable, "-m", "epp", *out, "--worker-index", str(index), *extra]
 
 
@@ -91,13 +95,14 @@ def run_workers(argv: Sequence[str], n: int) -> int:
     return the worst exit code."""
     with tempfile.TemporaryDirectory(prefix="epp-workers-") as tmp:
         sock = os.path.join(tmp, "state.sock")
+        feed = "ipc://" + os.path.join(tmp, "feed.ipc")  # worker 0 binds it (epp.wiring.feed)
         start_relay(sock)
         started = [0.0] * n
         children: list[subprocess.Popen[bytes]] = []
 
         def spawn(i: int) -> subprocess.Popen[bytes]:
             started[i] = time.monotonic()
-            return subprocess.Popen(worker_argv(argv, i, sock))
+            return subprocess.Popen(worker_argv(argv, i, sock, feed))
 
         children.extend(spawn(i) for i in range(n))
         stopping: list[int] = []

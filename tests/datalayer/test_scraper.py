@@ -199,3 +199,38 @@ async def test_runtime_routes_away_from_a_loaded_server(metrics_servers: list[Fa
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_tap_sees_every_outcome_and_a_fed_scraper_applies_them_without_a_get(
+    metrics_servers: list[FakeVLLMMetrics],
+) -> None:
+    """`--workers`: worker 0's scraper tells its tap each outcome (the page, or why it failed); another worker's
+    `fed` scraper makes no GET and takes those outcomes as its own (metrics, health)."""
+    s0 = metrics_servers[0]
+    s0.pages[0] = vllm_page(3, 1, 0.2)
+    seen: list[tuple[str, int, bytes, str]] = []
+    ds, fed_ds = Datastore(), Datastore()
+    ds.upsert(Endpoint("a", "127.0.0.1", s0.port))
+    a = Endpoint("a", "127.0.0.1", s0.port)
+    fed_ds.upsert(a)
+    scraper, fed = MetricsScraper(ds, interval=0.02), MetricsScraper(fed_ds, interval=0.02)
+    scraper.tap = lambda *outcome: seen.append(outcome)
+    fed.fed = True
+    tasks = [asyncio.create_task(scraper.run()), asyncio.create_task(fed.run())]
+    try:
+        await wait_for(lambda: len(seen) >= 2)
+        name, status, body, why = seen[-1]
+        assert (name, status, why) == ("a", 200, "") and b"num_requests_waiting" in body
+        s0.status[0] = 503
+        await wait_for(lambda: seen[-1][1] == 503)
+        ds.remove("a")
+        await asyncio.sleep(0.05)
+        assert fed.running() == ["a"] and fed.scrapes == 0 and a.metrics.update_time == 0.0  # no GET of its own
+        assert fed.receive("a", 200, body) and a.metrics.waiting_queue_size == 3 and a.health.last_ok > 0
+        assert fed.receive("a", 0, b"", "ConnectionRefusedError: refused") and a.health.scrape_failures == 1
+        assert not fed.receive("b", 200, body)  # not an endpoint it follows
+        assert fed.stats()["received"] == 2
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

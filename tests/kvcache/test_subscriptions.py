@@ -22,7 +22,7 @@ from epp.kvcache.subscriptions import (
     EventEndpoints,
     event_endpoints,
 )
-from tests.kvcache.vllm_rig import BS, MODEL, TOKENS, Rig, batch, free_port, stored, until
+from tests.kvcache.vllm_rig import BS, MODEL, TOKENS, Rig, batch, endpoint, free_port, stored, until
 
 
 def start_tcp(publishers: Any) -> Any:
@@ -163,3 +163,37 @@ def test_central_socket_receives_on_either_event_loop(loop: str) -> None:
     _, factory = loop_factory(loop)
     with asyncio.Runner(loop_factory=factory) as runner:
         assert runner.run(main()) == 80
+
+
+async def test_tap_sees_every_frame_and_fed_subscriptions_open_no_socket(
+    rig: Rig, publishers: Any, vllm_kv: Any
+) -> None:
+    """`--workers`: worker 0's subscriptions hand each frame to their tap; another worker's are `fed`: they follow
+    the endpoints but subscribe to nothing, and take the frames they are given for the pods they follow."""
+    kv, pod, subs = vllm_kv, "127.0.0.1:8000", rig.pool.subscriptions
+    pub = publishers.start(topic=f"kv@x@{MODEL}")
+    seen: list[tuple[str, str, list[bytes]]] = []
+    subs.tap = lambda *frame: seen.append(frame)
+    ds = Datastore()
+    ds.subscribe(subs)
+    ds.upsert(endpoint("a", 8000, pub))
+    pub.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
+    await until(lambda: rig.blocks(TOKENS, pod) == 4 and len(seen) == 1)
+    assert seen[0][:2] == (pod, pub.replay) and len(seen[0][2]) == 3
+
+    fed = Rig(PoolConfig(topic_filter="kv@", default_model=MODEL))
+    fed.pool.subscriptions.fed = True
+    task = asyncio.create_task(fed.pool.run())
+    try:
+        fds = Datastore()
+        fds.subscribe(fed.pool.subscriptions)
+        fds.upsert(endpoint("a", 8000, pub))
+        await fed.pool.started()
+        assert fed.pool.subscriptions._subs[pod] == (pub.endpoint, pub.replay, None)
+        assert fed.metric("kv_cache_events_active_subscribers") == 0
+        assert fed.pool.subscriptions.receive(pod, "", seen[0][2])
+        assert not fed.pool.subscriptions.receive("127.0.0.1:9999", "", seen[0][2])  # not followed here
+        await until(lambda: fed.blocks(TOKENS, pod) == 4)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
