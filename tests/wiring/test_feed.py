@@ -187,3 +187,31 @@ async def test_feed_gone_is_said_and_the_state_kept(
     start_first()  # worker 0 restarted: the feed is back
     await wait_for(lambda: a1.metrics.waiting_queue_size == 6 and consumer.connected, timeout=5.0)
     assert any("is back" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_worker_started_late_has_the_pages_within_one_interval(
+    metrics_servers: list[FakeVLLMMetrics], tasks: Tasks, feed: str
+) -> None:
+    s0 = metrics_servers[0]
+    s0.pages[0] = vllm_page(4, 1, 0.1)
+    interval = 0.2
+    ds0 = Datastore()
+    ds0.upsert(Endpoint("a", "127.0.0.1", s0.port))
+    first = MetricsScraper(ds0, interval=interval)
+    pub = FeedPublisher(feed)
+    first.tap = pub.scrape
+    tasks.start(pub.run())
+    tasks.start(first.run())
+    await wait_for(lambda: first.scrapes >= 3)
+    ds1 = Datastore()
+    a1 = Endpoint("a", "127.0.0.1", s0.port)
+    ds1.upsert(a1)
+    fed = MetricsScraper(ds1, interval=interval)
+    fed.fed = True
+    consumer = FeedConsumer(feed, fed, None)
+    tasks.start(fed.run())
+    tasks.start(consumer.run())
+    await wait_for(lambda: consumer.connected)
+    connected = asyncio.get_running_loop().time()
+    await wait_for(lambda: a1.metrics.waiting_queue_size == 4)
+    assert asyncio.get_running_loop().time() - connected <= interval + 0.1  # the next scrape of worker 0
