@@ -25,23 +25,24 @@ import zmq.asyncio
 from prometheus_client import Counter, Gauge
 
 from epp.datalayer.scraper import MetricsScraper
+from epp.framework.logthrottle import LogThrottle
 from epp.kvcache.subscriptions import Subscriptions
 from epp.wiring.runtime import Runtime
 from epp.wiring.services import EppServices
 
 log = logging.getLogger(__name__)
+_throttle = LogThrottle()
 
 METRICS = b"m"
 EVENTS = b"k"
-# Messages queued for one worker that does not read; beyond, its messages are dropped (a KV batch dropped is a
-# gap its replay fills; a page, the next scrape's).
+# Messages queued for one worker that does not read; beyond, ZMQ's PUB drops its messages, silently and for it
+# alone (a KV batch dropped is a sequence gap its replay fills; a page, the next scrape's).
 SNDHWM = 16_384
 
 PUBLISHED = Counter(
     "pyepp_worker_feed_published",
-    "Scrapes (kind=metrics) and KV-event messages (kind=kv_events) worker 0 handed to the workers' feed, by outcome "
-    "(sent; dropped: the feed's queue was full)",
-    ["kind", "outcome"],
+    "Scrapes (kind=metrics) and KV-event messages (kind=kv_events) worker 0 handed to the workers' feed",
+    ["kind"],
 )
 RECEIVED = Counter(
     "pyepp_worker_feed_received",
@@ -51,8 +52,7 @@ RECEIVED = Counter(
 )
 CONNECTED = Gauge("pyepp_worker_feed_connected", "1 while this worker is connected to the workers' feed (worker 0)")
 for _kind in ("metrics", "kv_events"):
-    for _outcome in ("sent", "dropped"):
-        PUBLISHED.labels(_kind, _outcome)
+    PUBLISHED.labels(_kind)
     for _outcome in ("applied", "unknown_endpoint"):
         RECEIVED.labels(_kind, _outcome)
 
@@ -86,8 +86,7 @@ class FeedPublisher:
     def __init__(self, address: str) -> None:
         self.address = address
         self._sock: zmq.Socket[bytes] | None = None
-        self._sent = {k: PUBLISHED.labels(k, "sent") for k in ("metrics", "kv_events")}
-        self._dropped = {k: PUBLISHED.labels(k, "dropped") for k in ("metrics", "kv_events")}
+        self._sent = {k: PUBLISHED.labels(k) for k in ("metrics", "kv_events")}
 
     def start(self) -> None:
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)  # a PUB never blocks: a plain socket
@@ -114,11 +113,11 @@ class FeedPublisher:
         if self._sock is None:
             return
         try:
-            self._sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            self._dropped[kind].inc()
-        else:
-            self._sent[kind].inc()
+            self._sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)  # (a PUB drops rather than refuse)
+        except zmq.ZMQError as e:  # never into the scraper's or the subscriptions' loops
+            _throttle.log(log, logging.WARNING, "send", "workers' feed: a %s message was not sent: %s", kind, e)
+            return
+        self._sent[kind].inc()
 
     def scrape(self, name: str, status: int, body: bytes, why: str) -> None:
         """The scraper's tap (`ScrapeTap`)."""
