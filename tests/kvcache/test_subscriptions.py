@@ -197,3 +197,38 @@ async def test_tap_sees_every_frame_and_fed_subscriptions_open_no_socket(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_fed_central_mode_binds_nothing_and_takes_the_pool_pods_topics(
+    rig: Rig, publishers: Any, vllm_kv: Any
+) -> None:
+    """Central bind with `--workers`: worker 0 alone binds the socket; another worker's fed subscriptions take the
+    frames it forwards (no pod: the topic names it) for the pool's pods only, as the bound socket would."""
+    kv, subs = vllm_kv, rig.pool.subscriptions
+    pub = publishers.start(topic=f"kv@x@{MODEL}")
+    seen: list[list[bytes]] = []
+    subs.tap = lambda _pod, _replay, frames: seen.append(frames)
+    ds = Datastore()
+    ds.subscribe(subs)
+    ds.upsert(endpoint("a", 8000, pub))
+    pub.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
+    await until(lambda: len(seen) == 1)
+    _, seq, payload = seen[0]
+
+    fed = Rig(PoolConfig(topic_filter="kv@", default_model=MODEL, zmq_endpoint=f"tcp://127.0.0.1:{free_port()}"))
+    fed.pool.subscriptions.fed = True
+    task = asyncio.create_task(fed.pool.run())
+    try:
+        fds = Datastore()
+        fds.subscribe(fed.pool.subscriptions)
+        fds.upsert(Endpoint("a", "127.0.0.1", 8000))
+        await fed.pool.started()
+        assert fed.pool.subscriptions.bound_endpoint is None and fed.metric("kv_cache_events_active_subscribers") == 0
+        pod = "127.0.0.1:8000"
+        assert fed.pool.subscriptions.receive("", "", [f"kv@{pod}@{MODEL}".encode(), seq, payload])
+        await until(lambda: fed.blocks(TOKENS, pod) == 4)
+        fed.pool.subscriptions.receive("", "", [f"kv@10.9.9.9:8000@{MODEL}".encode(), seq, payload])
+        assert fed.metric("kv_cache_events_dropped_total", reason="unknown_pod") == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
