@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -165,6 +167,16 @@ def test_central_socket_receives_on_either_event_loop(loop: str) -> None:
         assert runner.run(main()) == 80
 
 
+async def publish_until(cond: Callable[[], bool], pub: Any, b: Any, timeout: float = 10.0) -> None:
+    """Publish `b` until `cond` (the first after a subscription starts can go before it reaches the publisher, and
+    then arrives by replay only, which taps do not see)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "never seen"
+        pub.publish(b)
+        await asyncio.sleep(0.1)
+
+
 async def test_tap_sees_every_frame_and_fed_subscriptions_open_no_socket(
     rig: Rig, publishers: Any, vllm_kv: Any
 ) -> None:
@@ -177,8 +189,8 @@ async def test_tap_sees_every_frame_and_fed_subscriptions_open_no_socket(
     ds = Datastore()
     ds.subscribe(subs)
     ds.upsert(endpoint("a", 8000, pub))
-    pub.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
-    await until(lambda: rig.blocks(TOKENS, pod) == 4 and len(seen) == 1)
+    await publish_until(lambda: bool(seen), pub, batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
+    await until(lambda: rig.blocks(TOKENS, pod) == 4)
     assert seen[0][:2] == (pod, pub.replay) and len(seen[0][2]) == 3
 
     fed = Rig(PoolConfig(topic_filter="kv@", default_model=MODEL))
@@ -211,8 +223,7 @@ async def test_fed_central_mode_binds_nothing_and_takes_the_pool_pods_topics(
     ds = Datastore()
     ds.subscribe(subs)
     ds.upsert(endpoint("a", 8000, pub))
-    pub.publish(batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
-    await until(lambda: len(seen) == 1)
+    await publish_until(lambda: bool(seen), pub, batch(kv, stored(kv, [1, 2, 3, 4], None, TOKENS[: 4 * BS])))
     _, seq, payload = seen[0]
 
     fed = Rig(PoolConfig(topic_filter="kv@", default_model=MODEL, zmq_endpoint=f"tcp://127.0.0.1:{free_port()}"))

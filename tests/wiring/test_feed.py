@@ -22,6 +22,7 @@ from epp.wiring.feed import FeedConsumer, FeedPublisher
 from tests.datalayer.support_metrics import vllm_page
 from tests.datalayer.test_scraper import FakeVLLMMetrics, metrics_servers, wait_for
 from tests.kvcache.conftest import Publishers
+from tests.kvcache.test_subscriptions import publish_until
 from tests.kvcache.vllm_rig import BS, MODEL, TOKENS, Rig, batch, endpoint, stored, until
 
 __all__ = ["metrics_servers"]  # the fixture, imported
@@ -144,9 +145,13 @@ async def test_kv_events_reach_both_indexes_through_one_subscription(
     other, pod2 = publishers.start(topic=f"kv@y@{MODEL}"), "127.0.0.1:8001"
     stores[0].upsert(endpoint("b", 8001, other))
     unknown = received("kv_events", "unknown_endpoint")
-    await asyncio.sleep(0.3)  # (worker 0's subscription reaches the publisher)
-    other.publish(batch(vllm_kv, stored(vllm_kv, [1, 2, 3], None, TOKENS[: 3 * BS])))
-    await until(lambda: first.blocks(TOKENS, pod2) == 3 and received("kv_events", "unknown_endpoint") > unknown)
+    # (published until one goes through worker 0's live subscription, not only its replay on connect)
+    await publish_until(
+        lambda: received("kv_events", "unknown_endpoint") > unknown,
+        other,
+        batch(vllm_kv, stored(vllm_kv, [1, 2, 3], None, TOKENS[: 3 * BS])),
+    )
+    await until(lambda: first.blocks(TOKENS, pod2) == 3)
     assert fed.blocks(TOKENS, pod2) == 0
     stores[1].upsert(endpoint("b", 8001, other))
     await until(lambda: fed.blocks(TOKENS, pod2) == 3)
