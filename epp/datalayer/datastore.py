@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from epp.framework.context import EndpointListener
 from epp.framework.types import Endpoint
@@ -19,7 +19,31 @@ class Datastore:
         self._by_hostport: dict[str, Endpoint] = {}
         self._snapshot: tuple[Endpoint, ...] = ()
         self._listeners: list[EndpointListener] = []
-        self.synced = False
+        self._synced = False
+        self._sync_watchers: list[Callable[[], None]] = []
+
+    @property
+    def synced(self) -> bool:
+        """Discovery has listed the pool once (readiness waits for it)."""
+        return self._synced
+
+    @synced.setter
+    def synced(self, value: bool) -> None:
+        changed = value != self._synced
+        self._synced = value
+        if changed:
+            for watcher in tuple(self._sync_watchers):
+                watcher()
+
+    def watch_synced(self, watcher: Callable[[], None]) -> Callable[[], None]:
+        """Call `watcher()` whenever `synced` changes; returns the function that stops it."""
+        self._sync_watchers.append(watcher)
+
+        def stop() -> None:
+            if watcher in self._sync_watchers:
+                self._sync_watchers.remove(watcher)
+
+        return stop
 
     def endpoints(self) -> tuple[Endpoint, ...]:
         return self._snapshot

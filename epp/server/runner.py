@@ -348,19 +348,46 @@ class EppServer:
         self._tasks.append(task)
 
     async def _watch_readiness(self) -> None:
-        """Readiness follows `datastore.synced` and waits for the startup loads (polled: not on the request path)."""
+        """Readiness follows `datastore.synced`, leadership and the startup loads: evaluated again whenever one of
+        them changes (no polling)."""
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def poke(*_: object) -> None:
+            loop.call_soon_threadsafe(changed.set)  # `synced` may be set off the loop's thread
+
+        unwatch = self.runtime.datastore.watch_synced(poke)
+        for t in self._warmups:
+            t.add_done_callback(poke)
+        leadership: asyncio.Task[None] | None = None
+        if self.elector is not None:
+            elector = self.elector
+
+            async def follow_leadership() -> None:
+                await elector.elected.wait()
+                poke()
+                await elector.lost.wait()
+                poke()
+
+            leadership = asyncio.create_task(follow_leadership())
         ready = False
-        while True:
-            synced = (
-                bool(self.runtime.datastore.synced)
-                and (self.elector is None or self.elector.is_leader)
-                and all(t.done() for t in self._warmups)
-            )
-            if synced != ready:
-                ready = synced
-                await self.health.set_ready(ready)
-                log.info("readiness: %s", "SERVING" if ready else "NOT_SERVING")
-            await asyncio.sleep(0.05)
+        try:
+            while True:
+                changed.clear()
+                synced = (
+                    bool(self.runtime.datastore.synced)
+                    and (self.elector is None or self.elector.is_leader)
+                    and all(t.done() for t in self._warmups)
+                )
+                if synced != ready:
+                    ready = synced
+                    await self.health.set_ready(ready)
+                    log.info("readiness: %s", "SERVING" if ready else "NOT_SERVING")
+                await changed.wait()
+        finally:
+            unwatch()
+            if leadership is not None:
+                leadership.cancel()
 
     _stopping = False
     _forced: asyncio.Event | None = None

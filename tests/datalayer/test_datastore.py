@@ -62,3 +62,16 @@ def test_ipv6_hostport_and_subset() -> None:
     assert [e.name for e in locate_candidates(eps, ["10.0.0.1:8001"])] == ["b"]
     assert [e.name for e in locate_candidates(eps, ["10.0.0.1"])] == ["a", "b"]
     assert [e.name for e in locate_candidates(eps, ["[fd00::1]:8000"])] == ["c"]
+
+
+def test_synced_watchers_hear_each_change_once() -> None:
+    ds = Datastore()
+    heard: list[bool] = []
+    stop = ds.watch_synced(lambda: heard.append(ds.synced))
+    ds.synced = True
+    ds.synced = True  # no change: not told again
+    ds.synced = False
+    stop()
+    ds.synced = True
+    assert heard == [True, False]
+    stop()  # idempotent
