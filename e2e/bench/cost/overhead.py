@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import random
+import shlex
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -59,7 +60,7 @@ class Gateway:
 
 @contextlib.contextmanager
 def start_gateway(strategy: str, work: Path, sim: SimProcess, externals: dict[str, ExternalEpp],
-            response_mode: str | None) -> Iterator[Gateway]:  # fmt: skip
+            response_mode: str | None, epp_args: Sequence[str] = ()) -> Iterator[Gateway]:  # fmt: skip
     """Envoy (with a direct listener) in front of `strategy`'s ext_proc server: ours, the floor or an external EPP."""
     direct_port = free_port()
     if strategy == FLOOR:
@@ -83,7 +84,7 @@ def start_gateway(strategy: str, work: Path, sim: SimProcess, externals: dict[st
                             envoy_overrides=overrides, response_mode=response_mode)  # fmt: skip
     else:
         stack = start_stack(
-            work, backends=[], config=config_text(strategy, [sim]), epp_args=["--log-level", "warning"],
+            work, backends=[], config=config_text(strategy, [sim]), epp_args=["--log-level", "warning", *epp_args],
             envoy_overrides=overrides, response_mode=response_mode,
         )  # fmt: skip
     try:
@@ -169,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "command line (e2e/external/)")  # fmt: skip
     p.add_argument("--response-mode", default=None, help="Envoy response_body_mode, e.g. NONE (no usage metrics)")
     p.add_argument("--idle", type=float, default=3.0, help="seconds of idle CPU measured per strategy")
+    p.add_argument("--epp-args", default="", help="extra `epp serve` flags for ours (e.g. '--event-loop asyncio')")
     p.add_argument("--json", help="write the rows here")
     ns = p.parse_args(argv)
     try:
@@ -190,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i, strategy in enumerate(ns.strategies.split(",")):
             work = Path(tmp) / f"{i}-{strategy}"
             work.mkdir()
-            with start_gateway(strategy, work, sim, externals, ns.response_mode) as gw_path:
+            with start_gateway(strategy, work, sim, externals, ns.response_mode, shlex.split(ns.epp_args)) as gw_path:
                 wait_routing(gw_path.gateway)
                 time.sleep(1.0)
                 cpu0 = cpu_seconds(gw_path.pid, children=True)
