@@ -52,6 +52,7 @@ _throttle = LogThrottle()
 
 PRODUCER_BUDGET_SECONDS = 0.4
 NO_ENDPOINT_POLL = 0.05
+ATTEMPT_CHILDREN_CACHE = 4096  # (model, endpoint) pairs whose scheduler-attempts child is kept (cleared when full)
 
 
 class _Resumed:
@@ -122,6 +123,19 @@ class SchedulingDirector:
         handler = self.scheduler.handler
         self._admission_scope = handler if isinstance(handler, AdmissionScope) else None
         self._admitters = list(pipeline.admitters)
+        self._attempt_children: dict[tuple[str, str, str, int], Any] = {}
+
+    def _attempt_success(self, model: str, primary: Endpoint) -> Any:
+        """The success child of the scheduler-attempts counter for (model label, endpoint), kept per pair:
+        `labels()` takes a lock and builds the label tuple on every call."""
+        key = (model, primary.pod_name, primary.namespace, primary.port)
+        child = self._attempt_children.get(key)
+        if child is None:
+            if len(self._attempt_children) >= ATTEMPT_CHILDREN_CACHE:
+                self._attempt_children.clear()
+            child = SCHEDULER_ATTEMPTS.labels("success", model, primary.pod_name, primary.namespace, str(primary.port))
+            self._attempt_children[key] = child
+        return child
 
     async def handle_request(self, request: InferenceRequest, *, defer_records: bool = False) -> RoutingDecision:
         """Admit, prepare, schedule and run the PreRequest hooks. With `defer_records` (the servicer, which calls
@@ -185,9 +199,7 @@ class SchedulingDirector:
             SCHEDULER_ATTEMPTS.labels("failure", MODEL_LABELS.label(request.target_model), "", "", "").inc()
             raise TooManyRequests(f"failed to find target endpoint: {e}", dropped_reason=DROPPED_SATURATED) from None
         primary = result.targets[0]
-        SCHEDULER_ATTEMPTS.labels(
-            "success", MODEL_LABELS.label(request.target_model), primary.pod_name, primary.namespace, str(primary.port)
-        ).inc()
+        self._attempt_success(MODEL_LABELS.label(request.target_model), primary).inc()
         self._run_pre_request(self._pre_request, request, result)
         if self._records:
             if defer_records:

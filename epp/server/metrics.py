@@ -10,6 +10,7 @@ are client-chosen, so they pass through a `LabelBudget` (epp.framework.labels): 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -113,7 +114,10 @@ class RequestMetrics:
 
     def request_started(self, model: str, target: str, priority: int, size: int) -> None:
         series = self._series(model, target)
-        self.requests.labels(series.model, series.target, str(priority)).inc()
+        counter = series.requests.get(priority)
+        if counter is None:
+            counter = series.requests[priority] = self.requests.labels(series.model, series.target, str(priority))
+        counter.inc()
         series.request_sizes.observe(size)
         series.running.inc()
 
@@ -148,6 +152,7 @@ class _ModelSeries:
         "ntpot",
         "output_tokens",
         "request_sizes",
+        "requests",
         "response_sizes",
         "running",
         "target",
@@ -164,6 +169,7 @@ class _ModelSeries:
         self.cached_tokens = m.cached_tokens.labels(model, target)
         self.ntpot = m.ntpot.labels(model, target)
         self.running = m.running.labels(model)
+        self.requests: dict[int, Any] = {}  # priority -> the request counter's child
 
 
 _BY_REGISTRY: dict[int, RequestMetrics] = {}

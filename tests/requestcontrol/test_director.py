@@ -608,3 +608,22 @@ async def test_response_hooks_see_the_bookings_held_back_before_them() -> None:
     await d.handle_request(chat("c", rid="3"), defer_records=True)
     d.handle_response_chunk(r1, d1, b"data: x\n\n", True, False)
     assert seen == [("headers", 2), ("chunk", 3)]
+
+
+async def test_scheduler_attempts_counted_per_endpoint_through_the_kept_children() -> None:
+    from prometheus_client import REGISTRY
+
+    ds = pool(2)
+    d = director(ds)
+    eps = ds.endpoints()
+
+    def count(ep: Endpoint) -> float:
+        labels = {"status": "success", "target_model_name": "m", "pod_name": ep.pod_name,
+                  "namespace": ep.namespace, "port": str(ep.port)}  # fmt: skip
+        return REGISTRY.get_sample_value("inference_extension_scheduler_attempts_total", labels) or 0.0
+
+    before = [count(ep) for ep in eps]
+    picks = [(await d.handle_request(chat(f"question {i} " * 40, rid=f"r{i}"))).destination for i in range(6)]
+    after = [count(ep) for ep in eps]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [picks.count(ep.hostport) for ep in eps]
+    assert sum(after) - sum(before) == 6

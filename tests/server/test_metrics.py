@@ -100,3 +100,14 @@ async def test_metrics_are_rendered_off_the_event_loop() -> None:
         await http.stop()
     assert rendered_on and rendered_on[0] != threading.main_thread().name
     assert ticks >= 20  # the loop ran while the page was rendered (0.5 s at 10 ms a tick)
+
+
+def test_request_counts_per_priority_through_the_kept_children() -> None:
+    registry = CollectorRegistry()
+    m = RequestMetrics(registry)
+    for priority in (0, 0, 2, 0, -1, 2):
+        m.request_started("m", "t", priority, 10)
+    get = registry.get_sample_value
+    counts = {p: get("inference_objective_request_total", {"model_name": "m", "target_model_name": "t",
+                                                           "priority": str(p)}) for p in (0, 2, -1)}  # fmt: skip
+    assert counts == {0: 3, 2: 2, -1: 1}
