@@ -249,7 +249,9 @@ def test_each_pod_is_scraped_and_subscribed_once_for_both_workers(tmp_path: Path
     every KV event to their own index. Worker 0 killed: the other says the feed is gone and keeps routing; worker 0
     restarted: the feed is back, still one scrape and one subscription per pod."""
     interval = 0.1
-    with start_simulators(2, base_args=["--block-size", "16", "--model", QWEN25_MODEL]) as sims:
+    with start_simulators(
+        2, base_args=["--block-size", "16", "--model", QWEN25_MODEL, "--kv-events-count-subscribers"]
+    ) as sims:
         cfg = tmp_path / "epp.yaml"
         cfg.write_text(
             "plugins:\n"

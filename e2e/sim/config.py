@@ -34,6 +34,8 @@ class SimConfig:
     kv_events_endpoint: str | None = None  # tcp://*:PORT binds, tcp://host:PORT connects
     kv_events_replay_endpoint: str | None = None
     kv_events_bind: bool = False  # bind the PUB even without `*` (one IP per simulator on 127.0.0.0/8)
+    # count subscribers' connections to a bound PUB (a socket monitor; /admin/state publishers[i].subscribers)
+    kv_events_count_subscribers: bool = False
     kv_events_topic: str | None = None  # default kv@<pod_ip>:<port>@<model>
     kv_events_encoding: str = "array"  # "array" (msgspec array_like, older vLLM) | "map" (tagged maps, vLLM #42892)
     kv_events_buffer_steps: int = 10_000
@@ -127,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kv-events-endpoint", default=None, help="ZMQ PUB endpoint, e.g. tcp://*:5557 (bind) or tcp://host:5557")
     a("--kv-events-replay-endpoint", default=None, help="ZMQ ROUTER replay endpoint, e.g. tcp://*:5558")
     a("--kv-events-bind", action="store_true", help="bind the PUB even if the endpoint has no `*`")
+    a(
+        "--kv-events-count-subscribers",
+        action="store_true",
+        help="count the subscribers connected to a bound PUB (a socket monitor), shown in /admin/state",
+    )
     a("--kv-events-topic", default=None)
     a("--kv-events-encoding", choices=["array", "map"], default=d.kv_events_encoding)
     a("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps)

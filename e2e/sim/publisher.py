@@ -68,8 +68,10 @@ class EventPublisher:
         buffer_steps: int = 10_000,
         hwm: int = 100_000,
         force_bind: bool = False,
+        count_subscribers: bool = False,
     ) -> None:
         self.force_bind = force_bind
+        self.count_subscribers = count_subscribers
         self.endpoint = offset_endpoint_port(endpoint, data_parallel_rank) or endpoint
         self.replay_endpoint = offset_endpoint_port(replay_endpoint, data_parallel_rank)
         self.topic = topic.encode()
@@ -86,7 +88,8 @@ class EventPublisher:
         self._pub: zmq.Socket[bytes] | None = None
         self._replay: zmq.asyncio.Socket | None = None
         self._replay_task: asyncio.Task[None] | None = None
-        # Subscribers' connections to the PUB (a bound PUB's socket monitor): accepted so far, and open now.
+        # Subscribers' connections to the PUB (a bound PUB's socket monitor, with count_subscribers): accepted so far,
+        # and open now. Off by default: the monitor is a test's instrument, not part of what a pod does.
         self.connections = 0
         self.subscribers = 0
         self._monitor_task: asyncio.Task[None] | None = None
@@ -97,8 +100,9 @@ class EventPublisher:
         pub.setsockopt(zmq.SNDHWM, self.hwm)
         pub.setsockopt(zmq.LINGER, 0)
         if self.force_bind or _is_bind(self.endpoint):
-            mon = pub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-            self._monitor_task = asyncio.get_running_loop().create_task(self._count_connections(mon))
+            if self.count_subscribers:
+                mon = pub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+                self._monitor_task = asyncio.get_running_loop().create_task(self._count_connections(mon))
             self.endpoint = _bind(pub, self.endpoint)
         else:
             pub.connect(self.endpoint)

@@ -119,6 +119,7 @@ class Simulator:
                 buffer_steps=self.cfg.kv_events_buffer_steps,
                 hwm=self.cfg.kv_events_hwm,
                 force_bind=self.cfg.kv_events_bind,
+                count_subscribers=self.cfg.kv_events_count_subscribers,
             )
             pub.mode = self.cfg.kv_events_mode
             pub.start()
