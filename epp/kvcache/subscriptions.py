@@ -89,6 +89,41 @@ def event_endpoints(ep: Endpoint, cfg: PoolConfig) -> EventEndpoints:
     return EventEndpoints(pub, replay, tuple(bad))
 
 
+async def drain_socket(sock: zmq.asyncio.Socket, handle: Callable[[list[bytes]], None]) -> None:
+    """Each wake-up of the socket's FD drains every message it holds, received without blocking on a plain shadow
+    of the socket, each handed to `handle`. zmq.asyncio's `recv_multipart` costs a future and a reader added and
+    removed per message, and an engine publishes a batch for every request it serves (the loop CPU per batch is
+    measured by `bench_kvcache.bench_receive`, docs/benchmarks.md). Runs until cancelled."""
+    raw: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
+    fd = int(raw.getsockopt(zmq.FD))
+    loop = asyncio.get_running_loop()
+    readable = asyncio.Event()
+    loop.add_reader(fd, readable.set)
+    noblock = zmq.NOBLOCK
+
+    def pending() -> bool:
+        # The FD only says that the socket's state changed: ZMQ_EVENTS says whether a message is there.
+        return bool(int(raw.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+    n = 0
+    try:
+        while True:
+            while pending():
+                try:
+                    frames = raw.recv_multipart(noblock)
+                except zmq.Again:
+                    break
+                handle(frames)
+                n += 1
+                if n % 32 == 0:
+                    await asyncio.sleep(0)  # a ready socket never suspends; let workers and requests run
+            readable.clear()
+            if not pending():  # (checking consumed the FD's signal: nothing is lost)
+                await readable.wait()
+    finally:
+        loop.remove_reader(fd)
+
+
 class Subscriptions:
     """The Datastore listener of the KV-event pool: owns the SUB sockets, hands frames to the workers."""
 
@@ -207,40 +242,12 @@ class Subscriptions:
 
     # ------------------------------------------------------------ receiving
     async def _recv_loop(self, sock: zmq.asyncio.Socket, source_pod: str | None, replay: str | None) -> None:
-        """Each wake-up of the socket's FD drains every message it holds, received without blocking on a plain
-        shadow of the socket. zmq.asyncio's `recv_multipart` costs a future and a reader added and removed per
-        message, and an engine publishes a batch for every request it serves (the loop CPU per batch is measured by
-        `bench_kvcache.bench_receive`, docs/benchmarks.md)."""
-        raw: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
-        fd = int(raw.getsockopt(zmq.FD))
-        loop = asyncio.get_running_loop()
-        readable = asyncio.Event()
-        loop.add_reader(fd, readable.set)
-        noblock = zmq.NOBLOCK
+        def handle(frames: list[bytes]) -> None:
+            self.workers.submit(frames, source_pod, replay)
+            if self.tap is not None:  # (read per message: the feed may attach after the loop starts)
+                self.tap(source_pod or "", replay or "", frames)
 
-        def pending() -> bool:
-            # The FD only says that the socket's state changed: ZMQ_EVENTS says whether a message is there.
-            return bool(int(raw.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
-
-        n = 0
-        try:
-            while True:
-                while pending():
-                    try:
-                        frames = raw.recv_multipart(noblock)
-                    except zmq.Again:
-                        break
-                    self.workers.submit(frames, source_pod, replay)
-                    if self.tap is not None:
-                        self.tap(source_pod or "", replay or "", frames)
-                    n += 1
-                    if n % 32 == 0:
-                        await asyncio.sleep(0)  # a ready socket never suspends; let workers and requests run
-                readable.clear()
-                if not pending():  # (checking consumed the FD's signal: nothing is lost)
-                    await readable.wait()
-        finally:
-            loop.remove_reader(fd)
+        await drain_socket(sock, handle)
 
     async def _subscribe(self, pod: str, endpoint: str, replay: str | None) -> None:
         first = True

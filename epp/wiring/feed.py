@@ -26,7 +26,7 @@ from prometheus_client import Counter, Gauge
 
 from epp.datalayer.scraper import MetricsScraper
 from epp.framework.logthrottle import LogThrottle
-from epp.kvcache.subscriptions import Subscriptions
+from epp.kvcache.subscriptions import Subscriptions, drain_socket
 from epp.wiring.runtime import Runtime
 from epp.wiring.services import EppServices
 
@@ -187,37 +187,16 @@ class FeedConsumer:
                 )  # fmt: skip
 
     async def _recv_loop(self, sock: zmq.asyncio.Socket) -> None:
-        """Drain the socket at each wake-up of its FD without blocking (as the KV subscriptions do)."""
-        raw: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
-        fd = int(raw.getsockopt(zmq.FD))
-        loop = asyncio.get_running_loop()
-        readable = asyncio.Event()
-        loop.add_reader(fd, readable.set)
+        """Drain the socket at each wake-up of its FD without blocking, as the KV subscriptions do."""
 
-        def pending() -> bool:
-            return bool(int(raw.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+        def handle(parts: list[bytes]) -> None:
+            try:
+                self.apply(parts)
+            except Exception:  # one bad message must not stop the feed
+                RECEIVED.labels("?", "bad").inc()
+                log.exception("workers' feed: a message could not be applied")
 
-        n = 0
-        try:
-            while True:
-                while pending():
-                    try:
-                        parts = raw.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    try:
-                        self.apply(parts)
-                    except Exception:  # one bad message must not stop the feed
-                        RECEIVED.labels("?", "bad").inc()
-                        log.exception("workers' feed: a message could not be applied")
-                    n += 1
-                    if n % 32 == 0:
-                        await asyncio.sleep(0)  # let requests run
-                readable.clear()
-                if not pending():
-                    await readable.wait()
-        finally:
-            loop.remove_reader(fd)
+        await drain_socket(sock, handle)
 
     def apply(self, parts: list[bytes]) -> None:
         kind = parts[0] if parts else b""

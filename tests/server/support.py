@@ -189,6 +189,17 @@ async def real_server(text: str, **opts: Any) -> tuple[EppServer, grpc.aio.Chann
     return server, channel, pb_grpc.ExternalProcessorStub(channel)
 
 
+def bare_server(ds: Datastore, grpc_port: int = 0) -> EppServer:
+    """An EppServer (not started) over `ds`, no config, a round-robin director and no endpoint source: `ds.synced`
+    is the test's to set."""
+    from epp.wiring.runtime import Runtime
+
+    runtime = Runtime(config=parse_config(""), datastore=ds, director=RoundRobinDirector(ds), sources=[])
+    registry = CollectorRegistry()
+    opts = ServeOptions(bind_address="127.0.0.1", grpc_port=grpc_port, grpc_health_port=0, metrics_port=0)
+    return EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
+
+
 _METRICS = RequestMetrics(CollectorRegistry())
 
 

@@ -26,6 +26,7 @@ from tests.server.support import (
     DEST,
     Harness,
     RecordingDirector,
+    bare_server,
     body_msg,
     exchange,
     headers_msg,
@@ -60,10 +61,7 @@ async def test_health_services(epp: Harness) -> None:
 
 async def test_readiness_waits_for_sync() -> None:
     ds = Datastore()
-    runtime = Runtime(config=parse_config(""), datastore=ds, director=RoundRobinDirector(ds), sources=[])
-    registry = CollectorRegistry()
-    opts = ServeOptions(bind_address="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0)
-    server = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
+    server = bare_server(ds)
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.ports['health']}") as ch:
@@ -157,10 +155,7 @@ async def test_port_in_use_is_a_clear_bind_error() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         ds = Datastore()
-        runtime = Runtime(config=parse_config(""), datastore=ds, director=RoundRobinDirector(ds), sources=[])
-        registry = CollectorRegistry()
-        opts = ServeOptions(bind_address="127.0.0.1", grpc_port=port, grpc_health_port=0, metrics_port=0)
-        server = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
+        server = bare_server(ds, grpc_port=port)
         with pytest.raises(BindError, match=f"grpc port 127.0.0.1:{port}"):
             await server.start()
 

@@ -10,15 +10,11 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client import CollectorRegistry
 
-from e2e.harness.directors import RoundRobinDirector
-from epp.config import parse_config
 from epp.datalayer.datastore import Datastore
-from epp.server.metrics import RequestMetrics
 from epp.server.options import parse_options
-from epp.server.runner import EppServer, ServeOptions
-from epp.wiring.runtime import Runtime
+from epp.server.runner import ServeOptions
+from tests.server.support import bare_server
 
 WARNING = "--metrics-endpoint-auth is on by default but NOT in effect"
 
@@ -47,10 +43,7 @@ async def test_readiness_follows_sync_both_ways_without_polling() -> None:
     """Readiness is evaluated again when `synced` changes (a Kubernetes re-list sets it False, then True): the
     readiness task sleeps on the change, not on a timer."""
     ds = Datastore()
-    runtime = Runtime(config=parse_config(""), datastore=ds, director=RoundRobinDirector(ds), sources=[])
-    registry = CollectorRegistry()
-    opts = ServeOptions(bind_address="127.0.0.1", grpc_port=0, grpc_health_port=0, metrics_port=0)
-    server = EppServer(runtime, opts, registry=registry, metrics=RequestMetrics(registry))
+    server = bare_server(ds)
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.ports['health']}") as ch:
